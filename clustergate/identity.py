@@ -1,0 +1,109 @@
+"""Who this rank is: host, GPU identity (index, UUID, serial, name) and software versions.
+
+The GPU is looked up in NVML by its UUID as CUDA reports it, so the index and serial are the
+physical GPU's even when CUDA_VISIBLE_DEVICES renumbers devices.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    index: int | None
+    """NVML index: the physical GPU number nvidia-smi shows."""
+    uuid: str | None
+    serial: str | None
+    name: str
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankIdentity:
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    gpu: GpuIdentity | None
+    nvml_error: str | None = None
+    """Why NVML could not describe the GPU (shown in the report; tests needing NVML fail on it)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_gpu(device: torch.device) -> tuple[GpuIdentity | None, str | None]:
+    """Identity of a CUDA device through NVML; (None, reason) where NVML cannot say."""
+    props = torch.cuda.get_device_properties(device)
+    cuda_uuid = getattr(props, "uuid", None)
+    uuid = f"GPU-{cuda_uuid}" if cuda_uuid is not None else None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else \
+            pynvml.nvmlDeviceGetHandleByIndex(device.index)
+        try:
+            serial: str | None = _text(pynvml.nvmlDeviceGetSerial(handle))
+        except pynvml.NVMLError:
+            serial = None  # not every board exposes a serial (e.g. some PCIe cards)
+        return GpuIdentity(
+            index=int(pynvml.nvmlDeviceGetIndex(handle)),
+            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+            serial=serial,
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+        ), None
+    except Exception as exc:  # ImportError, NVMLError: fall back to what CUDA knows, say why
+        return GpuIdentity(index=device.index, uuid=uuid, serial=None, name=props.name), \
+            f"NVML unavailable: {type(exc).__name__}: {exc}"
+
+
+def rank_identity(rank: int, local_rank: int, node_rank: int, device: torch.device) -> RankIdentity:
+    if device.type != "cuda":
+        return RankIdentity(rank, local_rank, node_rank, socket.gethostname(), None)
+    gpu, error = nvml_gpu(device)
+    return RankIdentity(rank, local_rank, node_rank, socket.gethostname(), gpu, error)
+
+
+def gpu_model_name() -> str | None:
+    """The name of this host's first visible GPU (for profile selection); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def environment() -> dict[str, str]:
+    """Software versions that decide what a figure means."""
+    env = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+    }
+    if torch.cuda.is_available():
+        env["cuda"] = str(torch.version.cuda)
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            env["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as exc:
+            env["driver"] = f"unknown (NVML: {exc})"
+    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES"):
+        if var in os.environ:
+            env[var] = os.environ[var]
+    return env

@@ -1,0 +1,237 @@
+"""The pytest plugin: pytest on every torchrun rank, one verdict for all of them.
+
+Enabled by the checkout's root conftest.py. Hooks stay thin and hand off to ``ClusterGate``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clustergate import control
+from clustergate.identity import gpu_model_name
+from clustergate.outcomes import PhaseOutcome
+from clustergate.recorder import Recorder
+from clustergate.session import ClusterGate
+from clustergate.thresholds import ThresholdsError, load
+from clustergate.world import WorldError, init_world, shutdown
+from workloads.common import LEVELS
+
+GATE = pytest.StashKey[ClusterGate]()
+RECORDER = pytest.StashKey[Recorder]()
+STATUS = pytest.StashKey[int]()
+ROOT = Path(__file__).resolve().parent.parent
+
+DEFAULT_TEST_TIMEOUT_S = 900.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("clustergate", "cluster acceptance (clustergate)")
+    group.addoption("--thresholds", default=str(ROOT / "thresholds.yaml"), metavar="FILE",
+                    help="pass criteria per profile (default: thresholds.yaml in the checkout)")
+    group.addoption("--profile", default=None, metavar="NAME",
+                    help="profile in the thresholds file (default: chosen from the GPU model NVML "
+                         "reports; 'cpu' where there is no GPU)")
+    group.addoption("--report-dir", default=None, metavar="DIR",
+                    help="where results.json, report.html, junit.xml and progress.jsonl go "
+                         "(default: reports/<UTC time>/ in the checkout)")
+    group.addoption("--level", default="standard", choices=LEVELS,
+                    help="how long and how large workloads run: quick (about a minute a node), "
+                         "standard (default), extended (burn-in)")
+    group.addoption("--test-timeout", type=float, default=None, metavar="SECONDS",
+                    help="per-test limit; a test past it ends the run on every rank "
+                         "(default: the profile's test_timeout_s)")
+    group.addoption("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                    help="timeout of the workloads' process group (default: the profile's "
+                         "collective_timeout_s)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "metrics(*names): metrics the test records (checked against "
+                                       "the profile before the run)")
+    config.addinivalue_line("markers", "multinode: needs two or more nodes; skipped on one node")
+    config.addinivalue_line("markers", "time_limit(seconds): this test's own limit instead of --test-timeout")
+    if hasattr(config, "workerinput") or config.getoption("numprocesses", None) or \
+            config.getoption("dist", "no") != "no":
+        raise pytest.UsageError("clustergate runs one pytest per rank under torchrun: do not combine it "
+                                "with pytest-xdist (-n/--dist); use torchrun --nproc-per-node instead")
+    if config.pluginmanager.hasplugin("randomly") or config.pluginmanager.hasplugin("random_order"):
+        raise pytest.UsageError("a random-order plugin is active: every rank must run tests in the same "
+                                "order; add -p no:randomly (or -p no:random_order)")
+    try:
+        thresholds = load(config.getoption("thresholds"))
+        name = config.getoption("profile")
+        profile = thresholds.profile(name) if name else thresholds.select(gpu_model_name())
+        test_timeout = config.getoption("test_timeout") or profile.settings.get(
+            "test_timeout_s", DEFAULT_TEST_TIMEOUT_S)
+        collective_timeout = config.getoption("collective_timeout") or profile.settings.get(
+            "collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
+        # The control group waits for the slowest rank of a test, so it must outlast the test limit.
+        world = init_world(collective_timeout, control_timeout_s=test_timeout + 120,
+                           want_cuda=profile.name != thresholds.cpu_profile)
+    except (ThresholdsError, WorldError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    report_dir = _report_dir(config, world)
+    gate = ClusterGate(world, profile, config.getoption("level"), report_dir, test_timeout)
+    config.stash[GATE] = gate
+    if world.is_leader:
+        if not config.getoption("htmlpath", None):
+            config.option.htmlpath = str(report_dir / "report.html")
+        config.option.self_contained_html = True
+        if not config.option.xmlpath:
+            config.option.xmlpath = str(report_dir / "junit.xml")
+    else:
+        # Exactly one report: ranks other than 0 write neither HTML nor JUnit, and only global
+        # rank 0 talks to the terminal (torchrun prints every node's local rank 0). Blocking the
+        # name before pytest's terminal plugin configures makes its registration a no-op.
+        config.option.htmlpath = None
+        config.option.xmlpath = None
+        config.pluginmanager.set_blocked("terminalreporter")
+
+
+pytest_configure = pytest.hookimpl(tryfirst=True)(pytest_configure)
+
+
+def _report_dir(config: pytest.Config, world: Any) -> Path:
+    """Rank 0 names the directory (its clock) and every rank uses that name."""
+    chosen = config.getoption("report_dir")
+    if chosen is None and world.is_leader:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        chosen = str(ROOT / "reports" / stamp)
+    chosen = control.broadcast_from_leader(world, chosen, "report directory")
+    path = Path(chosen)
+    if world.is_leader:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise pytest.UsageError(f"--report-dir {path}: cannot create it ({exc}); choose a writable path")
+    return path
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    gate = config.stash[GATE]
+    for item in items:
+        for name in _declared(item):
+            if name not in gate.profile.metrics:
+                raise pytest.UsageError(
+                    f"{gate.profile.source}: profile {gate.profile.name!r} has no metrics.{name}, "
+                    f"which {item.nodeid} records; add it (an empty mapping {{}} measures without judging)")
+        if item.get_closest_marker("multinode") and gate.node_count < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ nodes; this job has {gate.node_count}"))
+    problem = gate.check_collection([item.nodeid for item in items])
+    if problem:
+        gate.run.error = problem
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+pytest_collection_modifyitems = pytest.hookimpl(trylast=True)(pytest_collection_modifyitems)
+
+
+def _declared(item: pytest.Item) -> tuple[str, ...]:
+    return tuple(n for m in item.iter_markers("metrics") for n in m.args)
+
+
+@pytest.fixture
+def cg(request: pytest.FixtureRequest) -> Recorder:
+    """The run as a test sees it: level, device, profile settings, and ``record``."""
+    return request.node.stash[RECORDER]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    gate = item.config.stash[GATE]
+    marker = item.get_closest_marker("time_limit")
+    limit = float(marker.args[0]) if marker else gate.test_timeout_s
+    item.stash[RECORDER] = Recorder(gate, item.nodeid, _declared(item))
+    gate.start_test(item.nodeid, limit)
+    try:
+        return (yield)
+    finally:
+        gate.end_test(item.nodeid)
+        if gate.poisoned:
+            item.session.shouldstop = gate.poisoned
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    gate = item.config.stash[GATE]
+    recorder = item.stash[RECORDER]
+    mine = PhaseOutcome(
+        rank=gate.world.rank, host=gate.identity.host, outcome=report.outcome,
+        message=report.longreprtext if report.outcome != "passed" else "", stop=call.stop,
+        records=recorder.records if call.when == "call" else [],
+        details=recorder.details if call.when == "call" else {}, gpu_label=gate.gpu_label(),
+    )
+    verdict = gate.merge_phase(item.nodeid, call.when, mine, recorder.declared, call.duration)
+    if verdict.outcome == "failed":
+        report.outcome = "failed"
+        report.longrepr = verdict.message
+    elif verdict.outcome == "skipped" and report.outcome != "skipped":
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, verdict.message)
+    report.user_properties.append(("failed_ranks", verdict.failed_ranks))
+    if call.when == "call":
+        report.user_properties.append(("metrics", [m.as_json() for m in verdict.metrics]))
+    return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    gate = session.config.stash.get(GATE, None)
+    if gate is None:
+        return
+    if not gate.run.tests and gate.run.error is None:
+        gate.run.error = "no tests ran: check the path and the -m/-k selection"
+    session.exitstatus = gate.exit_status(int(exitstatus))
+    session.config.stash[STATUS] = int(session.exitstatus)
+    gate.finish()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    gate = config.stash.get(GATE, None)
+    if gate is None or not gate.world.is_leader:
+        return
+    run = gate.run
+    tr = terminalreporter
+    tr.section("clustergate", sep="=", bold=True)
+    scope = f"{gate.world.world_size} ranks on {gate.node_count} node{'s' if gate.node_count > 1 else ''}"
+    tr.write_line(f"verdict: {run.verdict.upper()}   profile: {gate.profile.name}   level: {gate.level}   {scope}",
+                  green=run.verdict == "accept", red=run.verdict != "accept", bold=True)
+    if not gate.profile.sign_off:
+        tr.write_line(f"profile {gate.profile.name!r} has no sign-off criteria: figures are measured, not judged")
+    if run.error:
+        tr.write_line(f"run error: {run.error}", red=True)
+    for test in run.tests.values():
+        for metric in test.metrics:
+            crit = ", ".join(f"{k} {v}" for k, v in metric["criterion"].items() if k != "unit") or "not judged"
+            mark = "ok  " if metric["passed"] else "FAIL"
+            tr.write_line(f"  {mark} {metric['name']:<28} {metric['value']:>12.4g} {metric['unit']:<8} ({crit})")
+    tr.write_line(f"report: {gate.report_dir}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gate = config.stash.get(GATE, None)
+    if gate is None:
+        return
+    if gate.poisoned or gate.lost:
+        # A collective is stuck or a peer is gone: tearing down the groups could hang. Leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash.get(STATUS, 1))
+    shutdown(gate.world)
+
+
+def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
+    """Name the rank and host on an internal error; ranks other than 0 have no terminal."""
+    sys.stderr.write(f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} "
+                     f"({socket.gethostname()}): {excinfo.exconly() if excinfo else excrepr}\n")
+

@@ -1,0 +1,102 @@
+"""The ``cg`` fixture: what an acceptance test sees of the run.
+
+A test measures on every rank and records what it measured:
+
+    @pytest.mark.metrics("matmul_bf16_tflops")
+    def test_matmul_bf16(cg):
+        cg.record_result(matmul.run(matmul.Config.for_level(cg.level, cg.device)))
+
+The plugin gathers every rank's records after the test body, judges them on rank 0 against the
+profile, and fails the test on every rank if any figure misses its criterion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+from clustergate import control
+from clustergate.judge import Record, Where
+from workloads.result import Metric, Result, Scope
+
+if TYPE_CHECKING:
+    from clustergate.session import ClusterGate
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Per-test handle, one per rank. Public attributes are the test's view of the run."""
+
+    gate: ClusterGate
+    nodeid: str
+    declared: tuple[str, ...]
+    records: list[Record] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def level(self) -> str:
+        """quick | standard | extended: how long and how large the workloads run."""
+        return self.gate.level
+
+    @property
+    def device(self) -> torch.device:
+        return self.gate.world.device
+
+    @property
+    def rank(self) -> int:
+        return self.gate.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.gate.world.world_size
+
+    @property
+    def profile_name(self) -> str:
+        return self.gate.profile.name
+
+    @property
+    def identities(self) -> list[dict[str, Any]]:
+        """Every rank's identity (host, node_rank, local_rank, gpu), in rank order."""
+        return self.gate.identities
+
+    def setting(self, name: str) -> Any:
+        """A profile setting (``gpus_per_node``, ``peak_bf16_tflops``, ...); clear error if absent."""
+        return self.gate.profile.setting(name)
+
+    def record(self, name: str, value: float, unit: str, *, scope: Scope = "gpu", description: str = "") -> None:
+        """Record one figure measured on this rank; judged after the test body on every rank."""
+        self.record_metric(Metric(name=name, value=float(value), unit=unit, scope=scope, description=description))
+
+    def record_metric(self, metric: Metric) -> None:
+        if metric.name not in self.declared:
+            raise pytest.UsageError(
+                f"{self.nodeid} records {metric.name!r} but does not declare it; add "
+                f"@pytest.mark.metrics({metric.name!r}) so the profile is checked before the run"
+            )
+        ident = self.gate.identity
+        gpu = ident.gpu
+        where = Where(rank=ident.rank, host=ident.host, node_rank=ident.node_rank,
+                      gpu_index=gpu.index if gpu else None, gpu_serial=gpu.serial if gpu else None,
+                      gpu_uuid=gpu.uuid if gpu else None)
+        self.records.append(Record(metric.name, metric.value, metric.unit, metric.scope, metric.description, where))
+
+    def record_result(self, result: Result) -> None:
+        """Record every metric of a workload's result, and keep its details for the report."""
+        for metric in result.metrics:
+            self.record_metric(metric)
+        self.details.update(result.details)
+
+    def all_ranks(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` on every rank (over the control group, not the workloads' group)."""
+        return control.all_gather(self.gate.world, value, f"{self.nodeid}: all_ranks")
+
+    def skip_unless_everywhere(self, ok: bool, reason: str) -> None:
+        """Skip on every rank if the condition fails on any rank: skips must not differ by rank."""
+        votes = self.all_ranks((ok, reason, self.gate.identity.host))
+        bad = [(r, why, host) for r, (fine, why, host) in enumerate(votes) if not fine]
+        if bad:
+            rank, why, host = bad[0]
+            pytest.skip(f"{why} (on {len(bad)}/{len(votes)} ranks, first rank {rank} on {host})")

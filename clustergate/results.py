@@ -1,0 +1,113 @@
+"""results.json (schema 1): the machine-readable verdict, kept up to date as the run goes.
+
+Rank 0 owns it. It is rewritten atomically after every test, so a run that dies part-way leaves
+a valid file whose verdict is "reject" and whose ``error`` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from clustergate.outcomes import PhaseVerdict
+
+SCHEMA = 1
+
+
+@dataclass(slots=True)
+class TestEntry:
+    nodeid: str
+    outcome: str = "passed"
+    duration_s: float = 0.0
+    failed_ranks: list[int] = field(default_factory=list)
+    message: str = ""
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, when: str, verdict: PhaseVerdict, duration_s: float) -> None:
+        """Fold one phase's merged verdict into the test's entry."""
+        self.duration_s += duration_s
+        if when == "call":
+            self.metrics = [m.as_json() for m in verdict.metrics]
+            self.details = verdict.details
+        if verdict.outcome == "failed":
+            self.outcome = "failed" if when == "call" else "error"
+            self.failed_ranks = sorted(set(self.failed_ranks) | set(verdict.failed_ranks))
+            self.message = f"{self.message}\n[{when}] {verdict.message}".strip()
+        elif verdict.outcome == "skipped" and self.outcome == "passed":
+            self.outcome = "skipped"
+            self.message = verdict.message
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """Everything results.json says; filled in as the run goes."""
+
+    profile: str
+    level: str
+    world_size: int
+    sign_off: bool = True
+    started: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    t0: float = field(default_factory=time.monotonic)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    tests: dict[str, TestEntry] = field(default_factory=dict)
+    error: str | None = None
+    """A run-level failure (lost rank, collection mismatch, timeout): forces "reject"."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further top-level sections other parts add (e.g. "baseline", "discovery")."""
+
+    def test(self, nodeid: str) -> TestEntry:
+        return self.tests.setdefault(nodeid, TestEntry(nodeid))
+
+    @property
+    def verdict(self) -> str:
+        outcomes = [t.outcome for t in self.tests.values()]
+        ok = self.error is None and "passed" in outcomes and all(o in ("passed", "skipped") for o in outcomes)
+        return "accept" if ok else "reject"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "verdict": self.verdict,
+            "profile": self.profile,
+            "sign_off": self.sign_off,
+            "level": self.level,
+            "started": self.started,
+            "duration_s": round(time.monotonic() - self.t0, 3),
+            "world_size": self.world_size,
+            "error": self.error,
+            "nodes": self.nodes,
+            "environment": self.environment,
+            "tests": [
+                {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
+                 "failed_ranks": t.failed_ranks, "message": t.message, "metrics": t.metrics,
+                 "details": t.details}
+                for t in self.tests.values()
+            ],
+            **self.extra,
+        }
+
+
+def nodes_from_identities(identities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group per-rank identities into the results.json ``nodes`` list."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for ident in sorted(identities, key=lambda i: i["rank"]):
+        node = nodes.setdefault(ident["node_rank"], {"host": ident["host"], "node_rank": ident["node_rank"],
+                                                     "ranks": [], "gpus": []})
+        node["ranks"].append(ident["rank"])
+        if ident.get("gpu"):
+            node["gpus"].append({**ident["gpu"], "rank": ident["rank"], "local_rank": ident["local_rank"]})
+    return [nodes[k] for k in sorted(nodes)]
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: readers never see half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

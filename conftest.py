@@ -1,0 +1,3 @@
+"""Enable the clustergate plugin for this checkout (acceptance/ runs on every torchrun rank)."""
+
+pytest_plugins = ["clustergate.plugin"]
