@@ -1,0 +1,3 @@
+"""Fixtures shared by the suite's own tests."""
+
+pytest_plugins = ["pytester"]
