@@ -35,6 +35,21 @@ SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
     "collective_timeout_s": ((int, float), "default timeout of the workloads' process group"),
     "peak_bf16_tflops": ((int, float), "dense bf16 peak of one device, for MFU"),
     "baseline_tolerance": ((int, float), "relative change against --baseline that is flagged"),
+    "peak_tf32_tflops": ((int, float), "dense tf32 peak of one device"),
+    "peak_fp16_tflops": ((int, float), "dense fp16 peak of one device"),
+    "peak_fp8_tflops": ((int, float), "dense fp8 peak of one device"),
+    "nvlinks_per_gpu": ((int,), "NVLink links that must be active on every GPU (18 on H100/H200 SXM)"),
+    "mig_mode": ((str,), "required MIG mode: 'disabled' or 'enabled'"),
+    "min_driver_version": ((str,), "lowest acceptable NVIDIA driver version, e.g. '550.54'"),
+    "pcie_generation": ((int,), "PCIe link generation every GPU must train at"),
+    "pcie_width": ((int,), "PCIe link width every GPU must train at"),
+    "collective_judge_bytes": ((int,), "message size (bytes) at which collective busbw is judged"),
+    "collective_max_bytes": ((int,), "largest message size (bytes) swept at --level standard"),
+    "required_transport": ((str,), "NCCL transport cross-node traffic must use: 'NET/IB' or 'any'"),
+    "ib_ports_per_node": ((int,), "active InfiniBand ports every node must have (0: none required)"),
+    "ib_rate_gbps": ((int, float), "link rate (Gb/s) every required InfiniBand port must run at"),
+    "burn_in_s": ((int, float), "seconds of sustained matmul at --level extended"),
+    "shared_dir": ((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
 }
 
 TOP_KEYS = {"schema", "fallback_profile", "cpu_profile", "profiles"}
