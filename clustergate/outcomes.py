@@ -78,14 +78,8 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
         if bad:
             lines.append(f"{len(bad)} metric check{'s' if len(bad) > 1 else ''} failed:")
             lines += [f"  {f}" for f in bad]
-    if lines:
-        outcome = "failed"
-    else:
-        outcome = kinds.pop()
-    if outcome == "skipped":
-        message = outcomes[0].message
-    else:
-        message = "\n".join(lines)
+    outcome = "failed" if lines else kinds.pop()
+    message = outcomes[0].message if outcome == "skipped" else "\n".join(lines)
     failed_ranks = [o.rank for o in failed]
     if outcome == "failed" and not failed_ranks:
         failed_ranks = sorted({p["rank"] for j in metrics for p in j.per_rank if not p["passed"]})

@@ -26,6 +26,7 @@ from workloads.common import LEVELS
 GATE = pytest.StashKey[ClusterGate]()
 RECORDER = pytest.StashKey[Recorder]()
 STATUS = pytest.StashKey[int]()
+REAL_STDOUT = pytest.StashKey[Any]()
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_TEST_TIMEOUT_S = 900.0
@@ -89,11 +90,13 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.xmlpath = str(report_dir / "junit.xml")
     else:
         # Exactly one report: ranks other than 0 write neither HTML nor JUnit, and only global
-        # rank 0 talks to the terminal (torchrun prints every node's local rank 0). Blocking the
-        # name before pytest's terminal plugin configures makes its registration a no-op.
+        # rank 0 talks to the terminal (torchrun prints every node's local rank 0). pytest's
+        # terminal reporter binds sys.stdout when it configures, after this hook: hand it a sink.
+        # (It must stay registered: assertion rewriting asks it for a terminal writer.)
         config.option.htmlpath = None
         config.option.xmlpath = None
-        config.pluginmanager.set_blocked("terminalreporter")
+        config.stash[REAL_STDOUT] = sys.stdout
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the session
 
 
 pytest_configure = pytest.hookimpl(tryfirst=True)(pytest_configure)
@@ -111,8 +114,15 @@ def _report_dir(config: pytest.Config, world: Any) -> Path:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise pytest.UsageError(f"--report-dir {path}: cannot create it ({exc}); choose a writable path")
+            raise pytest.UsageError(f"--report-dir {path}: cannot create it ({exc}); choose a writable path") from None
     return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    real = session.config.stash.get(REAL_STDOUT, None)
+    if real is not None:
+        sys.stdout = real  # the terminal reporter already holds the sink
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

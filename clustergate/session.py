@@ -7,6 +7,7 @@ progress.jsonl and results.json saying what happened, and exits with one known c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -71,7 +72,7 @@ class ClusterGate:
     def start_test(self, nodeid: str, limit_s: float) -> None:
         self.current = nodeid
         self.progress.event("test_start", nodeid=nodeid)
-        self._mark("running", nodeid)
+        self._mark("in setup of", nodeid)
         self.watchdog.arm(nodeid, limit_s)
 
     def end_test(self, nodeid: str) -> None:
@@ -84,11 +85,12 @@ class ClusterGate:
     def merge_phase(self, nodeid: str, when: str, mine: PhaseOutcome, declared: tuple[str, ...],
                     duration_s: float) -> PhaseVerdict:
         """Gather this phase from every rank, merge and judge on rank 0, and share the verdict."""
-        self._mark(f"done-{when}", nodeid)
+        self._mark(f"finished {when}, waiting for the other ranks in", nodeid)
         gathered = self._exchange(lambda: control.gather_to_leader(self.world, mine, f"{nodeid} {when}"))
         verdict = merge(gathered, self.profile, when, declared) if gathered is not None else None
         verdict = self._exchange(lambda: control.broadcast_from_leader(self.world, verdict, f"{nodeid} verdict"))
         self.run.test(nodeid).apply(when, verdict, duration_s)
+        self._mark({"setup": "in the test body of", "call": "in teardown of"}.get(when, "between tests after"), nodeid)
         if verdict.poisoned and self.poisoned is None:
             self.poisoned = (f"{nodeid} lost a collective ({when}): the workloads' process group can no "
                              "longer be trusted, so the run stops here")
@@ -127,10 +129,9 @@ class ClusterGate:
         """Leave this rank's state in the rendezvous store, so a timed-out rank 0 can say who hung."""
         store = _store()
         if store is not None and self.world.launched:
-            try:
+            # The store is a diagnostic aid; never let it break a run.
+            with contextlib.suppress(Exception):
                 store.set(f"clustergate/state/{self.world.rank}", f"{state} {nodeid}")
-            except Exception:
-                pass  # the store is a diagnostic aid; never let it break a run
 
     def _peer_states(self) -> list[str]:
         store = _store()

@@ -54,8 +54,9 @@ def world_problems(everyone: list[dict[str, Any]], identities: list[dict[str, An
         if gpus_per_node > 0:
             devices = everyone[ranks[0]]["cuda_devices"]
             if devices != gpus_per_node:
+                hint = " (no GPU: is the driver loaded? run nvidia-smi)" if devices == 0 else ""
                 problems.append(f"node {node} ({host}): {devices} CUDA devices visible, profile expects "
-                                f"{gpus_per_node}" + (" (no GPU: is the driver loaded? run nvidia-smi)" if devices == 0 else ""))
+                                f"{gpus_per_node}{hint}")
             if len(ranks) != gpus_per_node:
                 problems.append(f"node {node} ({host}): {len(ranks)} ranks, profile expects {gpus_per_node} "
                                 f"(start torchrun with --nproc-per-node={gpus_per_node})")

@@ -82,12 +82,12 @@ def time_runs(fn: Callable[[], object], device: torch.device, warmup: int, repea
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        for start, end in zip(starts, ends):
+        for start, end in zip(starts, ends, strict=True):
             start.record()
             fn()
             end.record()
         torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+        times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
     else:
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -1,0 +1,111 @@
+"""End to end under torchrun on gloo: healthy runs, and every planted fault ends bounded and named.
+
+Each fault must end the whole job within the bound, non-zero on every agent, with the test, rank
+and host named in the output or in results.json.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from torchrun_job import ROOT, JobResult, run_job
+
+FAULTS = Path(__file__).parent / "faults"
+HOST = socket.gethostname()
+
+pytestmark = pytest.mark.slow
+
+
+def job(tmp_path: Path, fault: str, *args: str, **kwargs: object) -> JobResult:
+    shutil.copy(FAULTS / f"{fault}.py", tmp_path / "test_fault.py")
+    thresholds = ("--thresholds", str(ROOT / "thresholds.yaml")) if "--thresholds" not in args else ()
+    return run_job(tmp_path, [*thresholds, *args, "test_fault.py"], **kwargs)  # type: ignore[arg-type]
+
+
+def test_healthy_run_accepts_with_four_outputs(tmp_path: Path) -> None:
+    r = job(tmp_path, "healthy")
+    assert r.codes == [0], r.output
+    assert {p.name for p in r.report_dir.iterdir()} >= {"results.json", "report.html", "junit.xml", "progress.jsonl"}
+    res = r.results
+    assert res["verdict"] == "accept" and res["world_size"] == 2
+    outcomes = {t["nodeid"].split("::")[1]: t["outcome"] for t in res["tests"]}
+    assert outcomes == {"test_records_a_metric": "passed", "test_needs_two_nodes": "skipped"}
+    assert r.output.count("test session starts") == 1  # only rank 0 talks
+
+
+def test_two_node_job_runs_multinode_tests(tmp_path: Path) -> None:
+    r = job(tmp_path, "healthy", nodes=2, nproc=2)
+    assert r.codes == [0, 0], r.output
+    res = r.results
+    assert res["verdict"] == "accept" and res["world_size"] == 4 and len(res["nodes"]) == 2
+    assert all(t["outcome"] == "passed" for t in res["tests"])
+
+
+def test_failure_on_one_rank_fails_everywhere(tmp_path: Path) -> None:
+    r = job(tmp_path, "fail_on_one_rank")
+    assert r.codes == [1], r.output
+    [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
+    assert failed["nodeid"].endswith("test_fails_on_last_rank") and failed["failed_ranks"] == [1]
+    assert "failed on 1/2 ranks" in failed["message"] and f"rank 1 ({HOST}" in failed["message"]
+    assert "planted failure on rank 1" in failed["message"]
+    assert r.results["verdict"] == "reject"
+    assert [t["outcome"] for t in r.results["tests"]] == ["passed", "failed", "passed"]
+
+
+def test_failure_on_second_node_names_it(tmp_path: Path) -> None:
+    r = job(tmp_path, "fail_on_one_rank", nodes=2, nproc=2)
+    assert r.codes == [1, 1], r.output
+    [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
+    assert failed["failed_ranks"] == [3] and "failed on 1/4 ranks" in failed["message"]
+
+
+def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Path) -> None:
+    r = job(tmp_path, "raise_before_collective", timeout=150)
+    assert r.seconds < 120, r.output
+    assert r.codes == [1], r.output
+    res = r.results
+    first = res["tests"][0]
+    assert first["outcome"] == "failed" and "planted: rank 1 raises" in first["message"]
+    assert "failed on 2/2 ranks" in first["message"]
+    assert "the run stops here" in res["error"]  # the session is poisoned: the second test never runs
+    assert len(res["tests"]) == 1
+
+
+def test_rank_that_dies_ends_the_job(tmp_path: Path) -> None:
+    r = job(tmp_path, "rank_dies", timeout=150)
+    assert r.seconds < 120, r.output
+    assert r.codes == [1], r.output  # torchrun turns any worker failure into 1
+    assert "exitcode  : 7" in r.output or "exitcode: 7" in r.output  # torchrun names the dead rank
+    res = r.results
+    assert res["verdict"] == "reject" and "test_rank_exits_mid_test" in (res["error"] or "")
+
+
+def test_hang_is_cut_by_the_test_timeout(tmp_path: Path) -> None:
+    r = job(tmp_path, "hang", "--test-timeout", "10", timeout=120)
+    assert r.seconds < 60, r.output
+    assert r.codes == [1], r.output
+    res = r.results
+    assert res["verdict"] == "reject"
+    assert "test_hangs_on_rank_1 did not finish within 10 s" in res["error"]
+    # where each rank was: rank 1 still in the test body, rank 0 waiting for it
+    assert f"rank 1 ({HOST}): in the test body of test_fault.py::test_hangs_on_rank_1" in res["error"]
+    assert f"rank 0 ({HOST}): finished call, waiting for the other ranks in" in res["error"]
+
+
+def test_mismatched_collection_refuses_on_every_rank(tmp_path: Path) -> None:
+    r = job(tmp_path, "mismatched_collection", timeout=120)
+    assert r.codes == [1], r.output
+    assert "ranks disagree about what to run" in r.output
+    assert "rank 1" in r.results["error"] and r.results["tests"] == []
+
+
+def test_broken_thresholds_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("schema: 1\nprofiles:\n  cpu: {metrics: [\n")
+    r = job(tmp_path, "healthy", "--thresholds", str(bad), timeout=120)
+    assert r.codes == [1], r.output
+    assert r.output.count(f"ERROR: {bad}: not valid YAML at line 4") == 2  # once per rank, no more
+    assert "_pytest" not in r.output and "clustergate/" not in r.output  # no traceback from pytest or us

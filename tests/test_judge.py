@@ -1,0 +1,99 @@
+"""Judging gathered metrics, and merging phase outcomes across ranks (pure logic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clustergate.judge import Record, Where, judge
+from clustergate.outcomes import PhaseOutcome, merge
+from clustergate.thresholds import Criterion, Profile
+
+
+def profile(**metrics: Criterion) -> Profile:
+    return Profile(name="test", description="", match=(), sign_off=True, settings={}, metrics=metrics,
+                   source=Path("thresholds.yaml"))
+
+
+def rec(value: float, rank: int = 0, node: int = 0, name: str = "tflops", scope: str = "gpu", unit: str = "TFLOPS",
+        serial: str | None = "SN0") -> Record:
+    return Record(name, value, unit, scope, "", Where(rank, f"node{node}", node, rank % 8, serial, None))
+
+
+def test_min_failure_names_value_criterion_profile_and_gpu() -> None:
+    [j] = judge([rec(720, 0), rec(512.3, 1, serial="1650")], profile(tflops=Criterion(min=700)))
+    assert not j.passed
+    assert j.value == 512.3  # the worst figure stands for the metric
+    assert j.failures == ["tflops=512.3 TFLOPS, expected >= 700 [test, rank 1 node0 gpu 1 serial 1650]"]
+    assert [p["passed"] for p in j.per_rank] == [True, False]
+
+
+def test_max_ceiling_and_unit() -> None:
+    p = profile(lat=Criterion(max=50), bw=Criterion(min=1, ceiling=480), u=Criterion(unit="GB/s"))
+    results = {j.name: j for j in judge([
+        rec(60, name="lat", unit="us"), rec(500, name="bw"), rec(3, name="u", unit="Gb/s")], p)}
+    assert "expected <= 50" in results["lat"].failures[0]
+    assert "above the physical ceiling 480" in results["bw"].failures[0]
+    assert "recorded in 'Gb/s', the profile expects 'GB/s'" in results["u"].failures[0]
+
+
+def test_outlier_against_node_median_even_above_minimum() -> None:
+    values = [800, 801, 799, 802, 800, 798, 803, 650]
+    records = [rec(v, rank) for rank, v in enumerate(values)]
+    [j] = judge(records, profile(tflops=Criterion(min=600, outlier_fraction=0.9)))
+    assert len(j.failures) == 1
+    assert "rank 7" in j.failures[0] and "below 90% of the node median" in j.failures[0]
+
+
+def test_node_and_world_scopes_keep_one_record_each() -> None:
+    records = [rec(5, r, node=r // 2, name="nb", scope="node") for r in range(4)]
+    records += [rec(7, r, name="wb", scope="world") for r in range(4)]
+    by = {j.name: j for j in judge(records, profile(nb=Criterion(min=1), wb=Criterion(min=1)))}
+    assert [p["rank"] for p in by["nb"].per_rank] == [0, 2]
+    assert [p["rank"] for p in by["wb"].per_rank] == [0]
+
+
+def test_metric_missing_from_profile_fails_naming_the_key() -> None:
+    [j] = judge([rec(1, name="mystery")], profile())
+    assert not j.passed and "has no metrics.mystery" in j.failures[0]
+
+
+def test_empty_criterion_measures_without_judging() -> None:
+    [j] = judge([rec(1.0), rec(3.0, 1), rec(2.0, 2)], profile(tflops=Criterion()))
+    assert j.passed and j.value == 2.0
+
+
+def outcome(rank: int, kind: str, message: str = "", stop: float = 0.0,
+            records: list[Record] | None = None) -> PhaseOutcome:
+    return PhaseOutcome(rank=rank, host=f"h{rank}", outcome=kind, message=message, stop=stop, records=records or [])
+
+
+def test_failure_on_one_rank_fails_everywhere_earliest_first() -> None:
+    v = merge([outcome(0, "failed", "late", 2.0), outcome(1, "passed"), outcome(2, "failed", "early", 1.0)],
+              profile(), "call", ())
+    assert v.outcome == "failed" and v.failed_ranks == [2, 0]
+    assert v.message.startswith("failed on 2/3 ranks: 2, 0")
+    assert v.message.index("early") < v.message.index("late")
+
+
+def test_mixed_pass_and_skip_is_a_failure() -> None:
+    v = merge([outcome(0, "passed"), outcome(1, "skipped", "Skipped: no GPU")], profile(), "call", ())
+    assert v.outcome == "failed" and "mixed outcomes" in v.message and "no GPU" in v.message
+
+
+def test_declared_metric_not_recorded_fails() -> None:
+    v = merge([outcome(0, "passed")], profile(tflops=Criterion(min=1)), "call", ("tflops",))
+    assert v.outcome == "failed" and "declared metrics never recorded: tflops" in v.message
+
+
+def test_metric_failure_fails_a_passing_test_and_names_the_rank() -> None:
+    p = profile(tflops=Criterion(min=700))
+    v = merge([outcome(0, "passed", records=[rec(800, 0)]), outcome(1, "passed", records=[rec(100, 1)])],
+              p, "call", ("tflops",))
+    assert v.outcome == "failed" and v.failed_ranks == [1]
+    assert "1 metric check failed" in v.message
+
+
+def test_collective_timeout_poisons_the_session() -> None:
+    msg = "RuntimeError: [gloo] Timed out waiting 30000ms for recv operation to complete"
+    assert merge([outcome(0, "failed", msg), outcome(1, "failed", "ValueError")], profile(), "call", ()).poisoned
+    assert not merge([outcome(0, "failed", "AssertionError")], profile(), "call", ()).poisoned

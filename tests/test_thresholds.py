@@ -1,0 +1,108 @@
+"""thresholds.yaml loading: the shipped file is valid, and every broken input names file, key, fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clustergate.thresholds import ThresholdsError, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD = """
+schema: 1
+fallback_profile: generic
+cpu_profile: cpu
+profiles:
+  base:
+    match: ["H100"]
+    settings: {gpus_per_node: 8, peak_bf16_tflops: 989}
+    metrics:
+      matmul_bf16_tflops: {min: 700, unit: TFLOPS}
+      gpu_memory_gib: {min: 79}
+  child:
+    extends: base
+    match: ["H200"]
+    settings: {peak_bf16_tflops: 990}
+    metrics:
+      gpu_memory_gib: {min: 139}
+  generic: {sign_off: false, metrics: {matmul_bf16_tflops: {}}}
+  cpu: {settings: {gpus_per_node: 0}}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_file_loads_and_selects_by_gpu_name() -> None:
+    t = load(ROOT / "thresholds.yaml")
+    assert t.select("NVIDIA H100 80GB HBM3").name == "h100-sxm-80gb"
+    assert t.select("NVIDIA H200").name == "h200"
+    assert t.select("NVIDIA A100-SXM4-80GB").name == "nvidia-generic"
+    assert t.select(None).name == "cpu"
+    assert t.profile("h200").metrics["matmul_bf16_tflops"].min == 700  # inherited
+    assert not t.profile("nvidia-generic").sign_off
+
+
+def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:
+    t = load(write(tmp_path, GOOD))
+    child = t.profile("child")
+    assert child.settings == {"gpus_per_node": 8, "peak_bf16_tflops": 990}
+    assert child.metrics["gpu_memory_gib"].min == 139
+    assert child.metrics["matmul_bf16_tflops"].unit == "TFLOPS"
+    assert child.digest != t.profile("base").digest
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("schema: 1\nprofiles: [", "not valid YAML at line"),
+        ("- a list", "top level"),
+        (GOOD.replace("schema: 1", "schema: 2"), "schema: must be 1"),
+        (GOOD.replace("cpu_profile: cpu", "cpu_profile: cpu\nextra: 1"), "extra: unknown top-level key"),
+        (GOOD.replace("match: [\"H100\"]", "match: [\"H100\"]\n    colour: red"), "profiles.base.colour: unknown key"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{minimum: 700}"),
+         "profiles.base.metrics.matmul_bf16_tflops.minimum: unknown key"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: fast}"),
+         "profiles.base.metrics.matmul_bf16_tflops.min: must be a number, got 'fast'"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 9, max: 1}"), "min 9.0 is above max 1.0"),
+        (GOOD.replace("gpus_per_node: 8,", "gpus_per_node: eight,"),
+         "profiles.base.settings.gpus_per_node: must be int, got 'eight'"),
+        (GOOD.replace("gpus_per_node: 8,", "gpu_per_node: 8,"), "profiles.base.settings.gpu_per_node: unknown setting"),
+        (GOOD.replace("extends: base", "extends: nowhere"), "profiles.child.extends: no profile 'nowhere'"),
+        (GOOD.replace("fallback_profile: generic", "fallback_profile: missing"), "fallback_profile: must name one"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{outlier_fraction: 1.5}"), "outlier_fraction: must lie between"),
+    ],
+)
+def test_broken_files_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ThresholdsError) as err:
+        load(path)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_circular_extends(tmp_path: Path) -> None:
+    text = GOOD.replace("  base:\n", "  base:\n    extends: child\n")
+    with pytest.raises(ThresholdsError, match="circular"):
+        load(write(tmp_path, text))
+
+
+def test_missing_file_and_unknown_profile(tmp_path: Path) -> None:
+    with pytest.raises(ThresholdsError, match="file not found; pass an existing file with --thresholds"):
+        load(tmp_path / "nope.yaml")
+    t = load(write(tmp_path, GOOD))
+    with pytest.raises(ThresholdsError, match="no profile 'h300'; profiles are: base, child, generic, cpu"):
+        t.profile("h300")
+
+
+def test_missing_setting_is_a_clear_error(tmp_path: Path) -> None:
+    cpu = load(write(tmp_path, GOOD)).profile("cpu")
+    with pytest.raises(ThresholdsError, match="profile 'cpu' has no settings.peak_bf16_tflops"):
+        cpu.setting("peak_bf16_tflops")
+    with pytest.raises(KeyError, match="not a known setting"):
+        cpu.setting("warp_speed")
