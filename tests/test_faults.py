@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from torchrun_job import ROOT, JobResult, run_job
 
 FAULTS = Path(__file__).parent / "faults"

@@ -1,0 +1,148 @@
+"""The plugin through pytester, world size 1: options, judging, outputs, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrun_job import ROOT, job_env
+
+THRESHOLDS = """
+schema: 1
+fallback_profile: cpu
+cpu_profile: cpu
+profiles:
+  cpu:
+    settings: {gpus_per_node: 0, test_timeout_s: 60, collective_timeout_s: 30}
+    metrics:
+      speed_gbps: {min: 10, unit: GB/s}
+      free_figure: {}
+  nocriteria:
+    sign_off: false
+    metrics: {speed_gbps: {}, free_figure: {}}
+"""
+
+METRIC_TESTS = """
+import pytest
+
+@pytest.mark.metrics("speed_gbps")
+def test_fast(cg):
+    cg.record("speed_gbps", 12.5, "GB/s")
+
+@pytest.mark.metrics("speed_gbps", "free_figure")
+def test_slow(cg):
+    cg.record("speed_gbps", 3.25, "GB/s", description="planted slow figure")
+    cg.record("free_figure", 1.0, "things", scope="world")
+"""
+
+
+@pytest.fixture
+def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    for key, value in job_env().items():
+        monkeypatch.setenv(key, value)
+    pytester.makefile(".yaml", thresholds=THRESHOLDS)
+
+    def _run(*args: str) -> tuple[pytest.RunResult, Path]:
+        report = pytester.path / "report"
+        result = pytester.runpytest_subprocess(
+            "-p", "clustergate.plugin", "-p", "no:cacheprovider", "--thresholds", "thresholds.yaml",
+            "--report-dir", str(report), *args)
+        return result, report
+
+    return _run
+
+
+def results(report: Path) -> dict:
+    return json.loads((report / "results.json").read_text())
+
+
+def test_metrics_are_judged_and_failures_name_value_criterion_and_place(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_metrics=METRIC_TESTS)
+    result, report = run()
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*1 metric check failed:*",
+        "*speed_gbps=3.25 GB/s, expected >= 10 [[]cpu, rank 0 *]*",
+        "verdict: REJECT*profile: cpu*",
+        "*FAIL speed_gbps*",
+    ])
+    res = results(report)
+    assert res["schema"] == 1 and res["verdict"] == "reject" and res["profile"] == "cpu"
+    slow = next(t for t in res["tests"] if t["nodeid"].endswith("test_slow"))
+    speed = next(m for m in slow["metrics"] if m["name"] == "speed_gbps")
+    assert speed["value"] == 3.25 and speed["criterion"] == {"min": 10.0, "unit": "GB/s"} and not speed["passed"]
+    assert speed["per_rank"][0]["rank"] == 0 and speed["per_rank"][0]["host"]
+    assert {p.name for p in report.iterdir()} >= {"results.json", "report.html", "junit.xml", "progress.jsonl"}
+    events = [json.loads(line)["event"] for line in (report / "progress.jsonl").read_text().splitlines()]
+    assert events == ["session_start", "test_start", "test_end", "test_start", "test_end", "session_end"]
+
+
+def test_profile_without_criteria_accepts_and_says_so(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_metrics=METRIC_TESTS)
+    result, report = run("--profile", "nocriteria")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*has no sign-off criteria*"])
+    assert results(report)["sign_off"] is False
+
+
+def test_undeclared_metric_fails_the_test(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_sneaky(cg):\n    cg.record('speed_gbps', 99, 'GB/s')\n")
+    result, report = run()
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*records 'speed_gbps' but does not declare it*"])
+
+
+def test_declared_metric_absent_from_profile_stops_before_any_test(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\n@pytest.mark.metrics('warp_speed')\ndef test_x(cg):\n    pass\n")
+    result, _ = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*thresholds.yaml: profile 'cpu' has no metrics.warp_speed, which "
+                                 "test_*::test_x records; add it*"])
+
+
+def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\n@pytest.mark.metrics('speed_gbps')\ndef test_lazy(cg):\n    pass\n")
+    result, _ = run()
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*declared metrics never recorded: speed_gbps*"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--profile", "h900"), "*no profile 'h900'; profiles are: cpu, nocriteria*"),
+    (("-n", "2"), "*do not combine it with pytest-xdist*"),
+    (("--level", "ludicrous"), "*invalid choice: 'ludicrous'*"),
+])
+def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result, _ = run(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_no_tests_is_exit_5_and_a_reject(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def helper():\n    pass\n")
+    result, report = run()
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    res = results(report)
+    assert res["verdict"] == "reject" and "no tests ran" in res["error"]
+
+
+def test_multinode_tests_skip_on_one_node(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\ndef test_a():\n    pass\n@pytest.mark.multinode\ndef test_b():\n    pass\n")
+    result, report = run("-rs")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*needs 2+ nodes; this job has 1*"])
+    assert [t["outcome"] for t in results(report)["tests"]] == ["passed", "skipped"]
+
+
+def test_shipped_acceptance_suite_passes_on_cpu(monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester) -> None:
+    """The world checks of the real suite, world size 1, cpu profile."""
+    for key, value in job_env().items():
+        monkeypatch.setenv(key, value)
+    report = pytester.path / "report"
+    result = pytester.runpytest_subprocess(str(ROOT / "acceptance" / "test_world.py"), "--rootdir", str(ROOT),
+                                           "-p", "no:cacheprovider", "--report-dir", str(report))
+    assert result.ret == 0, result.stdout.str()
+    assert results(report)["verdict"] == "accept"
