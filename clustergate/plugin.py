@@ -176,7 +176,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     recorder = item.stash[RECORDER]
     mine = PhaseOutcome(
         rank=gate.world.rank, host=gate.identity.host, outcome=report.outcome,
-        message=report.longreprtext if report.outcome != "passed" else "", stop=call.stop,
+        message=_message(item, report, call), stop=call.stop,
         records=recorder.records if call.when == "call" else [],
         details=recorder.details if call.when == "call" else {}, gpu_label=gate.gpu_label(),
     )
@@ -193,6 +193,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> str:
+    """This rank's failure as a short traceback: N ranks' worth of long tracebacks is unreadable.
+
+    Uses the item's own formatter (which drops pytest's and pluggy's frames) in --tb=short style.
+    """
+    if report.outcome == "passed":
+        return ""
+    if report.outcome == "failed" and call.excinfo is not None and isinstance(item, pytest.Function):
+        try:
+            return str(item._repr_failure_py(call.excinfo, style="short"))
+        except Exception:  # a private helper: fall back to pytest's own text if it ever changes
+            pass
+    return report.longreprtext
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gate = session.config.stash.get(GATE, None)
@@ -202,7 +217,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         gate.run.error = "no tests ran: check the path and the -m/-k selection"
     session.exitstatus = gate.exit_status(int(exitstatus))
     session.config.stash[STATUS] = int(session.exitstatus)
-    gate.finish()
+    gate.finish(int(session.exitstatus))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

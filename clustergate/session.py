@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,9 @@ class ClusterGate:
         self.run.environment = environment()
         self.progress = Progress(report_dir / "progress.jsonl" if world.is_leader else None)
         self.current: str | None = None
+        self._last_write = -1e9
+        self.finished_status: int | None = None
+        """Set once the final results are written; a later SIGTERM must not overwrite them."""
         self.poisoned: str | None = None
         self.lost = False
         self.watchdog = Watchdog(self._on_timeout)
@@ -58,9 +62,12 @@ class ClusterGate:
     def results_path(self) -> Path:
         return self.report_dir / "results.json"
 
-    def write_results(self) -> None:
-        if self.world.is_leader:
+    def write_results(self, at_most_every_s: float = 0.0) -> None:
+        """Rank 0 rewrites results.json; ``at_most_every_s`` bounds the cost when tests are short."""
+        now = time.monotonic()
+        if self.world.is_leader and now - self._last_write >= at_most_every_s:
             write_json(self.results_path, self.run.as_json())
+            self._last_write = now
 
     def gpu_label(self) -> str:
         gpu = self.identity.gpu
@@ -72,7 +79,7 @@ class ClusterGate:
     def start_test(self, nodeid: str, limit_s: float) -> None:
         self.current = nodeid
         self.progress.event("test_start", nodeid=nodeid)
-        self._mark("in setup of", nodeid)
+        self._mark("started", nodeid)
         self.watchdog.arm(nodeid, limit_s)
 
     def end_test(self, nodeid: str) -> None:
@@ -80,17 +87,23 @@ class ClusterGate:
         entry = self.run.tests.get(nodeid)
         self.progress.event("test_end", nodeid=nodeid, outcome=entry.outcome if entry else "unknown")
         self.current = None
-        self.write_results()
+        # progress.jsonl already says where a dead run was; results.json follows within a second.
+        self.write_results(at_most_every_s=1.0)
 
     def merge_phase(self, nodeid: str, when: str, mine: PhaseOutcome, declared: tuple[str, ...],
                     duration_s: float) -> PhaseVerdict:
         """Gather this phase from every rank, merge and judge on rank 0, and share the verdict."""
-        self._mark(f"finished {when}, waiting for the other ranks in", nodeid)
-        gathered = self._exchange(lambda: control.gather_to_leader(self.world, mine, f"{nodeid} {when}"))
-        verdict = merge(gathered, self.profile, when, declared) if gathered is not None else None
-        verdict = self._exchange(lambda: control.broadcast_from_leader(self.world, verdict, f"{nodeid} verdict"))
+        self._mark(f"finished {when} of", nodeid)
+        # Fast path: one small all_reduce says whether any rank has anything to report. Most
+        # phases pass everywhere with nothing to judge; only the others pay for pickled objects.
+        plain = mine.outcome == "passed" and not mine.records and not (when == "call" and declared)
+        if self._exchange(lambda: control.max_int(self.world, 0 if plain else 1, f"{nodeid} {when}")) == 0:
+            verdict = PhaseVerdict(outcome="passed", message="", failed_ranks=[])
+        else:
+            gathered = self._exchange(lambda: control.gather_to_leader(self.world, mine, f"{nodeid} {when}"))
+            verdict = merge(gathered, self.profile, when, declared) if gathered is not None else None
+            verdict = self._exchange(lambda: control.broadcast_from_leader(self.world, verdict, f"{nodeid} verdict"))
         self.run.test(nodeid).apply(when, verdict, duration_s)
-        self._mark({"setup": "in the test body of", "call": "in teardown of"}.get(when, "between tests after"), nodeid)
         if verdict.poisoned and self.poisoned is None:
             self.poisoned = (f"{nodeid} lost a collective ({when}): the workloads' process group can no "
                              "longer be trusted, so the run stops here")
@@ -119,11 +132,14 @@ class ClusterGate:
             status = 1
         return self._exchange(lambda: control.max_int(self.world, status, "exit status"))
 
-    def finish(self) -> None:
+    def finish(self, status: int) -> None:
+        """Write the final record, then wait for every rank: none exits before rank 0 has written."""
         self.watchdog.disarm()
-        self.progress.event("session_end", verdict=self.run.verdict)
+        self.progress.event("session_end", verdict=self.run.verdict, exit_status=status)
         self.write_results()
         self.progress.close()
+        self._exchange(lambda: control.max_int(self.world, 0, "final barrier"))
+        self.finished_status = status
 
     def _mark(self, state: str, nodeid: str) -> None:
         """Leave this rank's state in the rendezvous store, so a timed-out rank 0 can say who hung."""
@@ -143,7 +159,7 @@ class ClusterGate:
                 value = store.get(f"clustergate/state/{r}").decode()
             except Exception:
                 value = "unknown"
-            states.append(f"rank {r} ({self.identities[r]['host']}): {value}")
+            states.append(f"rank {r} ({self.identities[r]['host']}) last {value}")
         return states
 
     def _exchange(self, fn: Any) -> Any:
@@ -159,10 +175,14 @@ class ClusterGate:
                f"({self.identity.host}); the run stops (raise the limit with --test-timeout "
                "or @pytest.mark.time_limit if the workload is just slow)")
         if states:
-            msg += "\n  where each rank was: " + "; ".join(states)
+            msg += ("\n  each rank's last step (a rank that finished setup but not call is stuck in the test "
+                    "body): " + "; ".join(states))
         self._record_ending(msg)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.finished_status is not None:
+            # A peer exited first and torchrun is stopping the rest: the record is already final.
+            os._exit(self.finished_status)
         self._die(f"terminated by SIGTERM during {self.current or 'the session'} (torchrun stops every rank "
                   "when one fails: its summary names the first failure)", 128 + signal.SIGTERM)
 
