@@ -48,6 +48,9 @@ SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
     "required_transport": ((str,), "NCCL transport cross-node traffic must use: 'NET/IB' or 'any'"),
     "ib_ports_per_node": ((int,), "active InfiniBand ports every node must have (0: none required)"),
     "ib_rate_gbps": ((int, float), "link rate (Gb/s) every required InfiniBand port must run at"),
+    "collective_dtype": ((str,), "element type of the collective sweeps: 'fp32' (nccl-tests' default) or 'bf16'"),
+    "nccl_algo": ((str,), "NCCL_ALGO while the bandwidth sweeps' communicators are created: 'Ring' for "
+                  "fabric tests, '' for NCCL's own choice"),
     "burn_in_s": ((int, float), "seconds of sustained matmul at --level extended"),
     "shared_dir": ((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
 }

@@ -1,0 +1,119 @@
+"""Interconnect: NCCL collectives measured exactly as nccl-tests measures them, the slow link found.
+
+Scopes, named in every metric: ``intranode_*`` inside each node (all nodes at once, judged per
+node), unprefixed across the whole job (judged once), ``net_*`` one rank per node on every rail at
+once (the network alone; judged per GPU, so a slow rail names its GPUs). GPU pairs find the GPU,
+link or NIC to blame; the transport test says what NCCL chose and fails a fall-back to sockets
+where the profile requires InfiniBand. On the CPU the same tests run on gloo with small sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from clustergate.recorder import Recorder
+from clustergate.thresholds import ThresholdsError
+from workloads import collectives, comm_groups, nccl_transport, p2p_pairs
+
+MiB = 1 << 20
+
+
+def _optional(cg: Recorder, name: str, default: Any) -> Any:
+    """A setting the profile may leave out (or this checkout may not know yet): ``default`` then."""
+    try:
+        return cg.setting(name)
+    except (KeyError, ThresholdsError):
+        return default
+
+
+def _gpu_or_fail(cg: Recorder) -> None:
+    """A GPU profile on a rank without a GPU is a failure, on every rank alike, not a CPU run."""
+    devices = cg.all_ranks(cg.device.type)
+    if cg.setting("gpus_per_node") > 0 and any(d != "cuda" for d in devices):
+        missing = [r for r, d in enumerate(devices) if d != "cuda"]
+        pytest.fail(f"profile {cg.profile_name!r} expects GPUs, but ranks {missing[:8]} run on {devices[missing[0]]} "
+                    "(no CUDA device: is the driver loaded? run nvidia-smi)")
+
+
+def _scope_ready(cg: Recorder, scope: str) -> None:
+    """Skip, alike on every rank, a scope this job cannot measure."""
+    lay = comm_groups.layout()
+    sizes = [len(n) for n in lay.nodes()]
+    if scope == "node":
+        cg.skip_unless_everywhere(min(sizes) > 1, f"a node runs a single rank (ranks per node {sizes}): "
+                                                  "no traffic inside it to measure")
+    if scope == "net":
+        # Two torchrun agents on one host are two nodes to torchrun but one host to NCCL, which then
+        # uses NVLink between them: not the network, and no figure to judge against a NIC.
+        one_host = lay.hosts(range(len(lay.node_of))) < 2
+        cg.skip_unless_everywhere(not (one_host and cg.device.type == "cuda"),
+                                  "every node is on one host: traffic between them is not the network")
+
+
+def _sweep_config(cg: Recorder, collective: str, scope: str) -> collectives.Config:
+    return collectives.Config.for_level(
+        cg.level, cg.device, collective=collective, scope=scope, judge_bytes=cg.setting("collective_judge_bytes"),
+        max_bytes=cg.setting("collective_max_bytes"), dtype=_optional(cg, "collective_dtype", "fp32"),
+        nccl_algo=_optional(cg, "nccl_algo", ""))
+
+
+def test_nccl_transport(cg: Recorder) -> None:
+    """NCCL's version, algorithm and transport per scope, read from its own log; a network channel that
+    is not the profile's ``required_transport`` (e.g. NET/Socket where NET/IB is required) fails."""
+    _gpu_or_fail(cg)
+    cg.skip_unless_everywhere(cg.device.type == "cuda", "gloo (CPU run): no NCCL to inspect")
+    judge = min(cg.setting("collective_judge_bytes"), cg.setting("collective_max_bytes"))
+    result = nccl_transport.run(nccl_transport.Config(
+        required=cg.setting("required_transport"), probe_bytes=min(judge, 256 * MiB),
+        nccl_algo=_optional(cg, "nccl_algo", "")))
+    cg.record_result(result)
+    problems = result.details["problems"]
+    assert not problems, f"{len(problems)} transport problems:\n" + "\n".join(problems)
+
+
+LATENCY = [pytest.param(scope, id=scope, marks=pytest.mark.metrics(collectives.latency_metric(scope)))
+           for scope in ("node", "world")]
+
+
+@pytest.mark.parametrize("scope", LATENCY)
+def test_allreduce_latency(cg: Recorder, scope: str) -> None:
+    """Small-message all_reduce (8 B..64 KiB); the figure is the 8 B time, NCCL's own algorithm choice."""
+    _gpu_or_fail(cg)
+    _scope_ready(cg, scope)
+    cg.record_result(collectives.run(collectives.Config.for_latency(
+        cg.level, cg.device, scope=scope, dtype=_optional(cg, "collective_dtype", "fp32"))))
+
+
+BANDWIDTH = [pytest.param(coll, scope, id=f"{scope}-{coll}",
+                          marks=[pytest.mark.metrics(collectives.metric_name(coll, scope))]
+                          + ([pytest.mark.multinode] if scope == "net" else []))
+             for scope in ("node", "world", "net") for coll in collectives.COLLECTIVES]
+
+
+@pytest.mark.parametrize(("collective", "scope"), BANDWIDTH)
+def test_collective_bandwidth(cg: Recorder, collective: str, scope: str) -> None:
+    """nccl-tests busbw of one collective in one scope, swept over sizes, judged at collective_judge_bytes;
+    every size's result checked exactly before its time counts."""
+    _gpu_or_fail(cg)
+    reason = collectives.unsupported_reason(collective)
+    cg.skip_unless_everywhere(reason is None, reason or "")
+    _scope_ready(cg, scope)
+    cg.record_result(collectives.run(_sweep_config(cg, collective, scope)))
+
+
+PAIRS = [pytest.param("intranode", id="intranode", marks=pytest.mark.metrics("intranode_pair_bw_gbps")),
+         pytest.param("internode", id="internode",
+                      marks=[pytest.mark.metrics("internode_pair_bw_gbps"), pytest.mark.multinode])]
+
+
+@pytest.mark.parametrize("kind", PAIRS)
+def test_gpu_pairs(cg: Recorder, kind: str) -> None:
+    """Send/recv bandwidth of GPU pairs, many pairs at once: the whole matrix inside each node, node pairs
+    in a few rounds across nodes; each GPU's figure is the median over its partners (a bad GPU or NIC
+    stands out), the matrix and the slowest pair are in the details."""
+    _gpu_or_fail(cg)
+    _scope_ready(cg, "node" if kind == "intranode" else "net")
+    cg.record_result(p2p_pairs.run(p2p_pairs.Config.for_level(
+        cg.level, cg.device, kind=kind, max_bytes=cg.setting("collective_max_bytes"))))

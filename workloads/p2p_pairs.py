@@ -1,0 +1,220 @@
+"""GPU-to-GPU send/recv bandwidth by pairs, many pairs at once, to find the slow GPU, link or NIC.
+
+- intranode: every pair of GPUs inside each node, all nodes at once, in the rounds of a
+  round-robin tournament (n-1 rounds of n/2 disjoint pairs for n GPUs): the full matrix.
+- internode: pairs of nodes, every GPU of a node with the GPU of the same local rank on the other
+  node (every rail, every NIC at once). The first ``rounds`` rounds of a tournament over the nodes:
+  each node meets ``rounds`` different partners, in a time that does not grow with the node count.
+
+Each pair exchanges S bytes both ways at once (a batched isend/irecv, as nccl-tests' sendrecv);
+bandwidth = S / t per direction, t = the slower of the two ranks' median. A rank's figure is the
+median over its partners: a GPU (or NIC) slow with every partner stands out, while a good GPU
+paired once with a bad one does not. The matrices, every pair, and the slowest pair go in details.
+
+Run alone: torchrun --nproc-per-node=8 -m workloads.p2p_pairs --kind intranode
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workloads import comm_groups as cgroups
+from workloads.collective_data import make_tile, mismatch, offset
+from workloads.common import check_level, ensure_distributed, time_runs
+from workloads.result import Metric, Result, WorkloadError
+
+KINDS = ("intranode", "internode")
+MiB = 1 << 20
+Pair = tuple[int, int]
+
+
+def tournament(n: int) -> list[list[Pair]]:
+    """Round-robin schedule (circle method) of players 0..n-1: every pair meets exactly once, each round
+    is a set of disjoint pairs; n-1 rounds for even n, n rounds for odd n (one player rests a round)."""
+    players: list[int | None] = list(range(n)) + ([None] if n % 2 else [])
+    m = len(players)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(players[i], players[m - 1 - i]) for i in range(m // 2)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None))
+        players = [players[0], players[-1], *players[1:-1]]
+    return rounds
+
+
+def intranode_schedule(nodes: list[list[int]]) -> list[list[Pair]]:
+    """Rounds of rank pairs: round k holds the k-th tournament round of every node, all at once."""
+    per_node = [[[(ranks[a], ranks[b]) for a, b in rnd] for rnd in tournament(len(ranks))] for ranks in nodes]
+    depth = max((len(r) for r in per_node), default=0)
+    return [[p for rounds in per_node if k < len(rounds) for p in rounds[k]] for k in range(depth)]
+
+
+def internode_schedule(nodes: list[list[int]], rounds: int) -> list[list[Pair]]:
+    """Rounds of rank pairs: node pairs from the first ``rounds`` tournament rounds (all if 0), every
+    local rank l of one node paired with local rank l of the other."""
+    node_rounds = tournament(len(nodes))
+    if rounds > 0:
+        node_rounds = node_rounds[:rounds]
+    return [[(nodes[a][lr], nodes[b][lr]) for a, b in rnd for lr in range(min(len(nodes[a]), len(nodes[b])))]
+            for rnd in node_rounds]
+
+
+def partner(pairs: list[Pair], rank: int) -> int | None:
+    for a, b in pairs:
+        if rank in (a, b):
+            return b if rank == a else a
+    return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    kind: str = "intranode"
+    """intranode (every GPU pair of each node) or internode (node pairs, every rail at once)."""
+    size: int = 256 * MiB
+    """Bytes each rank sends to its partner (and receives from it) per exchange."""
+    rounds: int = 3
+    """internode: partners per node (tournament rounds); 0 = every node pair."""
+    warmup: int = 3
+    repeats: int = 10
+    device: str = "cpu"
+    seed: int = 4321
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.size < 4 or self.repeats < 1 or self.rounds < 0:
+            raise ValueError(f"size={self.size}, repeats={self.repeats}, rounds={self.rounds}: need size >= 4 B, "
+                             "repeats >= 1, rounds >= 0")
+
+    @classmethod
+    def for_level(cls, level: str, device: torch.device, *, kind: str, max_bytes: int) -> Config:
+        check_level(level)
+        if device.type == "cpu":
+            return cls(kind=kind, size=min(MiB, max_bytes), rounds=3, warmup=1, repeats=5, device=str(device))
+        size, rounds, warmup, repeats = {"quick": (64 * MiB, 2, 2, 5), "standard": (256 * MiB, 3, 3, 10),
+                                         "extended": (1024 * MiB, 0, 5, 20)}[level]
+        return cls(kind=kind, size=min(size, max_bytes), rounds=rounds, warmup=warmup, repeats=repeats,
+                   device=str(device))
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
+    ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def _round(cfg: Config, comm: cgroups.ScopeComm, k: int, peer: int | None, device: torch.device) -> list[float]:
+    """This rank's part of one round: a checked exchange, then timed ones (every rank walks the steps)."""
+    me, tile = dist.get_rank(), 1024
+    count = max(tile, cfg.size // 4 // tile * tile)
+    base = make_tile(tile, 1 << 12, cfg.seed + k)
+    problem, send, recv = None, None, None
+    if peer is not None:
+        try:
+            send = torch.roll(base, -offset(me, tile)).to(device=device, dtype=torch.float32).repeat(count // tile)
+            recv = send.clone()
+        except torch.OutOfMemoryError as exc:
+            problem = f"{count * 4} B buffers for rank {me}: {exc}"
+    cgroups.agree(problem, f"{cfg.kind} pairs, round {k}: preparing")
+    if peer is not None and send is not None and recv is not None:
+        with comm.window():
+            _exchange(send, recv, peer, comm.group)
+        bad = mismatch(recv, torch.roll(base, -offset(peer, tile))[None])
+        problem = f"rank {me} received from rank {peer}: {bad}; data corrupted on the link" if bad else None
+    cgroups.agree(problem, f"{cfg.kind} pairs, round {k}: correctness")
+    if peer is None or send is None or recv is None:
+        return []
+    return time_runs(lambda: _exchange(send, recv, peer, comm.group), device, cfg.warmup, cfg.repeats)
+
+
+def run(cfg: Config) -> Result:
+    """Every round of the schedule on every rank; figures per pair, per rank, and the matrices."""
+    device = torch.device(cfg.device)
+    lay = cgroups.layout()
+    nodes = lay.nodes()
+    schedule = intranode_schedule(nodes) if cfg.kind == "intranode" else internode_schedule(nodes, cfg.rounds)
+    if not schedule:
+        raise WorkloadError(f"{cfg.kind} pairs need two GPUs on a node (intranode) or two nodes (internode); "
+                            f"this job has nodes of {[len(n) for n in nodes]} ranks")
+    comm = cgroups.scope_comm("world")
+    me = dist.get_rank()
+    count = max(1024, cfg.size // 4 // 1024 * 1024)
+    mine = []
+    for k, pairs in enumerate(schedule):
+        peer = partner(pairs, me)
+        times = _round(cfg, comm, k, peer, device)
+        if times:
+            mine.append((k, peer, statistics.median(times), min(times), max(times)))
+    medians: dict[tuple[int, int], float] = {}
+    for rank, entries in enumerate(cgroups.gather(mine)):
+        for _, peer, med, _, _ in entries:
+            key = (min(rank, peer), max(rank, peer))
+            medians[key] = max(medians.get(key, 0.0), med)
+    bw = {pair: count * 4 / t / 1e9 for pair, t in medians.items()}
+    pairs = [{"a": a, "b": b, "host_a": lay.host_of[a], "host_b": lay.host_of[b], "gbps": v,
+              "round": next(k for k, rnd in enumerate(schedule) if (a, b) in rnd)} for (a, b), v in sorted(bw.items())]
+    slowest = min(pairs, key=lambda p: p["gbps"])
+    details: dict[str, Any] = {"kind": cfg.kind, "bytes": count * 4, "rounds": len(schedule), "pairs": pairs,
+                               "slowest_pair": slowest, "matrix": _matrices(cfg.kind, nodes, bw),
+                               "nodes": [{"node": i, "host": lay.host_of[r[0]], "ranks": r}
+                                         for i, r in enumerate(nodes)],
+                               "timing": f"S/t per direction, both directions at once; t = slower rank's median of "
+                                         f"{cfg.repeats}"}
+    partners = {r: [v for (a, b), v in bw.items() if r in (a, b)] for r in range(len(lay.node_of))}
+    details["per_rank_median_gbps"] = {r: statistics.median(v) for r, v in partners.items() if v}
+    if not partners.get(me):
+        return Result(metrics=(), details=details)
+    worst_peer = min((p for p in pairs if me in (p["a"], p["b"])), key=lambda p: p["gbps"])
+    other = worst_peer["b"] if worst_peer["a"] == me else worst_peer["a"]
+    metric = Metric(f"{cfg.kind}_pair_bw_gbps", statistics.median(partners[me]), "GB/s", scope="gpu",
+                    description=f"median over its {len(partners[me])} partners of S/t per direction, S = {count * 4} B "
+                                f"both ways at once; slowest partner rank {other} ({lay.host_of[other]}) at "
+                                f"{worst_peer['gbps']:.4g} GB/s")
+    return Result(metrics=(metric,), details=details)
+
+
+def _matrices(kind: str, nodes: list[list[int]], bw: dict[Pair, float]) -> dict[str, Any]:
+    """intranode: per node, local index x local index; internode: node x node (slowest rail) and per rail."""
+    def get(a: int, b: int) -> float | None:
+        return bw.get((min(a, b), max(a, b)))
+
+    if kind == "intranode":
+        return {f"node {i}": [[get(a, b) if a != b else None for b in ranks] for a in ranks]
+                for i, ranks in enumerate(nodes)}
+    n = len(nodes)
+    slowest: list[list[float | None]] = [[None] * n for _ in range(n)]
+    rails: dict[str, list[float | None]] = {}
+    for i in range(n):
+        for j in range(n):
+            width = min(len(nodes[i]), len(nodes[j])) if i != j else 0
+            vals = [get(nodes[i][lr], nodes[j][lr]) for lr in range(width)]
+            known = [v for v in vals if v is not None]
+            slowest[i][j] = min(known) if known else None
+            if i < j and known:
+                rails[f"{i}-{j}"] = vals
+    return {"nodes_slowest_rail": slowest, "rails": rails}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", default="intranode", choices=KINDS)
+    parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
+    parser.add_argument("--max-bytes", type=int, default=4 << 30)
+    args = parser.parse_args()
+    here = ensure_distributed()
+    result = run(Config.for_level(args.level, here.device, kind=args.kind, max_bytes=args.max_bytes))
+    if here.rank == 0:
+        for p in result.details["pairs"]:
+            print(f"rank {p['a']:>4} ({p['host_a']}) <-> rank {p['b']:>4} ({p['host_b']}): {p['gbps']:8.2f} GB/s")
+        print(f"slowest: {result.details['slowest_pair']}")
+    dist.barrier()
+    dist.destroy_process_group()  # a clean exit: gloo aborts a process whose groups are still alive
+
+
+if __name__ == "__main__":
+    main()
