@@ -20,6 +20,7 @@ import torch
 
 from clustergate import control
 from clustergate.judge import Record, Where
+from clustergate.thresholds import REQUIRED
 from workloads.result import Metric, Result, Scope
 
 if TYPE_CHECKING:
@@ -62,9 +63,10 @@ class Recorder:
         """Every rank's identity (host, node_rank, local_rank, gpu), in rank order."""
         return self.gate.identities
 
-    def setting(self, name: str) -> Any:
-        """A profile setting (``gpus_per_node``, ``peak_bf16_tflops``, ...); clear error if absent."""
-        return self.gate.profile.setting(name)
+    def setting(self, name: str, default: Any = REQUIRED) -> Any:
+        """A profile setting (``gpus_per_node``, ``peak_bf16_tflops``, ...): ``default`` when given and
+        the profile lacks it, else a clear error naming the file, profile and key."""
+        return self.gate.profile.setting(name, default)
 
     def record(self, name: str, value: float, unit: str, *, scope: Scope = "gpu", description: str = "") -> None:
         """Record one figure measured on this rank; judged after the test body on every rank."""
@@ -88,6 +90,11 @@ class Recorder:
         for metric in result.metrics:
             self.record_metric(metric)
         self.details.update(result.details)
+
+    def add_run_section(self, name: str, data: Any) -> None:
+        """A top-level section of results.json (e.g. "discovery"); rank 0's data is kept."""
+        if self.gate.world.is_leader:
+            self.gate.run.extra[name] = data
 
     def all_ranks(self, value: Any) -> list[Any]:
         """Every rank's ``value`` on every rank (over the control group, not the workloads' group)."""

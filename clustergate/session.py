@@ -96,7 +96,8 @@ class ClusterGate:
         self._mark(f"finished {when} of", nodeid)
         # Fast path: one small all_reduce says whether any rank has anything to report. Most
         # phases pass everywhere with nothing to judge; only the others pay for pickled objects.
-        plain = mine.outcome == "passed" and not mine.records and not (when == "call" and declared)
+        plain = (mine.outcome == "passed" and not mine.records and not mine.details
+                 and not (when == "call" and declared))
         if self._exchange(lambda: control.max_int(self.world, 0 if plain else 1, f"{nodeid} {when}")) == 0:
             verdict = PhaseVerdict(outcome="passed", message="", failed_ranks=[])
         else:

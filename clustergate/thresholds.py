@@ -59,6 +59,10 @@ TOP_KEYS = {"schema", "fallback_profile", "cpu_profile", "profiles"}
 PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics"}
 
 
+REQUIRED: Any = object()
+"""Marker: a setting asked for without a default must be in the profile."""
+
+
 class ThresholdsError(ValueError):
     """thresholds.yaml is broken, or names something that does not exist."""
 
@@ -99,10 +103,12 @@ class Profile:
     digest: str = field(default="")
     """Hash of the resolved profile, compared across ranks: every rank must judge alike."""
 
-    def setting(self, name: str) -> Any:
-        """A setting's value; a clear error when the profile lacks it."""
+    def setting(self, name: str, default: Any = REQUIRED) -> Any:
+        """A setting's value; ``default`` when given and the profile lacks it, else a clear error."""
         if name not in SETTINGS:
             raise KeyError(f"{name!r} is not a known setting; known: {', '.join(sorted(SETTINGS))}")
+        if name not in self.settings and default is not REQUIRED:
+            return default
         if name not in self.settings:
             raise ThresholdsError(
                 f"{self.source}: profile {self.name!r} has no settings.{name} "
