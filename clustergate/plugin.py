@@ -46,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--level", default="standard", choices=LEVELS,
                     help="how long and how large workloads run: quick (about a minute a node), "
                          "standard (default), extended (burn-in)")
+    group.addoption("--shared-dir", default=None, metavar="DIR",
+                    help="a directory every node mounts, for the shared-filesystem test (default: "
+                         "$CLUSTERGATE_SHARED_DIR, else the profile's shared_dir setting)")
     group.addoption("--test-timeout", type=float, default=None, metavar="SECONDS",
                     help="per-test limit; a test past it ends the run on every rank "
                          "(default: the profile's test_timeout_s)")
@@ -66,6 +69,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("randomly") or config.pluginmanager.hasplugin("random_order"):
         raise pytest.UsageError("a random-order plugin is active: every rank must run tests in the same "
                                 "order; add -p no:randomly (or -p no:random_order)")
+    if config.getoption("shared_dir"):
+        os.environ["CLUSTERGATE_SHARED_DIR"] = config.getoption("shared_dir")
     try:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")

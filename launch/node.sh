@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One node of a clustergate job: check the node, then start its torchrun agent (c10d rendezvous).
+#
+# Both launchers run this once per node (Slurm: srun --ntasks-per-node=1, see slurm/clustergate.sbatch;
+# Kubernetes: one pod per node, see k8s/). Everything comes from the environment; nothing is edited here.
+#
+#   CLUSTERGATE_NNODES          nodes in the job (required)
+#   CLUSTERGATE_GPUS_PER_NODE   GPUs every node must have; 0 runs CPU ranks (required)
+#   CLUSTERGATE_NPROC_PER_NODE  ranks per node (default: CLUSTERGATE_GPUS_PER_NODE)
+#   CLUSTERGATE_RDZV_ENDPOINT   HOST:PORT of the rendezvous, on the job's first node (required)
+#   CLUSTERGATE_RDZV_ID         an id unique to this job, the same on every node (required)
+#   CLUSTERGATE_NODE_INDEX      0 on the node that hosts the rendezvous store (default: SLURM_NODEID,
+#                               else JOB_COMPLETION_INDEX; unset: torchrun guesses from the host name)
+#   CLUSTERGATE_RDZV_TIMEOUT    seconds every node may take to join (torchrun's join_timeout; default 600)
+#   CLUSTERGATE_RDZV_READ_TIMEOUT  seconds for one rendezvous store operation (read_timeout; default 60)
+#   CLUSTERGATE_REPORT_DIR      where results.json and the report go; a shared path (required)
+#   CLUSTERGATE_SHARED_DIR      directory of the shared-filesystem test (default: CLUSTERGATE_REPORT_DIR)
+#   CLUSTERGATE_NCCL_ENV        optional KEY=VALUE file sourced before torchrun (slurm/nccl-ib.env.example)
+#   CLUSTERGATE_NUMA_BINDING    torchrun --numa-binding mode with GPUs (default: node; none: no binding)
+#   CLUSTERGATE_PYTHON          Python with torch and the suite's dependencies (default: python3)
+#
+# Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here/.."  # the checkout (or the image's copy of it): pytest finds conftest.py and thresholds.yaml here
+
+fail() {
+    echo "clustergate FAILED on $(hostname): $*" >&2
+    exit 2
+}
+need() {
+    [[ -n ${!1:-} ]] || fail "$1 is not set (see the top of launch/node.sh)"
+}
+
+need CLUSTERGATE_NNODES
+need CLUSTERGATE_GPUS_PER_NODE
+need CLUSTERGATE_RDZV_ENDPOINT
+need CLUSTERGATE_RDZV_ID
+need CLUSTERGATE_REPORT_DIR
+gpus=$CLUSTERGATE_GPUS_PER_NODE
+[[ $gpus =~ ^[0-9]+$ ]] || fail "CLUSTERGATE_GPUS_PER_NODE is '$gpus', not a number"
+nproc=${CLUSTERGATE_NPROC_PER_NODE:-$gpus}
+[[ $nproc =~ ^[1-9][0-9]*$ ]] || fail "ranks per node is '$nproc': set CLUSTERGATE_GPUS_PER_NODE (or CLUSTERGATE_NPROC_PER_NODE for CPU ranks)"
+node_index=${CLUSTERGATE_NODE_INDEX:-${SLURM_NODEID:-${JOB_COMPLETION_INDEX:-}}}
+join_timeout=${CLUSTERGATE_RDZV_TIMEOUT:-600}
+read_timeout=${CLUSTERGATE_RDZV_READ_TIMEOUT:-60}
+report_dir=$CLUSTERGATE_REPORT_DIR
+export CLUSTERGATE_SHARED_DIR=${CLUSTERGATE_SHARED_DIR:-$report_dir}
+py=${CLUSTERGATE_PYTHON:-python3}
+
+if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
+    [[ -r $CLUSTERGATE_NCCL_ENV ]] || fail "CLUSTERGATE_NCCL_ENV=$CLUSTERGATE_NCCL_ENV is not a readable file"
+    set -a
+    # shellcheck source=/dev/null
+    . "$CLUSTERGATE_NCCL_ENV"
+    set +a
+fi
+
+"$py" launch/preflight.py --gpus "$gpus" --report-dir "$report_dir" --shared-dir "$CLUSTERGATE_SHARED_DIR" \
+    --rdzv-endpoint "$CLUSTERGATE_RDZV_ENDPOINT" --node-index "$node_index" --timeout "$join_timeout" \
+    || exit 2
+
+rdzv_conf="join_timeout=$join_timeout,read_timeout=$read_timeout"
+if [[ $node_index == 0 ]]; then
+    rdzv_conf+=",is_host=1"  # host the store here even where the endpoint name is not this host's own name
+elif [[ -n $node_index ]]; then
+    rdzv_conf+=",is_host=0"
+fi
+
+launcher=("$py" -m torch.distributed.run)
+binding=${CLUSTERGATE_NUMA_BINDING:-node}
+if ((gpus > 0)) && [[ $binding != none ]]; then
+    if ! "${launcher[@]}" --help 2>/dev/null | grep -q -- '--numa-binding'; then
+        echo "clustergate on $(hostname): this torchrun has no --numa-binding (torch < 2.8): ranks run unbound" >&2
+    elif ! command -v numactl >/dev/null; then
+        echo "clustergate on $(hostname): numactl not found: torchrun --numa-binding needs it; ranks run unbound" >&2
+    else
+        launcher+=(--numa-binding="$binding")
+    fi
+fi
+
+if (($# == 0)); then
+    set -- acceptance
+fi
+status=0
+"${launcher[@]}" --nnodes="$CLUSTERGATE_NNODES" --nproc-per-node="$nproc" \
+    --rdzv-backend=c10d --rdzv-endpoint="$CLUSTERGATE_RDZV_ENDPOINT" --rdzv-id="$CLUSTERGATE_RDZV_ID" \
+    --rdzv-conf="$rdzv_conf" --max-restarts=0 \
+    -m pytest --report-dir "$report_dir" "$@" || status=$?
+
+if ((status != 0)); then
+    if [[ ! -e $report_dir/progress.jsonl ]]; then
+        # Rank 0 writes progress.jsonl as soon as pytest starts: without it the job never got that far.
+        echo "clustergate FAILED on $(hostname)${node_index:+ (node index $node_index)}: torchrun exited $status" \
+            "before pytest started. A RendezvousTimeoutError above means not all $CLUSTERGATE_NNODES nodes" \
+            "joined $CLUSTERGATE_RDZV_ENDPOINT (id $CLUSTERGATE_RDZV_ID) within ${join_timeout} s; a" \
+            "RendezvousConnectionError means the endpoint did not answer within ${read_timeout} s." >&2
+    else
+        echo "clustergate on $(hostname): torchrun exited $status; the verdict and reasons are in" \
+            "$report_dir/results.json (report.html beside it)" >&2
+    fi
+fi
+exit "$status"

@@ -1,0 +1,265 @@
+"""Is the shared directory really shared, and how fast is it? A token and a throughput test.
+
+Rank 0 writes a random token into a fresh directory under ``Config.directory``; every rank on
+every node reads it back. Then one rank per node (local rank 0) writes ``size_bytes`` of random
+data with fsync (write GB/s) and reads the file another node wrote (read GB/s: no local page
+cache to help; on a single node its own file after dropping it from the cache), checking every
+byte. Rank 0 removes what was written. Every phase gathers every rank's outcome before anyone
+raises, so a missing directory on one node fails the test on every rank, naming that node.
+
+Run alone: torchrun --nproc-per-node=2 -m workloads.shared_fs --directory /shared/scratch
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workloads.common import check_level, ensure_distributed, place
+from workloads.result import Metric, Result, WorkloadError
+
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    directory: str
+    """A directory every node mounts: the shared filesystem under test."""
+    size_bytes: int = 1 << 30
+    """Bytes each node writes and reads back for the throughput figures."""
+    block_bytes: int = 16 << 20
+    """Size of one write/read call."""
+    visibility_timeout_s: float = 10.0
+    """How long a rank waits for rank 0's token to appear before calling the directory not shared."""
+
+    def __post_init__(self) -> None:
+        if self.size_bytes < self.block_bytes or self.size_bytes % self.block_bytes:
+            raise ValueError(f"size_bytes={self.size_bytes} must be a positive multiple of "
+                             f"block_bytes={self.block_bytes}")
+
+    @classmethod
+    def for_level(cls, level: str, device: torch.device, directory: str) -> Config:
+        check_level(level)
+        size = {"quick": 256 << 20, "standard": 1 << 30, "extended": 4 << 30}[level]
+        if device.type == "cpu":
+            size = 32 << 20  # CI and laptops: small, still a real write, fsync and read
+        return cls(directory=directory, size_bytes=size, block_bytes=min(16 << 20, size))
+
+
+def filesystem_of(path: str, mounts_text: str | None = None) -> dict[str, str] | None:
+    """The mount (mountpoint, fstype, source) holding ``path``: the longest mountpoint prefix."""
+    if mounts_text is None:
+        try:
+            mounts_text = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    real = os.path.realpath(path)
+    best: dict[str, str] | None = None
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+        if inside and (best is None or len(mnt) > len(best["mountpoint"])):
+            best = {"mountpoint": mnt, "fstype": parts[2], "source": parts[0]}
+    return best
+
+
+def directory_problem(directory: str) -> str | None:
+    """Why this rank cannot use ``directory``; None when it exists and is writable."""
+    if not os.path.exists(directory):
+        return f"{directory} does not exist"
+    if not os.path.isdir(directory):
+        return f"{directory} is not a directory"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{directory} is not writable by uid {os.getuid()}"
+    return None
+
+
+def _block(token: str, node: int, size: int) -> bytes:
+    """The random block node ``node`` writes: any rank can regenerate it to check the read-back."""
+    return random.Random(f"{token}/{node}").randbytes(size)
+
+
+def _gather(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _raise_if_any(everyone: list[tuple[int, str, int, str | None]], what: str, hint: str = "") -> None:
+    """Raise on every rank (the data is the same everywhere) when any rank reported a problem.
+
+    One line per node and problem, naming the node, its host and the ranks that saw it.
+    """
+    bad: dict[tuple[int, str, str], list[int]] = {}
+    for rank, host, node, problem in everyone:
+        if problem:
+            bad.setdefault((node, host, problem), []).append(rank)
+    if bad:
+        count = sum(len(r) for r in bad.values())
+        lines = [f"{what} on {count}/{len(everyone)} ranks{' (' + hint + ')' if hint else ''}:"]
+        lines += [f"  node {node} ({host}) rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {problem}"
+                  for (node, host, problem), ranks in sorted(bad.items())[:32]]
+        raise WorkloadError("\n".join(lines))
+
+
+def _write(path: Path, cfg: Config, block: bytes) -> float:
+    """Write ``size_bytes`` (each block made unique by its index) with fsync; seconds taken."""
+    chunk = bytearray(block)
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(cfg.size_bytes // cfg.block_bytes):
+            chunk[:8] = i.to_bytes(8, "little")  # no two blocks alike: defeats dedup and compression
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+def _read(path: Path, cfg: Config, block: bytes) -> float:
+    """Read the file back, checking every block against what was written; seconds taken."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop this host's clean cached pages
+        buf = bytearray(cfg.block_bytes)
+        expected = bytearray(block)
+        t0 = time.perf_counter()
+        with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+            for i in range(cfg.size_bytes // cfg.block_bytes):
+                got = f.readinto(buf)
+                expected[:8] = i.to_bytes(8, "little")
+                if got != cfg.block_bytes or buf != expected:
+                    raise WorkloadError(f"{path}: block {i} reads back wrong ({got} bytes): the shared "
+                                        "filesystem returned other data than was written")
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def _token_phase(cfg: Config, here: Any, host: str) -> tuple[Path, str, dict[str, Any]]:
+    """Rank 0 writes a token; every rank reads it back. Returns the work directory and details."""
+    workdir: Path | None = None
+    token = secrets.token_hex(16)
+    problem = None
+    if here.rank == 0:
+        workdir = Path(cfg.directory) / f".clustergate-{token[:12]}"
+        try:
+            workdir.mkdir()
+            (workdir / "token").write_text(token)
+            fd = os.open(workdir, os.O_RDONLY)  # fsync the directory so the new entry is durable
+            os.fsync(fd)
+            os.close(fd)
+        except OSError as exc:
+            problem = f"rank 0 cannot write the token under {cfg.directory}: {exc}"
+    box = [(str(workdir) if workdir else None, token, problem)]
+    dist.broadcast_object_list(box, src=0)
+    path, token, problem = box[0]
+    if problem:
+        raise WorkloadError(f"{problem} (host {host})")
+    workdir = Path(path)
+    seen, waited, deadline = None, 0.0, time.monotonic() + cfg.visibility_timeout_s
+    t0 = time.monotonic()
+    while True:
+        try:
+            seen = (workdir / "token").read_text()
+        except OSError:
+            seen = None
+        if seen is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    waited = time.monotonic() - t0
+    problem = None
+    if seen is None:
+        problem = (f"rank 0's token file {workdir}/token is not visible here after {cfg.visibility_timeout_s:.0f} s: "
+                   "the directory is not shared with rank 0's node (a local disk mounted at the same path?)")
+    elif seen != token:
+        problem = f"{workdir}/token reads {seen[:40]!r}, rank 0 wrote {token!r}: a stale or different filesystem"
+    everyone = _gather((here.rank, host, here.node_rank, problem))
+    if here.rank == 0 and any(p for *_, p in everyone):
+        shutil.rmtree(workdir, ignore_errors=True)  # every rank has looked (the gather): clean up, then fail
+    _raise_if_any(everyone, f"the shared directory {cfg.directory} is not shared")
+    return workdir, token, {"token_read_by_ranks": len(everyone), "token_visible_after_s": round(waited, 3)}
+
+
+def run(cfg: Config) -> Result:
+    """Check the directory on every rank, the token on every rank, then throughput per node."""
+    here = place()
+    host = socket.gethostname()
+    everyone = _gather((here.rank, host, here.node_rank, directory_problem(cfg.directory)))
+    _raise_if_any(everyone, f"the shared directory {cfg.directory} is unusable",
+                  "mount it on every node, or point the test at one that is")
+    nodes = sorted({node for _, _, node, _ in everyone})
+    workdir, token, details = _token_phase(cfg, here, host)
+    try:
+        figures: dict[str, Any] | None = None
+        problem = None
+        leader = here.local_rank == 0
+        if leader:
+            try:
+                write_s = _write(workdir / f"node-{here.node_rank}.bin", cfg,
+                                 _block(token, here.node_rank, cfg.block_bytes))
+                figures = {"node": here.node_rank, "host": host, "write_gbps": cfg.size_bytes / write_s / GB,
+                           "mount": filesystem_of(cfg.directory)}
+            except Exception as exc:  # re-raised below on every rank, after the gather
+                problem = f"writing {cfg.size_bytes} bytes under {workdir}: {exc}"
+        _raise_if_any(_gather((here.rank, host, here.node_rank, problem)), "the shared-directory write failed")
+        if leader and figures is not None:
+            source = nodes[(nodes.index(here.node_rank) + 1) % len(nodes)]
+            try:
+                read_s = _read(workdir / f"node-{source}.bin", cfg, _block(token, source, cfg.block_bytes))
+                figures.update(read_gbps=cfg.size_bytes / read_s / GB, read_from_node=source)
+            except Exception as exc:  # re-raised below on every rank, after the gather
+                problem = f"reading node {source}'s file: {exc}"
+        results = _gather((here.rank, host, here.node_rank, problem, figures))
+        _raise_if_any([r[:4] for r in results], "the shared-directory read-back failed")
+    finally:
+        dist.barrier()  # nobody may still be reading when rank 0 removes the files
+        if here.rank == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+    per_node = {f["node"]: f for *_, f in results if f is not None}
+    mine = per_node[here.node_rank]
+    metrics = (
+        Metric("shared_fs_write_gbps", mine["write_gbps"], "GB/s", "node",
+               f"{cfg.size_bytes >> 20} MiB from one rank per node, fsync included"),
+        Metric("shared_fs_read_gbps", mine["read_gbps"], "GB/s", "node",
+               f"{cfg.size_bytes >> 20} MiB written by another node (or cache dropped), every byte checked"),
+    )
+    return Result(metrics=metrics, details={
+        **details, "directory": cfg.directory, "size_bytes": cfg.size_bytes,
+        "per_node": [per_node[n] for n in sorted(per_node)],
+    })
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--directory", required=True, help="a directory every node mounts")
+    parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
+    args = parser.parse_args()
+    here = ensure_distributed()
+    result = run(Config.for_level(args.level, here.device, args.directory))
+    if here.rank == 0:
+        for node in result.details["per_node"]:
+            print(f"node {node['node']} ({node['host']}): write {node['write_gbps']:.2f} GB/s, "
+                  f"read {node['read_gbps']:.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
