@@ -137,6 +137,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
                 name=name, value=_aggregate([r.value for r in recs], Criterion()), unit=first.unit,
                 scope=first.scope, description=first.description, criterion={}, passed=False,
                 failures=[f"{name}: profile {profile.name!r} in {profile.source} has no metrics.{name}; add it"],
+                per_rank=[{**asdict(r.where), "value": r.value, "passed": False} for r in recs],
             ))
             continue
         c = profile.metrics[name]

@@ -225,28 +225,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gate.finish(int(session.exitstatus))
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    gate = config.stash.get(GATE, None)
-    if gate is None or not gate.world.is_leader:
-        return
-    run = gate.run
-    tr = terminalreporter
-    tr.section("clustergate", sep="=", bold=True)
-    scope = f"{gate.world.world_size} ranks on {gate.node_count} node{'s' if gate.node_count > 1 else ''}"
-    tr.write_line(f"verdict: {run.verdict.upper()}   profile: {gate.profile.name}   level: {gate.level}   {scope}",
-                  green=run.verdict == "accept", red=run.verdict != "accept", bold=True)
-    if not gate.profile.sign_off:
-        tr.write_line(f"profile {gate.profile.name!r} has no sign-off criteria: figures are measured, not judged")
-    if run.error:
-        tr.write_line(f"run error: {run.error}", red=True)
-    for test in run.tests.values():
-        for metric in test.metrics:
-            crit = ", ".join(f"{k} {v}" for k, v in metric["criterion"].items() if k != "unit") or "not judged"
-            mark = "ok  " if metric["passed"] else "FAIL"
-            tr.write_line(f"  {mark} {metric['name']:<28} {metric['value']:>12.4g} {metric['unit']:<8} ({crit})")
-    tr.write_line(f"report: {gate.report_dir}")
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     gate = config.stash.get(GATE, None)

@@ -47,7 +47,8 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
         result = pytester.runpytest_subprocess(
-            "-p", "clustergate.plugin", "-p", "no:cacheprovider", "--thresholds", "thresholds.yaml",
+            "-p", "clustergate.plugin", "-p", "clustergate.htmlreport", "-p", "no:cacheprovider",
+            "--thresholds", "thresholds.yaml",
             "--report-dir", str(report), *args)
         return result, report
 
@@ -65,8 +66,8 @@ def test_metrics_are_judged_and_failures_name_value_criterion_and_place(run, pyt
     result.stdout.fnmatch_lines([
         "*1 metric check failed:*",
         "*speed_gbps=3.25 GB/s, expected >= 10 [[]cpu, rank 0 *]*",
-        "verdict: REJECT*profile: cpu*",
-        "*FAIL speed_gbps*",
+        "REJECT*profile cpu*",
+        "*speed_gbps*3.25 GB/s*>= 10*FAIL*worst rank 0*",
     ])
     res = results(report)
     assert res["schema"] == 1 and res["verdict"] == "reject" and res["profile"] == "cpu"

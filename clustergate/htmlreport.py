@@ -1,0 +1,244 @@
+"""The sign-off report through pytest-html's hooks, the terminal summary, and ``--baseline``.
+
+Enabled beside ``clustergate.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.htmlreport"]``).
+Only rank 0 writes a report (the plugin switches pytest-html off elsewhere), so every hook here
+does its work where pytest-html is active and leaves other ranks alone.
+
+Ordering, which the report depends on:
+- ``pytest_sessionfinish`` here is an ordinary hook, so it runs before the plugin's trylast one,
+  which writes results.json: the baseline comparison lands in that file.
+- pytest-html's report object registers in its ``pytest_configure``, after this module and the
+  plugin, and its trylast ``pytest_sessionfinish`` therefore runs after the plugin's: by the time
+  it calls ``pytest_html_results_summary`` the verdict is final.
+- Extras are added in a tryfirst makereport wrapper: outside the plugin's wrapper, so the call
+  report already carries the merged verdict and the run record holds the test's metrics and details.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Generator
+from html import escape
+from typing import Any
+
+import pytest
+
+from clustergate import baseline as baseline_mod
+from clustergate.report import figures, html, model
+from clustergate.report.redact import Scrubber, redact_mapping, shown_environment
+from clustergate.summary import summary_lines
+
+REPLAYED = pytest.StashKey[dict[str, Any]]()
+"""The results dict of a re-render session (``python -m clustergate.report``); none in a live run."""
+BASELINE = pytest.StashKey[dict[str, Any]]()
+SCRUB = pytest.StashKey[Scrubber]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("clustergate", "cluster acceptance (clustergate)")
+    group.addoption("--baseline", default=None, metavar="PATH",
+                    help="results.json of an earlier run (or its report directory) to compare with: "
+                         "changes beyond the profile's baseline_tolerance are flagged in the report "
+                         "and in results.json under 'baseline'")
+
+
+def _gate(config: pytest.Config) -> Any:
+    """The live run's ClusterGate; None in a re-render (which never imports the torch-based plugin)."""
+    plugin = sys.modules.get("clustergate.plugin")
+    return None if plugin is None else config.stash.get(plugin.GATE, None)
+
+
+def _active(config: pytest.Config) -> bool:
+    """pytest-html writes a report in this process (rank 0 only)."""
+    return bool(config.getoption("htmlpath", None))
+
+
+def results_of(config: pytest.Config, final: bool = False) -> dict[str, Any] | None:
+    """The run as results.json says it: the replayed dict, or rank 0's live record.
+
+    ``final``: at the end of the session, read back the results.json the plugin wrote, so the report
+    and the terminal summary say exactly what the file says (duration included).
+    """
+    if REPLAYED in config.stash:
+        return config.stash[REPLAYED]
+    gate = _gate(config)
+    if gate is None or not gate.world.is_leader:
+        return None
+    if final:
+        try:
+            return json.loads(gate.results_path.read_text())
+        except (OSError, ValueError):
+            pass  # not written (a run that ended early): the live record is what there is
+    return gate.run.as_json()
+
+
+def _scrub(config: pytest.Config) -> Scrubber:
+    if SCRUB not in config.stash:
+        config.stash[SCRUB] = Scrubber.from_environment()
+    return config.stash[SCRUB]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    gate = _gate(config)
+    path = config.getoption("baseline", None)
+    if gate is None or path is None:
+        return
+    from clustergate import control
+
+    problem, data = None, None
+    if gate.world.is_leader:
+        try:
+            data = baseline_mod.load(path)
+        except baseline_mod.BaselineError as exc:
+            problem = str(exc)
+    # Every rank must stop alike: the file may exist only where rank 0 runs.
+    problem = control.broadcast_from_leader(gate.world, problem, "baseline check")
+    if problem:
+        raise pytest.UsageError(problem)
+    if data is not None:
+        config.stash[BASELINE] = data
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before pytest-html reads pytest-metadata (its trylast sessionstart): add the run, redact."""
+    config = session.config
+    if not _active(config):
+        return
+    try:
+        from pytest_metadata.plugin import metadata_key
+    except ImportError:  # pragma: no cover - pytest-html 4 requires pytest-metadata 2+
+        return
+    metadata = config.stash.get(metadata_key, None)
+    if metadata is None:
+        return
+    gate = _gate(config)
+    if REPLAYED in config.stash:
+        # This machine's Python and plugins say nothing about the recorded run: show what was recorded.
+        metadata.clear()
+        metadata["recorded environment"] = dict(config.stash[REPLAYED].get("environment", {}))
+        metadata["re-rendered by"] = "python -m clustergate.report"
+    else:
+        if gate is not None:
+            metadata["clustergate"] = {"profile": gate.profile.name, "level": gate.level,
+                                       "world size": gate.world.world_size, "report dir": str(gate.report_dir),
+                                       **gate.run.environment}
+        shown = shown_environment()
+        if shown:
+            metadata["environment variables"] = shown
+    config.stash[SCRUB] = Scrubber.from_environment(extra=metadata)
+    cleaned = redact_mapping(metadata)
+    metadata.clear()
+    metadata.update(cleaned)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_report_title(report: Any) -> None:
+    results = results_of(report.config)
+    report.title = f"clustergate sign-off: {results['profile']}" if results else "clustergate sign-off"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_table_header(cells: list[str]) -> None:
+    cells.insert(2, '<th class="sortable" data-column-type="failedranks">Failed ranks</th>')
+    cells.insert(3, '<th class="sortable" data-column-type="metrics">Metrics</th>')
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    failed, metrics = getattr(report, "clustergate_cells", ("", ""))
+    cells.insert(2, f'<td class="col-failedranks">{escape(failed)}</td>')
+    cells.insert(3, f'<td class="col-metrics">{escape(metrics)}</td>')
+
+
+def _prop(report: pytest.TestReport, name: str, default: Any) -> Any:
+    for key, value in getattr(report, "user_properties", []):
+        if key == name:
+            return value
+    return default
+
+
+def _row_cells(report: pytest.TestReport, results: dict[str, Any]) -> tuple[str, str]:
+    """The extra columns of a test's row: failed ranks with their hosts, and metrics failing."""
+    ranks = model.rank_index(results)
+    failed = _prop(report, "failed_ranks", [])
+    hosts = sorted({ranks.get(r, {}).get("host", "?") for r in failed})
+    text = f"{', '.join(map(str, failed[:12]))}{' ...' if len(failed) > 12 else ''} ({', '.join(hosts[:4])})" \
+        if failed else ""
+    metrics = _prop(report, "metrics", [])
+    bad = sum(not m.get("passed") for m in metrics)
+    return text, "" if not metrics else f"{bad} of {len(metrics)} fail" if bad else f"{len(metrics)} ok"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report: pytest.TestReport = yield
+    if not _active(item.config):
+        return report
+    results = results_of(item.config) or {}
+    # pytest-html's row and log hooks get the report but not the config: what they need rides on it.
+    report.clustergate_cells = _row_cells(report, results)  # type: ignore[attr-defined]
+    report.clustergate_scrub = _scrub(item.config)  # type: ignore[attr-defined]
+    if call.when == "call":
+        test = next((t for t in results.get("tests", []) if t["nodeid"] == item.nodeid), None)
+        if test is not None:
+            report.extras = [*getattr(report, "extras", []), *row_extras(test, results, _scrub(item.config))]
+    return report
+
+
+def row_extras(test: dict[str, Any], results: dict[str, Any], scrub: Scrubber) -> list[dict[str, Any]]:
+    """A test's row extras: its metric table (html), its figures (png), its details (json)."""
+    from pytest_html import extras
+
+    out = []
+    table = html.test_extra(test, results)
+    if table:
+        out.append(extras.html(scrub(table)))
+    details = test.get("details") or {}
+    if isinstance(details, dict):
+        out += [extras.png(html.png_of(f), name=f.title) for f in figures.test_figures(details)]
+        if details:
+            out.append(extras.json(json.loads(scrub(json.dumps(details, default=str))), name="details"))
+    return out
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -> None:
+    """Scrub secrets from the test's log (captured output, tracebacks) before it is embedded."""
+    scrub = getattr(report, "clustergate_scrub", None) or Scrubber.from_environment()
+    data[:] = [scrub(line) for line in data]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Compare with --baseline before the plugin's trylast sessionfinish writes results.json."""
+    gate = _gate(session.config)
+    base = session.config.stash.get(BASELINE, None)
+    if gate is None or base is None or not gate.world.is_leader:
+        return
+    tolerance = float(gate.profile.settings.get("baseline_tolerance", baseline_mod.DEFAULT_TOLERANCE))
+    gate.run.extra["baseline"] = baseline_mod.compare(gate.run.as_json(), base, tolerance)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: list[str],
+                                session: pytest.Session) -> None:
+    results = results_of(session.config, final=True)
+    if results is not None:
+        prefix.append(_scrub(session.config)(html.summary(results)))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    results = results_of(config, final=True)
+    if results is None:
+        return
+    tr = terminalreporter
+    tr.section("clustergate summary", sep="=", bold=True)
+    lines = summary_lines(results)
+    accept = results.get("verdict") == "accept"
+    tr.write_line(lines[0], green=accept, red=not accept, bold=True)
+    for line in lines[1:]:
+        tr.write_line(line, red=" FAIL" in line or line.startswith("run error"))
+    gate = _gate(config)
+    if gate is not None:
+        tr.write_line(f"results: {gate.results_path}")

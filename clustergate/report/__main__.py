@@ -1,0 +1,99 @@
+"""Re-render the sign-off report from a results.json.
+
+    python -m clustergate.report reports/20260101T000000Z/results.json
+    python -m clustergate.report results.json --baseline old/results.json -o compared.html
+    python -m clustergate.report results.json --thresholds new-thresholds.yaml --profile h100-sxm-80gb \\
+        --json-out rejudged.json
+
+For a run that died before pytest-html wrote its report, runs merged later, a comparison with an
+earlier run, or a verdict under other thresholds. Exit status: 0 when the (re-judged) verdict is
+accept, 1 when reject, 2 when an input cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clustergate import baseline as baseline_mod
+from clustergate.results import write_json
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m clustergate.report", description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, help="results.json of a run (or its report directory)")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="report to write (default: report-rerendered.html beside results.json)")
+    p.add_argument("--baseline", default=None, metavar="PATH",
+                   help="results.json of an earlier run to compare with (stored under 'baseline')")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="relative change flagged against --baseline (default: the profile's "
+                        "baseline_tolerance with --thresholds, else the recorded comparison's, else 0.05)")
+    p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
+                   help="judge the recorded per-rank values again under this thresholds file")
+    p.add_argument("--profile", default=None, help="profile of --thresholds (default: the recorded profile)")
+    p.add_argument("--json-out", type=Path, default=None, metavar="FILE",
+                   help="also write the re-judged/compared results.json here")
+    return p
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Load, re-judge and compare as asked; raises ValueError with what to fix."""
+    results = baseline_mod.load(args.results)
+    results.pop("_source", None)
+    tolerance = args.tolerance
+    if args.thresholds is not None or args.profile is not None:
+        from clustergate.report.rejudge import rejudge
+        from clustergate.thresholds import load
+
+        thresholds = load(args.thresholds or Path(__file__).resolve().parents[2] / "thresholds.yaml")
+        profile = thresholds.profile(args.profile or results.get("profile", ""))
+        results = rejudge(results, profile)
+        if tolerance is None:
+            tolerance = profile.settings.get("baseline_tolerance")
+    if args.baseline is not None:
+        if tolerance is None:
+            tolerance = (results.get("baseline") or {}).get("tolerance", baseline_mod.DEFAULT_TOLERANCE)
+        results["baseline"] = baseline_mod.compare(results, baseline_mod.load(args.baseline), float(tolerance))
+    return results
+
+
+def render(results_path: Path, results: dict[str, Any], output: Path) -> int:
+    """Run the replay session; pytest-html writes ``output``. Returns pytest's exit status."""
+    from clustergate import htmlreport
+    from clustergate.report.replay import ReplayPlugin
+
+    args = [str(results_path), "--rootdir", str(results_path.parent), "-c", os.devnull, "--noconftest",
+            "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
+            "--html", str(output), "--self-contained-html"]
+    return int(pytest.main(args, plugins=[htmlreport, ReplayPlugin(results_path, results)]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        results = prepare(args)
+    except (ValueError, OSError) as exc:  # BaselineError and ThresholdsError are ValueErrors
+        print(f"clustergate.report: {exc}", file=sys.stderr)
+        return 2
+    path = args.results / "results.json" if args.results.is_dir() else args.results
+    output = args.output or path.parent / "report-rerendered.html"
+    if args.json_out is not None:
+        write_json(args.json_out, results)
+    status = render(path, results, output.resolve())
+    if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        print(f"clustergate.report: rendering failed (pytest exit status {status})", file=sys.stderr)
+        return 2
+    print(f"report: {output}" + (f"\nresults: {args.json_out}" if args.json_out else ""))
+    return 0 if results.get("verdict") == "accept" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

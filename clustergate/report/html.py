@@ -1,0 +1,269 @@
+"""HTML fragments pytest-html embeds: the verdict banner, criteria, failures, per-GPU and per-node
+tables, baseline changes and figures (summary section), and each test's own table (row extras).
+
+Plain strings built from the results.json dict; every text is escaped, every image is a data: URI,
+and nothing refers to a network resource, so the report opens offline.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from html import escape
+from typing import Any
+
+from clustergate.report import figures, model
+
+MAX_MESSAGE_CHARS = 20_000
+"""A failure message longer than this is cut in the summary (the test's row keeps it whole)."""
+
+STYLE = """
+<style>
+/* The verdict first: the summary (banner, criteria, tables, figures) and the test table above
+   pytest-html's environment table, which is long and matters least to the person signing. */
+body { display: flex; flex-direction: column; color: #333; }
+#title { order: -5; } .summary { order: -4; } #results-table { order: -3; }
+.cg-banner { border-radius: 6px; padding: 14px 18px; margin: 8px 0 14px; color: #fff; }
+.cg-banner.cg-accept { background: #1e7b34; } .cg-banner.cg-reject { background: #b3261e; }
+.cg-banner.cg-unjudged { background: #5f6368; }
+.cg-verdict { font-size: 34px; font-weight: bold; letter-spacing: 2px; }
+.cg-why { font-size: 14px; margin: 4px 0 8px; }
+.cg-facts td { padding: 1px 14px 1px 0; color: #fff; font-size: 12px; vertical-align: top; }
+.cg-facts td:first-child { opacity: 0.8; }
+.cg h3 { color: #000; font-size: 15px; margin: 18px 0 6px; }
+.cg p, .cg li { color: #333; }
+table.cg-table { border: 1px solid #ccc; margin: 4px 0 10px; font-size: 12px; color: #222; }
+table.cg-table th { background: #eee; text-align: left; padding: 4px 8px; border-bottom: 1px solid #ccc; }
+table.cg-table td { padding: 3px 8px; border-bottom: 1px solid #eee; vertical-align: top; }
+table.cg-table td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.cg-fail { background: #fde0dc; color: #8a1c13; font-weight: bold; }
+.cg-outlier { background: #fff1c2; color: #6b4e00; }
+.cg-pass { color: #1e7b34; font-weight: bold; } .cg-muted { color: #888; }
+.cg-figures { display: flex; flex-wrap: wrap; gap: 10px; }
+.cg-figures figure { margin: 0; border: 1px solid #ddd; padding: 4px; background: #fff; }
+.cg-figures figcaption { font-size: 11px; color: #555; max-width: 640px; }
+.cg-figures img { max-width: 100%; display: block; }
+.cg details pre, .cg-extra pre { white-space: pre-wrap; font-size: 11px; color: #222; background: #f6f6f6;
+  padding: 6px; max-height: 360px; overflow: auto; }
+.cg-legend span { padding: 1px 6px; margin-right: 6px; }
+.cg-scroll { max-width: 100%; overflow-x: auto; }
+table.cg-table th { max-width: 14em; }
+</style>
+"""
+
+
+def _e(value: Any) -> str:
+    return escape(str(value))
+
+
+def _table(columns: list[str], rows: list[list[str]], cls: str = "cg-table",
+           row_classes: list[str] | None = None) -> str:
+    # <wbr> after underscores lets long metric names wrap in a header instead of widening the table.
+    head = "".join(f"<th>{_e(c).replace('_', '_<wbr>')}</th>" for c in columns)
+    body = "".join(
+        f'<tr class="{row_classes[i] if row_classes else ""}">{"".join(r)}</tr>' for i, r in enumerate(rows))
+    table = f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="cg-scroll">{table}</div>'
+
+
+def _td(text: str, cls: str = "", title: str = "") -> str:
+    attrs = (f' class="{cls}"' if cls else "") + (f' title="{_e(title)}"' if title else "")
+    return f"<td{attrs}>{_e(text)}</td>"
+
+
+@lru_cache(maxsize=256)
+def png_of(spec: figures.Figure) -> str:
+    """The figure as base64 PNG, drawn once however often the report shows it."""
+    from clustergate.report import plots  # matplotlib only where a figure is drawn (rank 0, with figures)
+
+    return plots.png(spec)
+
+
+def figure(spec: figures.Figure, caption: str = "") -> str:
+    alt = _e(spec.title)
+    return (f'<figure><img alt="{alt}" src="data:image/png;base64,{png_of(spec)}"/>'
+            f"<figcaption>{_e(caption or spec.title)}</figcaption></figure>")
+
+
+def banner(results: dict[str, Any]) -> str:
+    """ACCEPT / REJECT, why, and the run's facts."""
+    verdict = str(results.get("verdict", "reject"))
+    sign_off = results.get("sign_off", True)
+    counts = model.test_counts(results)
+    why: list[str] = []
+    if results.get("error"):
+        why.append(f"run error: {str(results['error']).splitlines()[0]}")
+    bad = [t for t in results.get("tests", []) if t.get("outcome") in ("failed", "error")]
+    if bad:
+        names = ", ".join(model.short_test_name(t["nodeid"]) for t in bad[:6]) + (" ..." if len(bad) > 6 else "")
+        why.append(f"{len(bad)} of {len(results.get('tests', []))} tests failed: {names}")
+    failing = [r for r in model.criteria_rows(results) if not r.passed]
+    if failing:
+        why.append(f"{len(failing)} metric{'s' if len(failing) > 1 else ''} missed: "
+                   + ", ".join(sorted({r.metric for r in failing})))
+    if verdict == "accept":
+        why.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no tests")
+    base = results.get("baseline")
+    if isinstance(base, dict):
+        why.append(f"against the baseline: {base.get('flagged', 0)} changes beyond "
+                   f"{float(base.get('tolerance', 0)):.0%} (informative; the verdict does not use them)")
+    cls = "cg-accept" if verdict == "accept" else "cg-reject"
+    if not sign_off:
+        why.insert(0, f"NOT A SIGN-OFF: profile {results.get('profile')!r} has no sign-off criteria; "
+                      "figures are measured, not judged")
+        cls = "cg-unjudged" if verdict == "accept" else cls
+    f = model.facts(results)
+    rows = [("profile", f["profile"]), ("level", f["level"]), ("started", f["started"]),
+            ("duration", f["duration"]), ("hosts", f["hosts"]), ("GPUs", f["gpus"]), ("ranks", f["ranks"]),
+            ("versions", f["versions"])]
+    if results.get("rejudged"):
+        rj = results["rejudged"]
+        rows.append(("re-judged", f"with {rj.get('thresholds')} profile {rj.get('profile')} "
+                                  f"(recorded under {rj.get('original_profile')})"))
+    facts = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows if v)
+    return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{_e(verdict.upper())}</div>'
+            + "".join(f'<div class="cg-why">{_e(w)}</div>' for w in why)
+            + f'<table class="cg-facts">{facts}</table></div>')
+
+
+def criteria_table(results: dict[str, Any]) -> str:
+    rows = model.criteria_rows(results)
+    if not rows:
+        return '<p class="cg-muted">No metric was recorded.</p>'
+    cells, classes = [], []
+    for r in rows:
+        result = ("PASS", "cg-pass") if r.passed and r.judged else ("FAIL", "cg-fail") if not r.passed \
+            else ("not judged", "cg-muted")
+        margin = model.fmt_margin(r.margin_pct)
+        cells.append([_td(r.metric, title=r.description), _td(model.short_test_name(r.test), title=r.test),
+                      _td(r.scope), _td(model.fmt(r.value, r.unit), "num"), _td(r.criterion),
+                      _td(margin, "num " + ("cg-fail" if r.margin_pct is not None and r.margin_pct < 0 else "")),
+                      _td(result[0], result[1]), _td(r.where)])
+        classes.append("cg-row-fail" if not r.passed else "")
+    return _table(["metric", "test", "scope", "measured", "criterion", "margin", "result", "where"], cells,
+                  "cg-table cg-criteria", classes)
+
+
+def failures_section(results: dict[str, Any]) -> str:
+    fails = model.failures(results)
+    parts = []
+    if results.get("error"):
+        parts.append(f'<details open><summary class="cg-fail">run error</summary><pre>{_e(results["error"])}</pre>'
+                     "</details>")
+    for f in fails:
+        msg = f.message if len(f.message) <= MAX_MESSAGE_CHARS else f.message[:MAX_MESSAGE_CHARS] + "\n[... cut]"
+        where = "; ".join(f.ranks) or "no rank failed on its own (a metric or consistency check)"
+        said = [line.strip() for line in msg.splitlines() if line.strip()][:3] or [f.outcome]
+        parts.append(f'<details><summary><b>{_e(model.short_test_name(f.test))}</b> ({_e(f.outcome)}): '
+                     + "<br/>".join(_e(line) for line in said)
+                     + f'<br/><span class="cg-muted">ranks: {_e(where)}</span></summary><pre>{_e(msg)}</pre></details>')
+    return "".join(parts)
+
+
+def _cell_td(cell: model.Cell) -> str:
+    cls = {"fail": "cg-fail", "outlier": "cg-outlier"}.get(cell.state, "")
+    return _td(cell.text, cls, cell.title)
+
+
+def grid_table(table: model.Table) -> str:
+    return _table(table.columns, [[_cell_td(c) for c in row] for row in table.rows])
+
+
+PARTS = {"gpu": "all GPUs", "node": "all nodes", "world": "whole job"}
+"""What a metric-level comparison covers (per-GPU entries name their GPU)."""
+
+
+def baseline_section(results: dict[str, Any]) -> str:
+    base = results.get("baseline")
+    if not isinstance(base, dict):
+        return ""
+    tol = float(base.get("tolerance", 0))
+    head = (f"Compared with {base.get('source', '?')} (started {base.get('started', '?')}, profile "
+            f"{base.get('profile', '?')}, {base.get('world_size', '?')} ranks); tolerance {tol:.0%}.")
+    rows = []
+    flagged = [c for c in base.get("metrics", []) if c.get("flagged")] + \
+        [c for c in base.get("per_gpu", []) if c.get("flagged")]
+    flagged.sort(key=lambda c: -abs(c["change"]) if c.get("change") is not None else -1e9)
+    for c in flagged:
+        change = "new or zero" if c.get("change") is None else f"{c['change']:+.1%}"
+        state = "cg-fail" if c.get("direction") == "worse" else "cg-outlier"
+        unit, part = c.get("unit", ""), c.get("gpu") or PARTS.get(c.get("scope", ""), "")
+        rows.append([_td(c["name"]), _td(model.short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
+                     _td(part), _td(model.fmt(c.get("baseline"), unit), "num"),
+                     _td(model.fmt(c.get("current"), unit), "num"), _td(change, "num " + state),
+                     _td(c.get("direction", ""))])
+    n_metrics, n_gpu = len(base.get("metrics", [])), len(base.get("per_gpu", []))
+    summary = (f"<p>{len(flagged)} change{'s' if len(flagged) != 1 else ''} beyond {tol:.0%} among {n_metrics} "
+               f"metrics and {n_gpu} per-GPU figures.</p>")
+    notes = "".join(f"<li>{_e(n)}</li>" for n in base.get("notes", []))
+    missing = base.get("missing", [])
+    if missing:
+        notes += f"<li>in the baseline, not in this run: {_e(', '.join(missing[:20]))}</li>"
+    table = _table(["metric", "test", "part", "baseline", "now", "change", "direction"], rows) if rows else ""
+    return f"<p>{_e(head)}</p>{summary}{table}" + (f"<ul>{notes}</ul>" if notes else "")
+
+
+def figures_section(results: dict[str, Any]) -> str:
+    specs: list[tuple[figures.Figure, str]] = []
+    specs += [(f, f.title + ": one colour per collective, one line per node or group")
+              for f in figures.busbw_overview(results)]
+    for test in results.get("tests", []):
+        details = test.get("details") or {}
+        name = model.short_test_name(test["nodeid"])
+        specs += [(f, f"{f.title} ({name})") for f in figures.matrix_figures(details) if isinstance(details, dict)]
+        specs += [(f, f"{f.title} ({name})") for f in figures.loss_figures(details) if isinstance(details, dict)]
+    specs += [(f, f.title) for f in figures.gpu_bars(results)]
+    if not specs:
+        return '<p class="cg-muted">No curve, matrix, loss history or per-GPU figure was recorded.</p>'
+    return '<div class="cg-figures">' + "".join(figure(s, c) for s, c in specs) + "</div>"
+
+
+LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed its criterion</span>'
+          f'<span class="cg-outlier">more than {model.OUTLIER_DEVIATION:.0%} worse than the median of its peers'
+          "</span></p>")
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The whole summary section: banner, criteria, failures, baseline, per-GPU/node tables, figures."""
+    parts = [STYLE, '<div class="cg">', banner(results), "<h3>Criteria</h3>", criteria_table(results)]
+    fails = failures_section(results)
+    if fails:
+        parts += ["<h3>Failures</h3>", fails]
+    if results.get("baseline"):
+        parts += ["<h3>Against the baseline</h3>", baseline_section(results)]
+    gpu = model.gpu_table(results)
+    if len(gpu.columns) > 5 or any(c.state for row in gpu.rows for c in row):
+        parts += ["<h3>Per GPU</h3>", LEGEND, grid_table(gpu)]
+    parts += ["<h3>Per node</h3>", grid_table(model.node_table(results))]
+    parts += ["<h3>Figures</h3>", figures_section(results), "<h3>Tests</h3></div>"]
+    return "".join(parts)
+
+
+def test_extra(test: dict[str, Any], results: dict[str, Any]) -> str:
+    """A test's own row: its metrics (with the per-GPU spread) and any tables its details hold."""
+    one = {**results, "tests": [test]}
+    rows = []
+    for r in model.criteria_rows(one):
+        metric = next(m for m in test.get("metrics", []) if m["name"] == r.metric)
+        values = sorted(p["value"] for p in metric.get("per_rank") or [])
+        spread = f"{model.fmt(values[0])} / {model.fmt(values[len(values) // 2])} / {model.fmt(values[-1])}" \
+            if len(values) > 1 else ""
+        rows.append([_td(r.metric, title=r.description), _td(r.scope), _td(model.fmt(r.value, r.unit), "num"),
+                     _td(spread, "num"), _td(r.criterion),
+                     _td(model.fmt_margin(r.margin_pct), "num"),
+                     _td("PASS" if r.passed and r.judged else "FAIL" if not r.passed else "not judged",
+                         "cg-pass" if r.passed and r.judged else "cg-fail" if not r.passed else "cg-muted"),
+                     _td(r.where)])
+    parts = ['<div class="cg-extra">']
+    if rows:
+        parts.append(_table(["metric", "scope", "measured", "min / median / max", "criterion", "margin", "result",
+                             "where"], rows))
+    details = test.get("details") or {}
+    tables = details.get("tables") if isinstance(details, dict) else None
+    if isinstance(tables, dict):
+        for name, table_rows in tables.items():
+            if isinstance(table_rows, list) and table_rows and all(isinstance(r, dict) for r in table_rows):
+                cols = list(dict.fromkeys(k for r in table_rows for k in r))
+                parts.append(f"<p><b>{_e(name)}</b></p>")
+                parts.append(_table(cols, [[_td(r.get(c, "")) for c in cols] for r in table_rows]))
+    parts.append("</div>")
+    return "".join(parts) if len(parts) > 2 else ""

@@ -1,0 +1,80 @@
+"""Replay a results.json as a pytest session, so pytest-html renders the recorded run.
+
+Each recorded test becomes an item under its original node id whose report reproduces the recorded
+outcome, message, duration and user properties; ``clustergate.htmlreport`` then draws the report
+from the results dict exactly as in a live run (after pytest-xdist's controller, which replays
+workers' reports through pytest's own hooks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clustergate.htmlreport import REPLAYED
+
+
+class Replayed(Exception):
+    """A recorded failure, raised again so pytest reports it."""
+
+
+class ReplayItem(pytest.Item):
+    def __init__(self, *, test: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.test = test
+
+    def setup(self) -> None:
+        if self.test.get("outcome") == "error":
+            raise Replayed(self.test.get("message", ""))
+
+    def runtest(self) -> None:
+        outcome = self.test.get("outcome")
+        if outcome == "skipped":
+            pytest.skip(self.test.get("message", "") or "skipped")
+        if outcome == "failed":
+            raise Replayed(self.test.get("message", ""))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, Replayed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.test["nodeid"]
+
+
+class ResultsFile(pytest.File):
+    def collect(self) -> Iterator[ReplayItem]:
+        for test in self.config.stash[REPLAYED].get("tests", []):
+            yield ReplayItem.from_parent(self, name=test["nodeid"].rsplit("::", 1)[-1], nodeid=test["nodeid"],
+                                         test=test)
+
+
+class ReplayPlugin:
+    """Collects ``path`` as the recorded tests of ``results``."""
+
+    def __init__(self, path: Path, results: dict[str, Any]) -> None:
+        self.path = path.resolve()
+        self.results = results
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[REPLAYED] = self.results
+
+    def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> ResultsFile | None:
+        if file_path.resolve() == self.path:
+            return ResultsFile.from_parent(parent, path=file_path)
+        return None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report: pytest.TestReport = yield
+        if isinstance(item, ReplayItem):
+            report.user_properties.append(("failed_ranks", item.test.get("failed_ranks", [])))
+            if call.when == "call":
+                report.user_properties.append(("metrics", item.test.get("metrics", [])))
+                report.duration = float(item.test.get("duration_s", 0.0))
+        return report

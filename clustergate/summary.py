@@ -1,0 +1,59 @@
+"""The compact summary rank 0 prints at the end of the terminal output (pure: results dict -> lines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clustergate.report import model
+
+MESSAGE_LINES = 3
+"""Lines of each failing test's message printed (the report and results.json have all of it)."""
+MAX_ROWS = 40
+"""Criteria rows printed; failures come first, so a long run still shows every one that matters."""
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """Verdict line, facts, criteria table (failures first), failing tests with ranks, baseline flags."""
+    f = model.facts(results)
+    verdict = str(results.get("verdict", "reject")).upper()
+    plural = "" if f["ranks"] == "1" else "s"
+    lines = [f"{verdict}   profile {f['profile']}   level {f['level']}   {f['ranks']} rank{plural} on {f['hosts']}   "
+             f"{f['gpus']}   {f['duration']}"]
+    if not results.get("sign_off", True):
+        lines.append(f"profile {f['profile']!r} has no sign-off criteria: figures are measured, not judged")
+    if results.get("error"):
+        lines.append(f"run error: {str(results['error']).splitlines()[0]}")
+    rows = model.criteria_rows(results)
+    if rows:
+        width = max(6, *(len(r.metric) for r in rows))
+        lines.append(f"  {'metric':<{width}}  {'scope':<5}  {'measured':>18}  {'criterion':<28}  {'margin':>8}  result")
+        for r in rows[:MAX_ROWS]:
+            margin = model.fmt_margin(r.margin_pct)
+            result = "FAIL" if not r.passed else "ok" if r.judged else "-"
+            lines.append(f"  {r.metric:<{width}}  {r.scope:<5}  {_cut(model.fmt(r.value, r.unit), 18):>18}  "
+                         f"{_cut(r.criterion, 28):<28}  {margin:>8}  {result}"
+                         + (f"  {_cut(r.where, 60)}" if not r.passed else ""))
+        if len(rows) > MAX_ROWS:
+            lines.append(f"  ... {len(rows) - MAX_ROWS} more rows passed (see report.html / results.json)")
+    counts = model.test_counts(results)
+    lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none ran"))
+    for fail in model.failures(results):
+        said = [line.strip() for line in fail.message.splitlines() if line.strip()][:MESSAGE_LINES] or [fail.outcome]
+        lines.append(f"  {fail.outcome.upper()} {model.short_test_name(fail.test)}: {_cut(said[0], 100)}")
+        lines += [f"    {_cut(line, 110)}" for line in said[1:]]
+        if fail.ranks:
+            lines.append(f"    ranks: {_cut('; '.join(fail.ranks), 110)}")
+    base = results.get("baseline")
+    if isinstance(base, dict):
+        flagged = [c for c in base.get("metrics", []) + base.get("per_gpu", []) if c.get("flagged")]
+        lines.append(f"baseline {base.get('source', '')}: {len(flagged)} change{'s' if len(flagged) != 1 else ''} "
+                     f"beyond {float(base.get('tolerance', 0)):.0%}")
+        for c in sorted(flagged, key=lambda c: -abs(c["change"]) if c.get("change") is not None else -1e9)[:10]:
+            change = "from 0" if c.get("change") is None else f"{c['change']:+.1%}"
+            lines.append(f"  {c['name']} {c.get('gpu', c.get('scope', ''))}: {model.fmt(c['baseline'])} -> "
+                         f"{model.fmt(c['current'], c.get('unit', ''))} ({change}, {c.get('direction')})")
+    return lines

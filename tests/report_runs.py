@@ -1,0 +1,115 @@
+"""Runs the report's tests share: each is made once per session, even across pytest-xdist workers.
+
+- ``world``: the shipped ``acceptance/test_world.py`` at world size 1, as a user runs it.
+- ``no_tests``: the same with nothing selected (the plugin sets the run error at sessionfinish).
+- ``demo_reject``: ``tests/data/report/demo_acceptance.py`` on 2 ranks under torchrun with a planted
+  slow rank, a workload that prints a secret, and secrets in the environment and pytest-metadata.
+- ``demo_baseline``: the demo again, every figure 20% higher, with ``--baseline`` the reject run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+from torchrun_job import ROOT, job_env, run_job
+
+DATA = ROOT / "tests" / "data" / "report"
+SCHEMA = ROOT / "clustergate" / "results.schema.json"
+SECRET = "s3cr3t-4f9a-planted-token-value"
+"""Planted in MY_API_TOKEN, HF_TOKEN's neighbour and --metadata: must never reach report.html."""
+HF_SECRET = "hf_planted_0123456789abcdef"
+
+
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """``make(dir)`` once per session; xdist workers share the result (pytest-xdist's recipe)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    target = root / f"report-run-{name}"
+    with FileLock(str(target) + ".lock"):
+        if not (target / ".done").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            make(target)
+            (target / ".done").touch()
+    return target
+
+
+def _world_size_1(target: Path, *args: str) -> None:
+    """``pytest acceptance/test_world.py`` from the checkout (its conftest.py enables the plugin)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py", "-p", "clustergate.htmlreport",
+                           "--report-dir", str(target / "report"), *args],
+                          cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=240)
+    (target / "output.txt").write_text(proc.stdout)
+    (target / "status").write_text(str(proc.returncode))
+
+
+def make_world(target: Path) -> None:
+    _world_size_1(target, "--level", "quick")
+
+
+def make_no_tests(target: Path) -> None:
+    _world_size_1(target, "-k", "no_such_test")
+
+
+def _demo(target: Path, env: dict[str, str], *args: str) -> None:
+    shutil.copy(DATA / "demo_acceptance.py", target / "demo_acceptance.py")
+    shutil.copy(DATA / "thresholds.yaml", target / "thresholds.yaml")
+    job = run_job(target, ["-p", "clustergate.htmlreport", "demo_acceptance.py", "--thresholds", "thresholds.yaml",
+                           *args], nproc=2, env=env)
+    (target / "output.txt").write_text(job.output)
+    (target / "status").write_text(str(max(job.codes)))
+
+
+def make_demo_reject(target: Path) -> None:
+    _demo(target, {"REPORT_DEMO_FAIL": "1", "MY_API_TOKEN": SECRET, "HF_TOKEN": HF_SECRET},
+          "--metadata", "MY_API_TOKEN", SECRET)
+
+
+def results(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "report" / "results.json").read_text())
+
+
+def validator() -> Any:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra: pip install -e .[test]")
+    schema = json.loads(SCHEMA.read_text())
+    cls = jsonschema.Draft202012Validator
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def schema_errors(data: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator().iter_errors(data)]
+
+
+@pytest.fixture(scope="session")
+def world_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared(tmp_path_factory, "world", make_world)
+
+
+@pytest.fixture(scope="session")
+def no_tests_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared(tmp_path_factory, "no-tests", make_no_tests)
+
+
+@pytest.fixture(scope="session")
+def demo_reject(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared(tmp_path_factory, "demo-reject", make_demo_reject)
+
+
+@pytest.fixture(scope="session")
+def demo_baseline(tmp_path_factory: pytest.TempPathFactory, demo_reject: Path) -> Path:
+    base = demo_reject / "report" / "results.json"
+    return shared(tmp_path_factory, "demo-baseline",
+                  lambda target: _demo(target, {"REPORT_DEMO_SCALE": "1.2"}, "--baseline", str(base)))

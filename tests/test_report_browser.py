@@ -1,0 +1,103 @@
+"""The report as a person sees it: headless Chromium opens report.html offline.
+
+The page renders (pytest-html's script fills the test table), the verdict and the criteria table
+are in the DOM, the browser logs no console error, and the page asks the network for nothing: the
+browser runs behind a proxy that refuses every connection, its network log has no request from the
+page, and report.html refers to no http(s) resource. The screenshot is kept: printed, and copied
+to $CLUSTERGATE_TEST_ARTIFACTS when set (CI can upload that folder).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from report_runs import demo_reject, results  # noqa: F401
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    CHROMIUM is None, reason="headless Chromium is not installed: apt-get install chromium (.ci/run installs it)")]
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+         "--disable-default-apps", "--no-default-browser-check", "--disable-domain-reliability", "--no-pings",
+         "--proxy-server=127.0.0.1:9", "--enable-logging=stderr", "--v=1"]
+"""No sandbox (CI runs as root), no GPU, no background services, and a proxy on the discard port that
+refuses every connection: a page that needs the network would render incomplete."""
+
+BROWSER_SERVICES = re.compile(r"^https?://([\w.-]+\.)?(google\.com|googleapis\.com|gstatic\.com|gvt1\.com)(/|$)")
+"""Chromium's own background requests (sign-in, component updates), logged beside the page's even with
+the flags above; they never leave the machine (the proxy refuses them) and are not the report's."""
+
+RESOURCE_ATTR = re.compile(r"""<(?!a[\s>])(\w+)[^>]*?\b(?:src|href|srcset|poster|data)\s*=\s*["']?\s*(https?:)?//""",
+                           re.IGNORECASE)
+CSS_URL = re.compile(r"""url\(\s*["']?\s*(https?:)?//|@import\s+["']?(https?:)?//""", re.IGNORECASE)
+
+
+def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHROMIUM or "chromium", *FLAGS, f"--user-data-dir={profile}", *args, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def page_requests(log: str) -> list[str]:
+    urls = re.findall(r"NotifyBeforeURLRequest: (\S+)", log)
+    return [u for u in urls if not BROWSER_SERVICES.match(u) and not u.startswith(("file:", "data:"))]
+
+
+def console_errors(log: str) -> list[str]:
+    lines = [line for line in log.splitlines() if ":CONSOLE" in line]
+    return [line for line in lines if re.search(r"error|uncaught|failed|refused|not allowed", line, re.IGNORECASE)]
+
+
+def test_report_opens_offline_and_shows_the_verdict(demo_reject: Path, tmp_path: Path) -> None:  # noqa: F811
+    report = demo_reject / "report" / "report.html"
+    text = report.read_text()
+    # Links for a person to click (pytest-html's credit line) fetch nothing; anything else would.
+    assert RESOURCE_ATTR.search(text) is None and CSS_URL.search(text) is None
+
+    dom_run = chromium(report.as_uri(), tmp_path / "profile-dom", "--dump-dom")
+    dom = dom_run.stdout
+    assert dom_run.returncode == 0, dom_run.stderr[-3000:]
+    assert page_requests(dom_run.stderr) == []
+    assert console_errors(dom_run.stderr) == []
+
+    verdict = re.search(r'id="cg-verdict"><div class="cg-verdict">(\w+)</div>', dom)
+    assert verdict is not None and verdict.group(1) == "REJECT"
+    criteria = dom[dom.index('class="cg-table cg-criteria"'):]
+    criteria = criteria[:criteria.index("</table>")]
+    assert criteria.count("<tr") == 1 + 5  # header and the demo's five metrics
+    first = criteria[criteria.index("<tbody>"):]
+    assert first.index("demo_hbm_tbps") < first.index("FAIL") < first.index("demo_pair_gbps")  # failures first
+    for test in results(demo_reject)["tests"]:  # pytest-html's script rendered every row
+        assert f'id="{test["nodeid"]}"' in dom
+    assert dom.count('src="data:image/png;base64,') >= 5
+
+    shot = tmp_path / "report.png"
+    shot_run = chromium(report.as_uri(), tmp_path / "profile-shot", "--window-size=1400,3000",
+                        "--hide-scrollbars", f"--screenshot={shot}")
+    assert shot_run.returncode == 0 and shot.stat().st_size > 50_000, shot_run.stderr[-3000:]
+    assert page_requests(shot_run.stderr) == []
+    keep = os.environ.get("CLUSTERGATE_TEST_ARTIFACTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for src in (shot, report):
+            shutil.copy(src, Path(keep) / f"report-browser-{src.name}")
+    print(f"screenshot of the report: {shot}" + (f" (copied to {keep})" if keep else ""))
+
+
+def test_page_requests_are_detected() -> None:
+    """The network check itself: a page's fetch is caught, Chromium's own services and data: are not."""
+    log = ("x NotifyBeforeURLRequest: https://cdn.example.net/plotly.js\n"
+           "x NotifyBeforeURLRequest: https://accounts.google.com/ListAccounts?x=1\n"
+           "x NotifyBeforeURLRequest: http://update.googleapis.com/service/update2/json\n"
+           "x NotifyBeforeURLRequest: file:///tmp/report.html\n")
+    assert page_requests(log) == ["https://cdn.example.net/plotly.js"]
+    assert RESOURCE_ATTR.search('<img alt="x" src="https://cdn.example.net/a.png">')
+    assert RESOURCE_ATTR.search('<link rel="stylesheet" href="//fonts.example.com/x.css">')
+    assert not RESOURCE_ATTR.search('<a href="https://pypi.python.org/pypi/pytest-html">')
+    assert CSS_URL.search("background: url('https://example.com/x.png')")
+    assert console_errors('[1:1:INFO:CONSOLE:3] "Uncaught ReferenceError: x", source: file:///r.html (3)')

@@ -1,0 +1,81 @@
+"""python -m clustergate.report: re-render a recorded run, re-judge it, compare it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
+from test_report_model import RESULTS
+
+from clustergate.report.rejudge import rejudge, strip_metric_failures
+from clustergate.thresholds import load
+
+from torchrun_job import ROOT, job_env
+
+
+def report_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+
+def test_rejudge_replaces_metric_failures_and_keeps_other_failures(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(
+        "schema: 1\nfallback_profile: loose\ncpu_profile: loose\nprofiles:\n  loose:\n    metrics:\n"
+        "      matmul_bf16_tflops: {min: 500}\n      allreduce_busbw_gbps: {min: 400}\n"
+        "      hbm_bandwidth_tbps: {min: 2}\n")
+    recorded = copy.deepcopy(RESULTS)
+    recorded["tests"][1]["outcome"] = "failed"
+    recorded["tests"][1]["message"] = "[call] failed on 1/4 ranks: 2\n--- rank 2 (node-1) ---\nTraceback: boom"
+    out = rejudge(recorded, load(tmp_path / "t.yaml").profile("loose"))
+    bf16, allreduce, hbm = out["tests"]
+    assert bf16["outcome"] == "passed" and bf16["message"] == "" and bf16["failed_ranks"] == []
+    assert allreduce["outcome"] == "failed" and "Traceback: boom" in allreduce["message"]
+    assert "allreduce_busbw_gbps=371 GB/s, expected >= 400" in allreduce["message"]
+    assert hbm["outcome"] == "passed"
+    assert out["verdict"] == "reject" and out["rejudged"]["original_profile"] == "h100-sxm-80gb"
+    assert out["profile"] == "loose" and schema_errors(out) == []
+    assert RESULTS["tests"][0]["outcome"] == "failed"  # the input is not modified
+
+
+def test_strip_metric_failures() -> None:
+    msg = "[call] failed on 1/2 ranks: 1\nboom\n2 metric checks failed:\n  a=1, expected >= 2\n  b=1\n[teardown] x"
+    assert strip_metric_failures(msg) == "[call] failed on 1/2 ranks: 1\nboom\n[teardown] x"
+
+
+@pytest.mark.slow  # a torchrun job (shared by the report tests)
+def test_rerender_reproduces_the_recorded_report(demo_reject: Path, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "again.html"
+    proc = report_cli(str(demo_reject / "report" / "results.json"), "-o", str(out))
+    assert proc.returncode == 1, proc.stdout  # the recorded verdict is reject
+    assert f"report: {out}" in proc.stdout and "REJECT   profile cpu" in proc.stdout
+    page = out.read_text()
+    assert 'class="cg-verdict">REJECT<' in page and "demo_hbm_tbps" in page
+    for test in results(demo_reject)["tests"]:
+        assert test["nodeid"] in page
+    assert page.count("data:image/png;base64,") >= 6  # summary figures and per-test extras
+
+
+@pytest.mark.slow  # a torchrun job (shared by the report tests)
+def test_rejudge_and_compare_from_the_command_line(demo_reject: Path, tmp_path: Path) -> None:  # noqa: F811
+    loose = tmp_path / "loose.yaml"
+    text = (DATA / "thresholds.yaml").read_text()
+    loose.write_text(text.replace("demo_hbm_tbps: {min: 2.0", "demo_hbm_tbps: {min: 1.0"))
+    recorded = demo_reject / "report" / "results.json"
+    proc = report_cli(str(recorded), "--thresholds", str(loose), "--baseline", str(recorded),
+                      "--json-out", str(tmp_path / "rejudged.json"), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stdout  # accept under the looser profile
+    data = json.loads((tmp_path / "rejudged.json").read_text())
+    assert data["verdict"] == "accept" and data["rejudged"]["original_verdict"] == "reject"
+    assert data["baseline"]["flagged"] == 0 and schema_errors(data) == []
+    page = (tmp_path / "r.html").read_text()
+    assert 'class="cg-verdict">ACCEPT<' in page and "re-judged" in page
+
+
+def test_bad_input_is_exit_2(tmp_path: Path) -> None:
+    proc = report_cli(str(tmp_path / "missing.json"))
+    assert proc.returncode == 2 and "file not found" in proc.stdout

@@ -1,0 +1,185 @@
+"""The report's pure parts: criteria rows, margins, tables, figure detection, terminal summary, PNGs."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import pytest
+
+from clustergate.report import figures, html, model
+from clustergate.summary import summary_lines
+
+
+def per_rank(values: list[float], failing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    return [{"rank": r, "host": f"node-{r // 2}", "node_rank": r // 2, "gpu_index": r % 2, "gpu_serial": f"SN{r}",
+             "gpu_uuid": f"GPU-{r}", "value": v, "passed": r not in failing} for r, v in enumerate(values)]
+
+
+def metric(name: str, value: float, criterion: dict[str, Any], passed: bool = True, scope: str = "gpu",
+           values: list[float] | None = None, failing: tuple[int, ...] = ()) -> dict[str, Any]:
+    return {"name": name, "value": value, "unit": "TFLOPS" if "tflops" in name else "GB/s", "scope": scope,
+            "description": "", "criterion": criterion, "passed": passed,
+            "per_rank": per_rank(values, failing) if values else []}
+
+
+RESULTS: dict[str, Any] = {
+    "schema": 1, "verdict": "reject", "profile": "h100-sxm-80gb", "sign_off": True, "level": "standard",
+    "started": "2026-01-01T00:00:00+00:00", "duration_s": 754.2, "world_size": 4, "error": None,
+    "nodes": [{"host": f"node-{n}", "node_rank": n, "ranks": [2 * n, 2 * n + 1],
+               "gpus": [{"index": i, "uuid": f"GPU-{2 * n + i}", "serial": f"SN{2 * n + i}", "name": "NVIDIA H100",
+                         "rank": 2 * n + i, "local_rank": i} for i in range(2)]} for n in range(2)],
+    "environment": {"torch": "2.11.0", "cuda": "13.0", "nccl": "2.27.3", "driver": "580.1", "python": "3.11.7"},
+    "tests": [
+        {"nodeid": "acceptance/test_matmul.py::test_bf16", "outcome": "failed", "duration_s": 30.0,
+         "failed_ranks": [3], "message": "[call] 1 metric check failed:\n  matmul_bf16_tflops=600 TFLOPS, expected "
+                                         ">= 700 [h100-sxm-80gb, rank 3 node-1 gpu 1 serial SN3]",
+         "metrics": [metric("matmul_bf16_tflops", 600.0, {"min": 700, "outlier_fraction": 0.9}, passed=False,
+                            values=[790.0, 780.0, 785.0, 600.0], failing=(3,))],
+         "details": {"curves": {"shapes": [{"n": 4096, "tflops": 700.0}, {"n": 8192, "tflops": 780.0}]}}},
+        {"nodeid": "acceptance/test_nccl.py::test_allreduce", "outcome": "passed", "duration_s": 20.0,
+         "failed_ranks": [], "message": "",
+         "metrics": [metric("allreduce_busbw_gbps", 371.0, {"min": 350, "ceiling": 480}, scope="world",
+                            values=[371.0])],
+         "details": {"curve": [{"size": 1 << 20, "time": 1e-4, "algbw": 10.0, "busbw": 17.5},
+                               {"size": 1 << 30, "time": 5e-3, "algbw": 212.0, "busbw": 371.0}],
+                     "matrix": {"labels": ["a", "b"], "values": [[None, 48.0], [47.5, None]], "unit": "GB/s"},
+                     "loss": [2.0, 1.5, 1.2], "notes": ["not", "a", "curve"], "clocks": {"sm": 1980}}},
+        {"nodeid": "acceptance/test_hbm.py::test_hbm", "outcome": "passed", "duration_s": 5.0, "failed_ranks": [],
+         "message": "", "metrics": [metric("hbm_bandwidth_tbps", 3.0, {"min": 2.5}, values=[3.0, 3.01, 3.02, 2.6])],
+         "details": {}},
+    ],
+}
+
+
+def test_margin_is_headroom_against_the_tightest_bound() -> None:
+    assert model.margin_pct(770, {"min": 700}) == pytest.approx(10.0)
+    assert model.margin_pct(600, {"min": 700}) == pytest.approx(-14.2857, rel=1e-3)
+    assert model.margin_pct(40, {"max": 50}) == pytest.approx(20.0)
+    assert model.margin_pct(45, {"min": 40, "max": 50}) == pytest.approx(10.0)
+    assert model.margin_pct(45, {"ceiling": 50}) is None
+    assert model.criterion_text({"min": 700, "ceiling": 989, "outlier_fraction": 0.9}) == \
+        ">= 700, ceiling 989, >= 90% of peers' median"
+
+
+def test_criteria_rows_put_failures_first_and_name_the_worst_part() -> None:
+    rows = model.criteria_rows(RESULTS)
+    assert [r.metric for r in rows] == ["matmul_bf16_tflops", "allreduce_busbw_gbps", "hbm_bandwidth_tbps"]  # by margin
+    assert not rows[0].passed and rows[0].where == "1/4 GPUs fail; worst rank 3 node-1 gpu 1 serial SN3"
+    assert rows[1].where == "whole job" and rows[1].margin_pct == pytest.approx(6.0)
+
+
+def test_gpu_and_node_tables_highlight_failures_and_outliers() -> None:
+    table = model.gpu_table(RESULTS)
+    assert table.columns[:4] == ["rank", "host", "gpu", "serial"]
+    states = {(row[0].text, table.columns[i]): c.state for row in table.rows for i, c in enumerate(row)}
+    assert states[("3", "matmul_bf16_tflops")] == "fail"
+    assert states[("3", "hbm_bandwidth_tbps")] == "outlier"  # 2.6 vs median 3.005: 13% worse
+    assert states[("0", "hbm_bandwidth_tbps")] == ""
+    assert table.rows[3][-1].text == "test_bf16"
+    nodes = model.node_table(RESULTS)
+    assert nodes.columns == ["", "node 0", "node 1"]
+    worst = next(row for row in nodes.rows if row[0].text == "matmul_bf16_tflops (worst GPU)")[2]
+    assert worst.state == "fail" and "node-1:1" in worst.text
+    assert nodes.rows[-1][2].text == "3" and nodes.rows[-1][2].state == "fail"
+
+
+def test_facts_name_hosts_gpus_versions() -> None:
+    f = model.facts(RESULTS)
+    assert f["gpus"] == "4 x NVIDIA H100" and f["hosts"] == "2 nodes: node-0, node-1"
+    assert f["duration"] == "0h12m34.2s" and "nccl 2.27.3" in f["versions"]
+
+
+def test_figures_follow_the_details_conventions() -> None:
+    first, second = (figures.test_figures(t["details"]) for t in RESULTS["tests"][:2])
+    assert [(f.x_field, f.y_field) for f in first] == [("n", "tflops")]
+    kinds = [(type(f).__name__, getattr(f, "y_field", "")) for f in second]
+    assert kinds == [("CurveFigure", "busbw"), ("MatrixFigure", ""), ("CurveFigure", "loss")]
+    assert second[0].log_x and second[1].values[0] == (None, 48.0)
+    (overview,) = figures.busbw_overview(RESULTS)
+    assert len(overview.series) == 1 and overview.title == "busbw against size"
+    bars = figures.gpu_bars(RESULTS)
+    assert [b.states for b in bars][0] == ("ok", "ok", "ok", "fail")
+    assert figures.test_figures({"curves": [{"name": "x", "points": [{"step": 1}]}], "m": {"values": "no"}}) == []
+
+
+def test_loss_shapes() -> None:
+    for loss in ([3.0, 2.0], [{"step": 0, "loss": 3.0}, {"step": 5, "loss": 2.0}],
+                 {"steps": [0, 5], "values": [3.0, 2.0]}):
+        (fig,) = figures.loss_figures({"train_loss": loss})
+        assert fig.series[0].y == (3.0, 2.0)
+    (fig,) = figures.loss_figures({"losses": {"rank 0": [3.0, 2.0], "eval": [3.1, 2.5]}})
+    assert [s.label for s in fig.series] == ["rank 0", "eval"]
+
+
+def test_pngs_are_drawn() -> None:
+    specs = [*figures.test_figures(RESULTS["tests"][1]["details"]), *figures.gpu_bars(RESULTS)]
+    for spec in specs:
+        data = base64.b64decode(html.png_of(spec))
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_summary_html_escapes_and_embeds_only_data() -> None:
+    results = copy.deepcopy(RESULTS)
+    results["tests"][0]["message"] += "\n<script>alert(1)</script>"
+    page = html.summary(results)
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+    assert "REJECT" in page and 'src="data:image/png;base64,' in page
+    assert "http://" not in page and "https://" not in page
+
+
+def test_summary_lines_say_verdict_failures_and_where() -> None:
+    lines = summary_lines(RESULTS)
+    assert lines[0].startswith("REJECT   profile h100-sxm-80gb   level standard   4 ranks on 2 nodes")
+    assert "4 x NVIDIA H100" in lines[0]
+    fail = next(line for line in lines if "matmul_bf16_tflops" in line)
+    assert "FAIL" in fail and "-14.3%" in fail and "serial SN3" in fail
+    assert any("ranks: rank 3 node-1 gpu 1 serial SN3" in line for line in lines)
+    unjudged = summary_lines({**RESULTS, "sign_off": False, "verdict": "accept"})
+    assert "no sign-off criteria" in unjudged[1]
+
+
+def collective_rows(peak: float) -> list[dict[str, Any]]:
+    """The rows workloads/collectives.py records per group (its field names)."""
+    return [{"bytes": b, "requested_bytes": b, "algo": "Ring/Simple", "time_us": b / peak / 1e3, "time_min_us": 1.0,
+             "time_max_us": 2.0, "time_mean_us": 1.5, "algbw_gbps": peak / 2 * b / (b + 2**20),
+             "busbw_gbps": peak * b / (b + 2**20), "busbw_mean_gbps": peak * b / (b + 2**20) * 0.98}
+            for b in (2**20, 2**24, 2**28)]
+
+
+def test_figures_from_the_workloads_shapes() -> None:
+    """The shapes the suite's workloads record today are drawn without any adapter."""
+    coll = figures.test_figures({"collective": "all_reduce", "curves": {"node 0 (8 ranks)": collective_rows(370),
+                                                                        "node 1 (8 ranks)": collective_rows(360)}})
+    assert [(f.y_field, f.y_unit, f.x_field, len(f.series)) for f in coll] == [("busbw", "GB/s", "bytes", 2)]
+    hbm = figures.test_figures({"sizes": [{"bytes": 2**30, "copy_tbps": 3.0, "read_tbps": 3.2, "write_tbps": 2.9},
+                                          {"bytes": 2**32, "copy_tbps": 3.1, "read_tbps": 3.3, "write_tbps": 3.0}],
+                                "clocks": {"sm_clock_mhz": {"median": 1980}}})
+    assert [(f.y_unit, [s.label for s in f.series]) for f in hbm] == [("TB/s", ["copy_tbps", "read_tbps",
+                                                                                "write_tbps"])]
+    host = figures.test_figures({"sizes": [{"bytes": 2**26, "gbps": 50.1, "gbps_min": 49.0, "gbps_max": 51.0,
+                                            "copies": 20, "pinned": True}] * 2})
+    assert [(f.y_unit, len(f.series)) for f in host] == [("GB/s", 3)]
+    intra = figures.matrix_figures({"matrix": {"node 0": [[None, 48.0], [47.0, None]], "node 1": [[None, 1.0],
+                                                                                                  [2.0, None]]}})
+    assert [m.title for m in intra] == ["node 0", "node 1"]
+    inter = figures.matrix_figures({"matrix": {"nodes_slowest_rail": [[None, 45.0], [44.0, None]],
+                                               "rails": {"0-1": [45.0, 46.0]}}})
+    assert [m.title for m in inter] == ["nodes_slowest_rail"]
+    (lora,) = figures.loss_figures({"lora": {"loss_curve": [1.7, 1.0, 0.4], "pretrain_loss_curve": [2.0, 1.9],
+                                             "eval_loss_before": 1.8}})
+    assert [s.label for s in lora.series] == ["lora.loss_curve", "lora.pretrain_loss_curve"]
+    assert figures.test_figures({"shapes": [{"shape": [4096, 4096, 4096], "tflops": 700.0}] * 2}) == []
+    tests = [{"nodeid": f"a::test_bw[node-{c}]", "details": {"collective": c, "scope": "node", "curves": {
+        "node 0 (8 ranks)": collective_rows(370), "node 1 (8 ranks)": collective_rows(300)}}}
+        for c in ("all_reduce", "all_gather")] + [{"nodeid": "a::test_bw[world-all_reduce]", "details": {
+            "scope": "world", "curves": {"whole job (16 ranks)": collective_rows(350)}}}]
+    node, world = figures.busbw_overview({"tests": tests})
+    assert node.title == "busbw against size, node scope" and node.y_unit == "GB/s"
+    assert [(s.label, s.group) for s in node.series][:3] == [
+        ("all_reduce", "node 0 (8 ranks)"), ("all_reduce", "node 1 (8 ranks)"), ("all_gather", "node 0 (8 ranks)")]
+    assert [s.label for s in world.series] == ["world-all_reduce"]  # no collective named: the test's parameters
+    (mixed,) = figures.busbw_overview({"tests": [{"nodeid": "a::test_x", "details": {"curves": {
+        "all_reduce": collective_rows(370), "all_gather": collective_rows(300)}}}]})
+    assert [s.label for s in mixed.series] == ["all_reduce", "all_gather"]  # several curves name themselves

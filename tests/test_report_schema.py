@@ -1,0 +1,53 @@
+"""results.json against clustergate/results.schema.json, from real runs; and when the report is drawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from report_runs import demo_baseline, demo_reject, no_tests_run, results, schema_errors, world_run  # noqa: F401
+
+
+def test_shipped_acceptance_run_matches_the_schema(world_run: Path) -> None:  # noqa: F811
+    data = results(world_run)
+    assert (world_run / "status").read_text() == "0", (world_run / "output.txt").read_text()
+    assert schema_errors(data) == []
+    assert data["verdict"] == "accept"
+    assert (world_run / "report" / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.slow  # a torchrun job (shared by the report tests)
+def test_demo_runs_match_the_schema(demo_reject: Path, demo_baseline: Path) -> None:  # noqa: F811
+    for run in (demo_reject, demo_baseline):
+        assert schema_errors(results(run)) == [], (run / "output.txt").read_text()[-3000:]
+
+
+def test_schema_rejects_what_is_not_a_results_file(world_run: Path) -> None:  # noqa: F811
+    data = results(world_run)
+    broken = {**data, "verdict": "maybe"}
+    del broken["tests"]
+    errors = schema_errors(broken)
+    assert any("verdict" in e for e in errors) and any("tests" in e for e in errors)
+    bad_metric = {**data, "tests": [{"nodeid": "x", "outcome": "passed", "duration_s": 0, "failed_ranks": [],
+                                     "message": "", "metrics": [{"name": "m", "value": "fast", "unit": "",
+                                                                 "scope": "rack", "criterion": {}, "passed": True}]}]}
+    assert len(schema_errors(bad_metric)) == 2
+
+
+def test_report_is_drawn_after_the_verdict_is_final(no_tests_run: Path) -> None:  # noqa: F811
+    """The plugin sets 'no tests ran' in its trylast sessionfinish; pytest-html's summary must see it."""
+    data = results(no_tests_run)
+    assert (no_tests_run / "status").read_text() == str(int(pytest.ExitCode.NO_TESTS_COLLECTED))
+    assert data["verdict"] == "reject" and "no tests ran" in data["error"]
+    assert schema_errors(data) == []
+    page = (no_tests_run / "report" / "report.html").read_text()
+    banner = page[page.index('id="cg-verdict"'):page.index('class="cg-facts"')]
+    assert "REJECT" in banner and "run error: no tests ran" in banner
+
+
+@pytest.mark.slow  # a torchrun job (shared by the report tests)
+def test_baseline_lands_in_results_json(demo_baseline: Path) -> None:  # noqa: F811
+    """Written in this module's sessionfinish, before the plugin's trylast one writes results.json."""
+    base = results(demo_baseline)["baseline"]
+    assert base["tolerance"] == 0.05 and base["flagged"] > 0
+    assert base["source"].endswith("results.json")
