@@ -1,0 +1,307 @@
+"""GPT-2-style training throughput under DDP: tokens/s per GPU, MFU, and the ranks that lag.
+
+A minimal decoder built from config (nothing downloaded), the way the fast reference setups
+build it: pre-LayerNorm blocks, ``F.scaled_dot_product_attention(is_causal=True)`` (flash
+attention on H100/H200), bf16 autocast, fused AdamW, tied embeddings, torch.compile. Data are
+random tokens, each rank its own share through DistributedSampler (``workloads.sampler``).
+
+Two timed phases, because under DDP every rank waits for the slowest at each all-reduce:
+- synchronised steps give ``train_tokens_per_s_per_gpu`` and ``train_mfu`` (what training gets);
+- local steps (``DDP.no_sync``: the same step without the gradient all-reduce) give
+  ``train_local_tokens_per_s_per_gpu``, each GPU on its own, which names a straggler.
+
+flops per token = 6 N + 12 n_layer d_model seq_len (PaLM, appendix B; N excludes the position
+embedding, which does no matmul). MFU = tokens/s x flops per token / peak; the peak comes from
+the profile (``peak_bf16_tflops``), or, where the profile has none, from a bf16 (GPU) or fp32
+(CPU) matmul measured here, which the details say.
+
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpt --preset gpt2-124m --peak-tflops 989
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from workloads.common import check_level, ensure_distributed, summarize, synchronize, time_runs
+from workloads.gpt_model import GPT, flops_per_token, matmul_params, mfu
+from workloads.gpu_inventory import ClockSampler
+from workloads.result import Metric, Result, WorkloadError
+from workloads.sampler import SyntheticTokens, loader
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # GPT-2 small at full context; batch 32 reaches MFU ~0.45 on one H100 (measurement.md).
+    "gpt2-124m": dict(n_layer=12, n_head=12, d_model=768, vocab_size=50304, seq_len=1024, batch_size=32,
+                      compile="model"),
+    # The original benchmark's settings: GPT-2 small, seq 512, batch 8 per GPU, eager.
+    "original": dict(n_layer=12, n_head=12, d_model=768, vocab_size=50257, seq_len=512, batch_size=8,
+                     compile="off"),
+    # For CPU ranks: the same code path in seconds.
+    "tiny": dict(n_layer=2, n_head=4, d_model=128, vocab_size=512, seq_len=64, batch_size=8, compile="off"),
+}
+COMPILE_MODES = ("off", "model", "regional")
+STEPS = {  # (warmup, timed synchronised steps, timed local steps) per level
+    "cuda": {"quick": (5, 10, 5), "standard": (10, 30, 10), "extended": (10, 200, 30)},
+    "cpu": {"quick": (2, 5, 3), "standard": (3, 10, 5), "extended": (3, 30, 10)},
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    preset: str = "tiny"
+    """Name of the shape (PRESETS); recorded in the details."""
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 128
+    vocab_size: int = 512
+    seq_len: int = 64
+    """Tokens per sample (the attention context)."""
+    batch_size: int = 8
+    """Samples per step per rank."""
+    compile: str = "off"
+    """off | model (torch.compile of the whole model) | regional (each block and the head: faster to
+    compile, a little slower to run). A failed compile falls back to eager on every rank, said in details."""
+    bf16: bool = False
+    """bf16 autocast (GPU); fp32 otherwise."""
+    warmup: int = 3
+    """Untimed steps after the first (compiling) step."""
+    steps: int = 10
+    """Timed synchronised steps; the median is reported."""
+    local_steps: int = 5
+    """Timed steps without the gradient all-reduce (DDP.no_sync), per GPU, to find stragglers."""
+    lr: float = 6e-4
+    seed: int = 0
+    device: str = "cpu"
+    peak_tflops: float | None = None
+    """Dense peak of one device for MFU (the profile's peak_bf16_tflops); None: measure a matmul."""
+
+    def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile={self.compile!r}: choose one of {', '.join(COMPILE_MODES)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not a multiple of n_head={self.n_head}")
+        if min(self.steps, self.local_steps, self.batch_size, self.seq_len) < 1 or self.warmup < 0:
+            raise ValueError("steps, local_steps, batch_size and seq_len must be >= 1, warmup >= 0")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ValueError(f"peak_tflops={self.peak_tflops} must be positive (or None to measure)")
+
+    @classmethod
+    def for_level(cls, level: str, device: torch.device, preset: str | None = None,
+                  peak_tflops: float | None = None, **overrides: Any) -> Config:
+        """gpt2-124m with bf16 and torch.compile on a GPU, tiny in fp32 eager on CPU; steps by level."""
+        check_level(level)
+        gpu = device.type == "cuda"
+        preset = preset or ("gpt2-124m" if gpu else "tiny")
+        if preset not in PRESETS:
+            raise ValueError(f"preset {preset!r} unknown; choose one of {', '.join(PRESETS)}")
+        shape = dict(PRESETS[preset])
+        if not gpu:
+            shape["compile"] = "off"  # inductor's CPU build takes longer than the whole CPU run
+        warmup, steps, local = STEPS["cuda" if gpu else "cpu"][level]
+        return cls(**{**shape, "preset": preset, "bf16": gpu, "warmup": warmup, "steps": steps,
+                      "local_steps": local, "device": str(device), "peak_tflops": peak_tflops, **overrides})
+
+
+def build(cfg: Config, device: torch.device | str | None = None) -> GPT:
+    """The model of ``cfg``, initialised from ``cfg.seed`` (the same on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = GPT(cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.seq_len)
+    return model.to(device or cfg.device)
+
+
+def optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW as GPT-2 reproductions run it: decay on matrices only; fused kernel on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=torch.device(cfg.device).type == "cuda")
+
+
+def _compiled(model: GPT, mode: str) -> nn.Module:
+    if mode == "model":
+        return torch.compile(model)
+    if mode == "regional":  # identical blocks share one compiled graph: one compile, not n_layer
+        for block in model.blocks:
+            block.compile()
+        model.head.compile()
+    return model
+
+
+def train_step(module: nn.Module, model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               cfg: Config, sync: Any = nullcontext) -> torch.Tensor:
+    """One training step; ``sync`` is a context for forward+backward (``ddp.no_sync`` skips the all-reduce)."""
+    with sync():
+        with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = module(x, y)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+OK, COMPILE_FAILED, OUT_OF_MEMORY, FAILED = 0, 1, 2, 3
+
+
+def _probe(cfg: Config, mode: str, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, str, Any]:
+    """Build, compile and run one full step outside DDP, so a compile failure or OOM is seen on every
+    rank before the first collective of training. Returns (code, message, (model, module, seconds))."""
+    model = build(cfg)
+    try:
+        module = _compiled(model, mode)
+        t0 = time.perf_counter()
+        train_step(module, model, optimizer(model, cfg), *batch, cfg)  # throwaway optimizer: its state is rank-local
+        synchronize(torch.device(cfg.device))
+        return OK, "", (model, module, time.perf_counter() - t0)
+    except torch.cuda.OutOfMemoryError as exc:
+        return OUT_OF_MEMORY, f"out of memory: {str(exc).splitlines()[0]}", None
+    except Exception as exc:  # noqa: BLE001 - any compile failure means eager, on every rank
+        return (COMPILE_FAILED if mode != "off" else FAILED), f"{type(exc).__name__}: {exc}"[:500], None
+
+
+def _vote(code: int, device: torch.device, group: dist.ProcessGroup | None) -> int:
+    worst = torch.tensor([code], dtype=torch.int64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return int(worst.item())
+
+
+def _gather(values: list[float], device: torch.device, group: dist.ProcessGroup | None) -> list[list[float]]:
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [t.tolist() for t in out]
+
+
+def measured_peak_tflops(device: torch.device) -> float:
+    """Best dense matmul TFLOPS of this device in the training dtype: the MFU denominator where the
+    profile gives no datasheet peak (so MFU there is relative to what a matmul reaches here)."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / min(time_runs(lambda: a @ b, device, warmup=2, repeats=5)) / 1e12
+
+
+def token_batches(cfg: Config, count: int,
+                  group: dist.ProcessGroup | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` batches of this rank's disjoint share of random tokens, on the device before timing."""
+    data = SyntheticTokens(count * cfg.batch_size * dist.get_world_size(group), cfg.seq_len + 1,
+                           cfg.vocab_size, cfg.seed)
+    out = []
+    for batch in loader(data, cfg.batch_size, group, seed=cfg.seed):
+        tokens = batch["tokens"].to(cfg.device)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
+    """Train ``cfg`` under DDP over ``group`` (default: the whole job); check the loss and replicas."""
+    device = torch.device(cfg.device)
+    world = dist.get_world_size(group)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    batches = iter(token_batches(cfg, 2 + cfg.warmup + cfg.steps + cfg.local_steps, group))
+    first = next(batches)
+    mode, note = cfg.compile, ""
+    code, message, built = _probe(cfg, mode, first)
+    if _vote(code, device, group) == COMPILE_FAILED:
+        note = f"torch.compile({mode}) failed, eager on every rank" + (f"; here: {message}" if message else "")
+        mode = "off"
+        code, message, built = _probe(cfg, mode, first)
+    if (worst := _vote(code, device, group)) != OK:
+        hint = ("lower batch_size or seq_len" if worst == OUT_OF_MEMORY else "see the failing rank's message")
+        raise WorkloadError(f"GPT step ({cfg.preset}, batch {cfg.batch_size} x seq {cfg.seq_len}, compile "
+                            f"{mode}) failed on at least one of {world} ranks ({hint}); here: {message or 'ok'}")
+    model, module, first_step_s = built
+    ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+    opt = optimizer(model, cfg)
+    losses: list[torch.Tensor] = []
+    with ClockSampler(device) as clocks:  # a low MFU under a power or thermal cap is a different finding
+        sync_times = time_runs(lambda: losses.append(train_step(ddp, model, opt, *next(batches), cfg)),
+                               device, cfg.warmup, cfg.steps)
+    loss = torch.stack(losses).float()
+    checksum = sum(p.detach().double().sum() for p in model.parameters())  # DDP replicas stay bitwise equal
+    stats = _gather([float((~torch.isfinite(loss)).sum()), float(loss[0]), float(checksum)], device, group)
+    problems = [f"rank {ranks[r]}: {int(s[0])} of {len(loss)} losses NaN/inf" for r, s in enumerate(stats) if s[0]]
+    ln_v = math.log(cfg.vocab_size)
+    problems += [f"rank {ranks[r]}: first loss {s[1]:.3f}, expected near ln(vocab) = {ln_v:.2f} on random tokens"
+                 for r, s in enumerate(stats) if not s[0] and not 0.5 * ln_v < s[1] < 1.5 * ln_v]
+    if not problems and len({s[2] for s in stats}) > 1:
+        problems.append(f"parameters differ across ranks after {len(loss)} DDP steps (checksums "
+                        f"{sorted({s[2] for s in stats})[:4]}): gradients are not all-reduced alike")
+    if problems:
+        raise WorkloadError("GPT training check failed: " + "; ".join(problems[:8]) + ". Try compile=off and "
+                            "bf16 off to isolate the kernel, and check the NCCL log of the named ranks")
+    local_times = time_runs(lambda: train_step(ddp, model, opt, *next(batches), cfg, sync=ddp.no_sync),
+                            device, 1, cfg.local_steps)
+    sync_s, local_s = summarize(sync_times), summarize(local_times)
+    clock = clocks.summary()
+    per_rank = _gather([sync_s["median_s"], local_s["median_s"],
+                        clock.get("sm_clock_mhz", {}).get("median", math.nan)], device, group)
+    tokens = cfg.batch_size * cfg.seq_len
+    peak, source = cfg.peak_tflops, "profile peak_bf16_tflops"
+    if peak is None:
+        peak, source = measured_peak_tflops(device), f"measured {'bf16' if device.type == 'cuda' else 'fp32'} matmul"
+    n_params = matmul_params(model)
+    fpt = flops_per_token(n_params, cfg.n_layer, cfg.d_model, cfg.seq_len)
+    tps, local_tps = tokens / sync_s["median_s"], tokens / local_s["median_s"]
+    local_median = statistics.median(tokens / r[1] for r in per_rank)
+    details = {
+        "config": dataclasses.asdict(cfg), "compile_used": mode, "compile_note": note, "world_size": world,
+        "params": sum(p.numel() for p in model.parameters()), "params_for_flops": n_params,
+        "flops_per_token": fpt, "tokens_per_step_per_rank": tokens, "first_step_s": first_step_s,
+        "step_s": sync_s, "local_step_s": local_s, "loss_first": float(loss[0]), "loss_last": float(loss[-1]),
+        "peak_tflops": peak, "peak_source": source,
+        "clocks": clock,
+        "per_rank": [{"rank": ranks[r], "step_s_median": s, "local_step_s_median": ls,
+                      "local_vs_median": tokens / ls / local_median,
+                      "sm_clock_mhz": mhz if math.isfinite(mhz) else None} for r, (s, ls, mhz) in enumerate(per_rank)],
+    }
+    if device.type == "cuda":
+        details["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    shape = f"{cfg.preset}, seq {cfg.seq_len}, batch {cfg.batch_size}/GPU, {world} GPUs"
+    return Result(metrics=(
+        Metric("train_tokens_per_s_per_gpu", tps, "tokens/s", "gpu",
+               f"{shape}: this rank's tokens / median DDP step time"),
+        Metric("train_mfu", mfu(tps, fpt, peak), "fraction", "gpu",
+               f"tokens/s x {fpt / 1e6:.1f} MFLOP/token / {peak:.4g} TFLOPS ({source})"),
+        Metric("train_local_tokens_per_s_per_gpu", local_tps, "tokens/s", "gpu",
+               f"{shape}: the same step without the gradient all-reduce (finds stragglers)"),
+    ), details=details)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
+    parser.add_argument("--preset", choices=tuple(PRESETS), help="default: gpt2-124m on GPU, tiny on CPU")
+    parser.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: measure a matmul)")
+    parser.add_argument("--batch-size", type=int, help="samples per step per GPU")
+    parser.add_argument("--seq-len", type=int)
+    parser.add_argument("--compile", choices=COMPILE_MODES)
+    parser.add_argument("--steps", type=int, help="timed steps")
+    args = parser.parse_args()
+    here = ensure_distributed()
+    overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
+                                   ("compile", args.compile), ("steps", args.steps)) if v is not None}
+    result = run(Config.for_level(args.level, here.device, args.preset, args.peak_tflops, **overrides))
+    if here.rank == 0:
+        for m in result.metrics:
+            print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
+        d = result.details
+        print(f"compile {d['compile_used']} {d['compile_note']}; first step {d['first_step_s']:.1f} s; "
+              f"loss {d['loss_first']:.3f} -> {d['loss_last']:.3f}; memory {d.get('max_memory_gib', 0):.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()
