@@ -9,23 +9,12 @@ where the profile requires InfiniBand. On the CPU the same tests run on gloo wit
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from clustergate.recorder import Recorder
-from clustergate.thresholds import ThresholdsError
 from workloads import collectives, comm_groups, nccl_transport, p2p_pairs
 
 MiB = 1 << 20
-
-
-def _optional(cg: Recorder, name: str, default: Any) -> Any:
-    """A setting the profile may leave out (or this checkout may not know yet): ``default`` then."""
-    try:
-        return cg.setting(name)
-    except (KeyError, ThresholdsError):
-        return default
 
 
 def _gpu_or_fail(cg: Recorder) -> None:
@@ -41,6 +30,8 @@ def _scope_ready(cg: Recorder, scope: str) -> None:
     """Skip, alike on every rank, a scope this job cannot measure."""
     lay = comm_groups.layout()
     sizes = [len(n) for n in lay.nodes()]
+    cg.skip_unless_everywhere(cg.world_size > 1, "the job has a single rank: no collective traffic to measure "
+                                                 "(start torchrun with --nproc-per-node=gpu)")
     if scope == "node":
         cg.skip_unless_everywhere(min(sizes) > 1, f"a node runs a single rank (ranks per node {sizes}): "
                                                   "no traffic inside it to measure")
@@ -55,8 +46,8 @@ def _scope_ready(cg: Recorder, scope: str) -> None:
 def _sweep_config(cg: Recorder, collective: str, scope: str) -> collectives.Config:
     return collectives.Config.for_level(
         cg.level, cg.device, collective=collective, scope=scope, judge_bytes=cg.setting("collective_judge_bytes"),
-        max_bytes=cg.setting("collective_max_bytes"), dtype=_optional(cg, "collective_dtype", "fp32"),
-        nccl_algo=_optional(cg, "nccl_algo", ""))
+        max_bytes=cg.setting("collective_max_bytes"), dtype=cg.setting("collective_dtype", "fp32"),
+        nccl_algo=cg.setting("nccl_algo", ""))
 
 
 def test_nccl_transport(cg: Recorder) -> None:
@@ -67,7 +58,7 @@ def test_nccl_transport(cg: Recorder) -> None:
     judge = min(cg.setting("collective_judge_bytes"), cg.setting("collective_max_bytes"))
     result = nccl_transport.run(nccl_transport.Config(
         required=cg.setting("required_transport"), probe_bytes=min(judge, 256 * MiB),
-        nccl_algo=_optional(cg, "nccl_algo", "")))
+        nccl_algo=cg.setting("nccl_algo", "")))
     cg.record_result(result)
     problems = result.details["problems"]
     assert not problems, f"{len(problems)} transport problems:\n" + "\n".join(problems)
@@ -83,7 +74,7 @@ def test_allreduce_latency(cg: Recorder, scope: str) -> None:
     _gpu_or_fail(cg)
     _scope_ready(cg, scope)
     cg.record_result(collectives.run(collectives.Config.for_latency(
-        cg.level, cg.device, scope=scope, dtype=_optional(cg, "collective_dtype", "fp32"))))
+        cg.level, cg.device, scope=scope, dtype=cg.setting("collective_dtype", "fp32"))))
 
 
 BANDWIDTH = [pytest.param(coll, scope, id=f"{scope}-{coll}",

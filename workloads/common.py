@@ -6,6 +6,7 @@ alone (``torchrun -m workloads.NAME``) calls ``ensure_distributed()`` from its `
 
 from __future__ import annotations
 
+import atexit
 import os
 import statistics
 import time
@@ -61,6 +62,8 @@ def ensure_distributed(timeout_s: float = 600.0) -> Place:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        # A workload run alone owns the group: tear it down at exit, as NCCL asks.
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return place()
 
 
