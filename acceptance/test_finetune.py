@@ -1,0 +1,42 @@
+"""Fine-tunes: does training on this cluster learn, and how fast, with LoRA, FSDP and ZeRO-3?
+
+Each runs a model built from config on generated data unless local files are given
+(--lora-model/--lora-data, --finetune-model/--finetune-data): nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clustergate.recorder import Recorder
+from workloads import fsdp_finetune, lora, zero3
+
+
+def _path(request: pytest.FixtureRequest, name: str) -> str | None:
+    return request.config.getoption(name)
+
+
+@pytest.mark.metrics("lora_loss_drop", "lora_eval_loss_drop", "lora_tokens_per_s_per_gpu")
+def test_lora_finetune_learns(cg: Recorder, request: pytest.FixtureRequest) -> None:
+    """LoRA (r=64, alpha=128 on q/k/v/o, cosine, DDP) lowers the training and held-out loss; ranks agree."""
+    cfg = lora.Config.for_level(cg.level, cg.device, model_path=_path(request, "lora_model"),
+                                data_path=_path(request, "lora_data"))
+    cg.record_result(lora.run(cfg))
+
+
+@pytest.mark.metrics("fsdp_loss_drop", "fsdp_tokens_per_s_per_gpu")
+def test_fsdp_full_finetune(cg: Recorder, request: pytest.FixtureRequest) -> None:
+    """FSDP full fine-tune (decoder-layer units, bf16 mixed precision on GPU): loss falls; tokens/s per GPU."""
+    cfg = fsdp_finetune.Config.for_level(cg.level, cg.device, model_path=_path(request, "finetune_model"),
+                                         data_path=_path(request, "finetune_data"))
+    cg.record_result(fsdp_finetune.run(cfg))
+
+
+@pytest.mark.metrics("zero3_loss_drop", "zero3_tokens_per_s_per_gpu")
+def test_zero3_finetune(cg: Recorder, request: pytest.FixtureRequest) -> None:
+    """DeepSpeed ZeRO-3 (overlap_comm, contiguous gradients, bf16 communication): loss falls; tokens/s per GPU."""
+    ok, why = zero3.available()
+    cg.skip_unless_everywhere(ok, why)
+    cfg = zero3.Config.for_level(cg.level, cg.device, model_path=_path(request, "finetune_model"),
+                                 data_path=_path(request, "finetune_data"))
+    cg.record_result(zero3.run(cfg))
