@@ -230,11 +230,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gate = config.stash.get(GATE, None)
     if gate is None:
         return
-    if gate.poisoned or gate.lost:
-        # A collective is stuck or a peer is gone: tearing down the groups could hang. Leave now.
+    status = config.stash.get(STATUS, 1)
+    if gate.poisoned or gate.lost or status != 0:
+        # A collective is stuck or a peer is gone: tearing down the groups could hang. And on a
+        # non-zero status torchrun stops the other ranks as soon as one exits, so a rank still
+        # tearing down NCCL would be killed by SIGTERM: every rank has written what it must (the
+        # final barrier), so all leave now with the agreed status.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(config.stash.get(STATUS, 1))
+        os._exit(status)
     shutdown(gate.world)
 
 
