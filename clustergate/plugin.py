@@ -231,15 +231,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if gate is None:
         return
     status = config.stash.get(STATUS, 1)
-    if gate.poisoned or gate.lost or status != 0:
-        # A collective is stuck or a peer is gone: tearing down the groups could hang. And on a
-        # non-zero status torchrun stops the other ranks as soon as one exits, so a rank still
-        # tearing down NCCL would be killed by SIGTERM: every rank has written what it must (the
-        # final barrier), so all leave now with the agreed status.
+    if gate.poisoned or gate.lost:
+        # A collective is stuck or a peer is gone: tearing down the groups could hang. Leave now.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
-    shutdown(gate.world)
+    if status == 0:
+        shutdown(gate.world)
+    # On a non-zero status torchrun stops the other ranks as soon as one exits, so a rank still
+    # tearing NCCL down would die of SIGTERM: skip the teardown and let pytest print its last words
+    # (a usage error is printed after this hook) and exit.
 
 
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
