@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from clustergate.recorder import Recorder
-from clustergate.thresholds import ThresholdsError
 from workloads import gpu_inventory
 from workloads.gpu_health import Check
 from workloads.result import Result, WorkloadError
@@ -23,17 +22,9 @@ PER_RANK_DROP = ("intervals",)
 """Long per-rank series kept only in rank 0's own details, not in the gathered table."""
 
 
-def optional_setting(cg: Recorder, name: str) -> Any:
-    """A profile setting, or None where the profile does not set it (then the test says so)."""
-    try:
-        return cg.setting(name)
-    except ThresholdsError:
-        return None
-
-
 def expects_gpu(cg: Recorder) -> bool:
     """Every profile but the CPU one (gpus_per_node: 0) expects a GPU per rank."""
-    return optional_setting(cg, "gpus_per_node") != 0
+    return cg.setting("gpus_per_node", None) != 0
 
 
 def skip_on_cpu_profile(cg: Recorder, why: str = "") -> None:

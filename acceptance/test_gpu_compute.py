@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from acceptance.gpu_helpers import CPU_SKIP, expects_gpu, measure, optional_setting, require_device
+from acceptance.gpu_helpers import CPU_SKIP, expects_gpu, measure, require_device
 from clustergate.recorder import Recorder
 from workloads import burn_in, hbm, hostlink, matmul
 
@@ -29,7 +29,7 @@ def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
             pytest.skip(f"{CPU_SKIP} (fp8 matmul needs fp8 tensor cores)")
         why = matmul.fp8_unsupported(cg.device)
         cg.skip_unless_everywhere(why is None, f"fp8 not measured: {why}")
-    cfg = matmul.Config.for_level(cg.level, cg.device, dtype, peak_tflops=optional_setting(cg, f"peak_{dtype}_tflops"))
+    cfg = matmul.Config.for_level(cg.level, cg.device, dtype, peak_tflops=cg.setting(f"peak_{dtype}_tflops", None))
     measure(cg, lambda: matmul.run(cfg))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from acceptance.gpu_helpers import optional_setting, settle, skip_on_cpu_profile, snapshots
+from acceptance.gpu_helpers import settle, skip_on_cpu_profile, snapshots
 from clustergate.recorder import Recorder
 from workloads import gpu_health as health
 from workloads.result import Result
@@ -29,7 +29,7 @@ def _snapshots(cg: Recorder, **kwargs: float) -> list[dict]:
 
 def _needs(cg: Recorder, name: str) -> object:
     skip_on_cpu_profile(cg)
-    value = optional_setting(cg, name)
+    value = cg.setting(name, None)
     if value is None:
         pytest.skip(f"profile {cg.profile_name!r} sets no {name}: nothing to judge against")
     return value
@@ -43,7 +43,7 @@ def test_gpu_count(cg: Recorder) -> None:
     cg.record("gpu_count", mine.get("cuda_device_count", 0), "GPUs", scope="node",
               description="GPUs per node visible to CUDA")
     cg.record_result(Result(metrics=(), details={"snapshots": snaps}))  # the full inventory, for the report
-    settle(cg, health.gpu_count_checks(snaps, optional_setting(cg, "gpus_per_node")), "gpu_count")
+    settle(cg, health.gpu_count_checks(snaps, cg.setting("gpus_per_node", None)), "gpu_count")
 
 
 def test_gpu_model(cg: Recorder) -> None:
@@ -94,14 +94,14 @@ def test_no_clock_slowdown(cg: Recorder) -> None:
 def test_pcie_link(cg: Recorder) -> None:
     """PCIe link under load at the profile's generation/width, else at the link's maximum."""
     snaps = _snapshots(cg, pcie_load_s=PCIE_LOAD_S)
-    gen, width = optional_setting(cg, "pcie_generation"), optional_setting(cg, "pcie_width")
+    gen, width = cg.setting("pcie_generation", None), cg.setting("pcie_width", None)
     settle(cg, [health.check_pcie_link(s, gen, width) for s in snaps], "pcie_link")
 
 
 def test_nvlinks_active(cg: Recorder) -> None:
     """The profile's nvlinks_per_gpu links active (without one: every link NVML lists)."""
     snaps = _snapshots(cg)
-    settle(cg, [health.check_nvlinks(s, optional_setting(cg, "nvlinks_per_gpu")) for s in snaps], "nvlinks")
+    settle(cg, [health.check_nvlinks(s, cg.setting("nvlinks_per_gpu", None)) for s in snaps], "nvlinks")
 
 
 def test_mig_mode(cg: Recorder) -> None:

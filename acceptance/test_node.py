@@ -22,21 +22,12 @@ import torch.distributed as dist
 
 from clustergate.identity import environment
 from clustergate.recorder import Recorder
-from clustergate.thresholds import ThresholdsError
 from workloads import discovery, node_checks, shared_fs
 from workloads.result import Result
 
 SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
 """Where the launchers name the shared directory (the report directory unless told otherwise)."""
 VERSIONS = ("driver", "cuda", "nccl", "torch", "python")
-
-
-def _optional_setting(cg: Recorder, name: str) -> Any:
-    """A setting the profile may leave out (None then): 'not required' rather than an error."""
-    try:
-        return cg.setting(name)
-    except ThresholdsError:
-        return None
 
 
 def _node_label(ident: dict[str, Any]) -> str:
@@ -164,8 +155,8 @@ def test_cpu_affinity_local_to_gpu(cg: Recorder) -> None:
 
 def test_infiniband_ports_active(cg: Recorder) -> None:
     """Each node has the profile's number of InfiniBand ports ACTIVE at the profile's rate."""
-    required = _optional_setting(cg, "ib_ports_per_node") or 0
-    rate = _optional_setting(cg, "ib_rate_gbps")
+    required = cg.setting("ib_ports_per_node", None) or 0
+    rate = cg.setting("ib_rate_gbps", None)
     if not required:
         pytest.skip(f"profile {cg.profile_name!r} requires no InfiniBand ports (settings.ib_ports_per_node "
                     "absent or 0)")
@@ -188,7 +179,7 @@ def test_infiniband_ports_active(cg: Recorder) -> None:
 @pytest.mark.metrics("shared_fs_write_gbps", "shared_fs_read_gbps")
 def test_shared_directory_is_shared(cg: Recorder) -> None:
     """A token rank 0 writes is read back on every rank of every node; write and read GB/s per node."""
-    chosen = os.environ.get(SHARED_DIR_ENV) or _optional_setting(cg, "shared_dir")
+    chosen = os.environ.get(SHARED_DIR_ENV) or cg.setting("shared_dir", None)
     everyone = cg.all_ranks(chosen)
     if all(d is None for d in everyone):
         pytest.skip(f"no shared directory named: set {SHARED_DIR_ENV} (the launchers in launch/ set it to the "

@@ -11,20 +11,19 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from clustergate.thresholds import load
 from workloads import finetune_common as fc
 from workloads import fsdp_finetune, lora, zero3
 from workloads import function_calling_data as fcd
-from workloads.common import ensure_distributed
 from workloads.result import WorkloadError
+
+pytest_plugins = ["finetune_job"]  # the world_of_one fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = lora.Config(steps=16, pretrain_steps=20, train_samples=160, eval_samples=16, warmup_steps=2)
@@ -34,16 +33,6 @@ def cpu_min(metric: str, fallback: float) -> float:
     """The cpu profile's pass mark for ``metric`` (the figure the acceptance run judges against)."""
     criterion = load(ROOT / "thresholds.yaml").profile("cpu").metrics.get(metric)
     return criterion.min if criterion is not None and criterion.min is not None else fallback
-
-
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    torch.set_num_threads(1)
-    ensure_distributed()
-    yield
-    dist.destroy_process_group()
 
 
 def test_config_rejects_impossible_values() -> None:

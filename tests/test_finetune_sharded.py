@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from workloads import fsdp_finetune, zero3
-from workloads.common import ensure_distributed
 from workloads.result import WorkloadError
+
+pytest_plugins = ["finetune_job"]  # the world_of_one fixture
 
 TINY_FSDP = fsdp_finetune.Config(steps=8, train_samples=60)
 TINY_ZERO3 = zero3.Config(steps=8, train_samples=60)
-
-
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    torch.set_num_threads(1)
-    ensure_distributed()
-    yield
-    dist.destroy_process_group()
 
 
 def test_deepspeed_config_is_the_proposed_zero3() -> None:

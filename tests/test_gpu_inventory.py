@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from acceptance import gpu_helpers
-from clustergate.thresholds import ThresholdsError
+from clustergate.thresholds import REQUIRED, ThresholdsError
 from workloads import gpu_inventory as inv
 from workloads.gpu_health import Check
 from workloads.result import Metric, Result, WorkloadError
@@ -129,7 +129,10 @@ class FakeCg:
         self.details: dict[str, Any] = {}
         self.metrics: list[Metric] = []
 
-    def setting(self, name: str) -> Any:
+    def setting(self, name: str, default: Any = REQUIRED) -> Any:
+        """As Recorder.setting: ``default`` when given and the profile lacks the setting, else an error."""
+        if name not in self.settings and default is not REQUIRED:
+            return default
         if name not in self.settings:
             raise ThresholdsError(f"no settings.{name}")
         return self.settings[name]

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from workloads import hw
-from workloads.common import check_level, ensure_distributed, place, time_runs
-from workloads.gpu_inventory import ClockSampler
+from workloads.common import check_level, ensure_distributed
 from workloads.result import Metric, Result, WorkloadError
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -60,8 +59,7 @@ def copy_tbps(size_bytes: int, seconds: float) -> float:
 
 
 def _timed(fn: Callable[[], object], device: torch.device, cfg: Config) -> list[float]:
-    one = min(time_runs(fn, device, warmup=1, repeats=2))
-    return time_runs(fn, device, warmup=cfg.warmup, repeats=min(500, max(5, round(cfg.seconds_per_size / one))))
+    return hw.timed(fn, device, cfg.warmup, cfg.seconds_per_size, most=500)
 
 
 def check_copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
@@ -92,20 +90,14 @@ def measure_size(size: int, cfg: Config, device: torch.device, gen: torch.Genera
 def run(cfg: Config) -> Result:
     """Copy bandwidth on this rank's device, every rank at once; the best size is the metric."""
     device = torch.device(cfg.device)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + place().rank)
-    hw.start_together()
-    try:
-        with ClockSampler(device) as clocks:
-            sizes = [measure_size(s, cfg, device, gen) for s in cfg.sizes]
-    finally:
-        hw.release(device)
+    sizes, clocks = hw.each_at_once(cfg.sizes, lambda s, gen: measure_size(s, cfg, device, gen), device, cfg.seed)
     best = max(sizes, key=lambda s: s["copy_tbps"])
     desc = ("device-to-device copy, bytes read + bytes written counted (2*S/t), median time, best of "
             f"{len(sizes)} sizes up to {max(cfg.sizes) / GiB:.3g} GiB, every device at once"
             + (" (host memory on CPU)" if device.type == "cpu" else ""))
     return Result(metrics=(Metric("hbm_bandwidth_tbps", best["copy_tbps"], "TB/s", "gpu", desc),),
                   details={"device": hw.device_name(device), "sizes": sizes, "best_bytes": best["bytes"],
-                           "clocks": clocks.summary()})
+                           "clocks": clocks})
 
 
 def main() -> None:

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from workloads import hw
-from workloads.common import check_level, ensure_distributed, place, synchronize, time_runs
-from workloads.gpu_inventory import ClockSampler
+from workloads.common import check_level, ensure_distributed, synchronize
 from workloads.result import Metric, Result, WorkloadError
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -90,8 +89,7 @@ def measure_size(size: int, cfg: Config, device: torch.device, gen: torch.Genera
 
     def copy() -> None:
         dst.copy_(src, non_blocking=pinned)
-    one = min(time_runs(copy, device, warmup=1, repeats=2))
-    times = time_runs(copy, device, warmup=cfg.warmup, repeats=min(200, max(5, round(cfg.seconds_per_size / one))))
+    times = hw.timed(copy, device, cfg.warmup, cfg.seconds_per_size, most=200)
     synchronize(device)  # the last non-blocking copy has landed before the check
     if not torch.equal(dst, want):
         bad = int((dst != want).sum())
@@ -105,13 +103,7 @@ def measure_size(size: int, cfg: Config, device: torch.device, gen: torch.Genera
 def run(cfg: Config) -> Result:
     """Host-link bandwidth of this rank's GPU in one direction, every rank at once; best size counts."""
     device = torch.device(cfg.device)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + place().rank)
-    hw.start_together()
-    try:
-        with ClockSampler(device) as clocks:
-            sizes = [measure_size(s, cfg, device, gen) for s in cfg.sizes]
-    finally:
-        hw.release(device)
+    sizes, clocks = hw.each_at_once(cfg.sizes, lambda s, gen: measure_size(s, cfg, device, gen), device, cfg.seed)
     best = max(sizes, key=lambda s: s["gbps"])
     if device.type == "cuda":
         desc = f"{DIRECTIONS[cfg.direction]}, pinned host memory, S/t at the median time, every GPU at once"
@@ -121,7 +113,7 @@ def run(cfg: Config) -> Result:
     details = {"direction": cfg.direction, "device": hw.device_name(device), "sizes": sizes,
                "best_bytes": best["bytes"], "gpu_numa_node": numa_node(device),
                "cpu_affinity": f"{len(affinity)} CPUs" + (f" ({affinity[0]}..{affinity[-1]})" if affinity else ""),
-               "clocks": clocks.summary()}
+               "clocks": clocks}
     return Result(metrics=(Metric(f"{cfg.direction}_bandwidth_gbps", best["gbps"], "GB/s", "gpu", desc),),
                   details=details)
 

@@ -7,9 +7,16 @@ and it exposes power, thermal and host-link limits), so each workload starts wit
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from workloads.common import place, time_runs
+from workloads.gpu_inventory import ClockSampler
+
+T = TypeVar("T")
 
 DEFAULT_L2_BYTES = 64 << 20
 """Used when torch cannot say (CPU builds): at least H100's 50 MB and H200's 60 MB."""
@@ -23,6 +30,28 @@ def start_together() -> None:
     """
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def each_at_once(items: Iterable[T], measure: Callable[[T, torch.Generator], dict[str, Any]], device: torch.device,
+                 seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(``measure(item, gen)`` for each item, the clock summary): every rank starts together, the clocks are
+    sampled throughout, and device memory is released after, also on an error. ``gen`` is seeded per rank
+    (seed + rank): different random data on every GPU."""
+    gen = torch.Generator(device=device).manual_seed(seed + place().rank)
+    start_together()
+    try:
+        with ClockSampler(device) as clocks:
+            figures = [measure(item, gen) for item in items]
+    finally:
+        release(device)
+    return figures, clocks.summary()
+
+
+def timed(fn: Callable[[], object], device: torch.device, warmup: int, seconds: float, most: int) -> list[float]:
+    """Times of ``fn`` after ``warmup`` runs: as many runs as fill about ``seconds`` (at least 5, at most ``most``),
+    from the quicker of two trial runs."""
+    one = min(time_runs(fn, device, warmup=1, repeats=2))
+    return time_runs(fn, device, warmup=warmup, repeats=min(most, max(5, round(seconds / one))))
 
 
 def l2_cache_bytes(device: torch.device) -> int:

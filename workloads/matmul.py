@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from workloads import hw
-from workloads.common import check_level, ensure_distributed, place, time_runs
-from workloads.gpu_inventory import ClockSampler
+from workloads.common import check_level, ensure_distributed, time_runs
 from workloads.result import Metric, Result, WorkloadError
 
 Shape = tuple[int, int, int]
@@ -230,19 +229,15 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     if cfg.dtype == "fp8" and (why := fp8_unsupported(device)):
         raise WorkloadError(f"fp8 matmul cannot run: {why}")
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + place().rank)
-    hw.start_together()
-    try:
-        with precision(cfg.dtype), ClockSampler(device) as clocks:
-            shapes = [measure_shape(s, cfg, device, gen) for s in cfg.shapes]
-    finally:
-        hw.release(device)
+    with precision(cfg.dtype):
+        shapes, clocks = hw.each_at_once(cfg.shapes, lambda s, gen: measure_shape(s, cfg, device, gen), device,
+                                         cfg.seed)
     best = max(shapes, key=lambda s: s["tflops"])
     median = statistics.median(s["tflops"] for s in shapes)
     details: dict[str, Any] = {
         "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance, "shapes": shapes,
         "best_shape": best["shape"], "best_tflops": best["tflops"], "median_over_shapes_tflops": median,
-        "clocks": clocks.summary(),
+        "clocks": clocks,
     }
     if cfg.peak_tflops:
         details["efficiency"] = best["tflops"] / cfg.peak_tflops
