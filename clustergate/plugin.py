@@ -231,16 +231,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if gate is None:
         return
     status = config.stash.get(STATUS, 1)
-    if gate.poisoned or gate.lost:
-        # A collective is stuck or a peer is gone: tearing down the groups could hang. Leave now.
+    # A collective stuck or a peer gone: tearing the groups down could hang. A failed run: torchrun
+    # stops the other ranks as soon as one exits non-zero, so a rank still tearing NCCL down would
+    # die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8 H200s). Every rank has
+    # written what it must (the final barrier), so all leave now. A usage error is the exception:
+    # pytest prints it after this hook, so that run ends normally.
+    if gate.poisoned or gate.lost or status not in (0, pytest.ExitCode.USAGE_ERROR):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
     if status == 0:
         shutdown(gate.world)
-    # On a non-zero status torchrun stops the other ranks as soon as one exits, so a rank still
-    # tearing NCCL down would die of SIGTERM: skip the teardown and let pytest print its last words
-    # (a usage error is printed after this hook) and exit.
 
 
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
