@@ -2,9 +2,6 @@
 
 The same small fine-tune twice: with DDP (ranks must agree) and with gradients left unsynchronised
 (each rank trains on its own shard; the check must fail). Rank 0 writes the outcomes as JSON.
-
-Also a pytest plugin of the fine-tune tests (``pytest_plugins = ["finetune_job"]``): the
-``world_of_one`` fixture they share.
 """
 
 from __future__ import annotations
@@ -12,26 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
-
-import pytest
-import torch
-import torch.distributed as dist
 
 from workloads import lora
 from workloads.common import ensure_distributed
 from workloads.result import WorkloadError
-
-
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A one-rank default group in this process, as ensure_distributed() makes it outside torchrun."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    torch.set_num_threads(1)
-    ensure_distributed()
-    yield
-    dist.destroy_process_group()
 
 
 def outcome(cfg: lora.Config) -> dict[str, object]:

@@ -23,8 +23,6 @@ from workloads import fsdp_finetune, lora, zero3
 from workloads import function_calling_data as fcd
 from workloads.result import WorkloadError
 
-pytest_plugins = ["finetune_job"]  # the world_of_one fixture
-
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = lora.Config(steps=16, pretrain_steps=20, train_samples=160, eval_samples=16, warmup_steps=2)
 
@@ -45,7 +43,7 @@ def test_config_rejects_impossible_values() -> None:
     assert lora.Config.for_level("quick", torch.device("cpu")).lora_r == 64
 
 
-def test_zero_learning_rate_fails_the_loss_drop_and_a_real_one_learns(world_of_one: None) -> None:
+def test_zero_learning_rate_fails_the_loss_drop_and_a_real_one_learns(gloo_world: None) -> None:
     frozen = lora.run(dataclasses.replace(SMALL, lr=0.0))
     threshold = cpu_min("lora_loss_drop", 0.2)
     assert frozen.metric("lora_loss_drop").value < threshold
@@ -71,13 +69,13 @@ def test_unsynchronised_gradients_fail_the_consistency_check(tmp_path: Path) -> 
     assert "LoRA weights differ between ranks" in found["unsynced"].get("error", ""), found
 
 
-def test_model_path_that_does_not_exist_is_named(world_of_one: None, tmp_path: Path) -> None:
+def test_model_path_that_does_not_exist_is_named(gloo_world: None, tmp_path: Path) -> None:
     missing = tmp_path / "Qwen2-7B-Instruct"
     with pytest.raises(WorkloadError, match=f"rank 0: model path {missing} does not exist"):
         lora.run(dataclasses.replace(SMALL, model_path=str(missing)))
 
 
-def test_model_path_without_config_or_of_another_family_is_named(world_of_one: None, tmp_path: Path) -> None:
+def test_model_path_without_config_or_of_another_family_is_named(gloo_world: None, tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="has no config.json"):
         lora.run(dataclasses.replace(SMALL, model_path=str(tmp_path)))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32}))
@@ -85,7 +83,7 @@ def test_model_path_without_config_or_of_another_family_is_named(world_of_one: N
         lora.run(dataclasses.replace(SMALL, model_path=str(tmp_path)))
 
 
-def test_dataset_in_the_wrong_format_names_line_and_key(world_of_one: None, tmp_path: Path) -> None:
+def test_dataset_in_the_wrong_format_names_line_and_key(gloo_world: None, tmp_path: Path) -> None:
     path = tmp_path / "glaive.jsonl"
     rows = fcd.generate(3, seed=0)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + json.dumps({"system": "x", "text": "y"}) + "\n")
@@ -93,7 +91,7 @@ def test_dataset_in_the_wrong_format_names_line_and_key(world_of_one: None, tmp_
         lora.run(dataclasses.replace(SMALL, data_path=str(path), eval_samples=1))
 
 
-def test_out_of_memory_names_the_settings_to_lower(world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_out_of_memory_names_the_settings_to_lower(gloo_world: None, monkeypatch: pytest.MonkeyPatch) -> None:
     def exhausted(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -102,12 +100,12 @@ def test_out_of_memory_names_the_settings_to_lower(world_of_one: None, monkeypat
         lora.run(dataclasses.replace(SMALL, pretrain_steps=0))
 
 
-def test_wrong_target_modules_are_named(world_of_one: None) -> None:
+def test_wrong_target_modules_are_named(gloo_world: None) -> None:
     with pytest.raises(WorkloadError, match=r"target_modules=\['attn_qkv'\]"):
         lora.run(dataclasses.replace(SMALL, pretrain_steps=0, target_modules=("attn_qkv",)))
 
 
-def test_a_rank_that_fails_setup_fails_every_rank_with_its_message(world_of_one: None) -> None:
+def test_a_rank_that_fails_setup_fails_every_rank_with_its_message(gloo_world: None) -> None:
     def broken() -> None:
         raise fcd.DataFormatError("data.jsonl:9: missing key 'system'")
 
@@ -125,7 +123,7 @@ def test_every_workload_answers_help(workload: ModuleType, monkeypatch: pytest.M
     assert "--model-path" in capsys.readouterr().out
 
 
-def test_a_local_model_directory_and_jsonl_are_fine_tuned_offline(world_of_one: None, tmp_path: Path,
+def test_a_local_model_directory_and_jsonl_are_fine_tuned_offline(gloo_world: None, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The --lora-model/--lora-data path, on a tiny Qwen2 saved the way a Hub download lays it out."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -11,8 +11,6 @@ import torch
 from workloads import fsdp_finetune, zero3
 from workloads.result import WorkloadError
 
-pytest_plugins = ["finetune_job"]  # the world_of_one fixture
-
 TINY_FSDP = fsdp_finetune.Config(steps=8, train_samples=60)
 TINY_ZERO3 = zero3.Config(steps=8, train_samples=60)
 
@@ -34,7 +32,7 @@ def test_deepspeed_absence_gives_a_skip_reason() -> None:
     assert ok or "pip install 'clustergate[deepspeed]'" in why
 
 
-def test_fsdp_full_finetune_runs_and_learns(world_of_one: None) -> None:
+def test_fsdp_full_finetune_runs_and_learns(gloo_world: None) -> None:
     result = fsdp_finetune.run(TINY_FSDP)
     assert result.metric("fsdp_loss_drop").value > 0.05
     assert result.metric("fsdp_tokens_per_s_per_gpu").value > 0
@@ -42,12 +40,12 @@ def test_fsdp_full_finetune_runs_and_learns(world_of_one: None) -> None:
     assert details["wrapped_layers"] == TINY_FSDP.num_layers  # one FSDP unit per decoder layer
 
 
-def test_fsdp_bad_model_path_is_named(world_of_one: None, tmp_path: Path) -> None:
+def test_fsdp_bad_model_path_is_named(gloo_world: None, tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match=f"model path {tmp_path / 'mistral'} does not exist"):
         fsdp_finetune.run(dataclasses.replace(TINY_FSDP, model_path=str(tmp_path / "mistral")))
 
 
-def test_zero3_runs_and_learns(world_of_one: None) -> None:
+def test_zero3_runs_and_learns(gloo_world: None) -> None:
     ok, why = zero3.available()
     if not ok:
         pytest.skip(why)

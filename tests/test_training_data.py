@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from workloads import checkpoint, sampler
@@ -85,14 +83,6 @@ def test_checkpoint_comparison_is_exact() -> None:
 
 # ---- one process on gloo -------------------------------------------------------------------------
 
-
-@pytest.fixture
-def gloo_world() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sampler_run_one_rank(gloo_world: None) -> None:

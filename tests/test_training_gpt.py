@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from workloads import gpt, scaling
 from workloads.gpt_model import GPT, flops_per_token, matmul_params, mfu
@@ -95,15 +93,6 @@ def test_scaling_efficiency_is_a_ratio_of_medians() -> None:
 
 # ---- one process on gloo: the real run() paths, world size 1 -------------------------------------
 
-
-@pytest.fixture
-def gloo_world() -> Iterator[None]:
-    """A one-rank gloo default group, as the plugin gives the workloads on CPU."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def quick(**overrides: object) -> gpt.Config:
