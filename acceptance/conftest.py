@@ -30,3 +30,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for flag, env, text in FINETUNE_OPTIONS:
         group.addoption(flag, default=os.environ.get(env) or None, metavar="PATH",
                         help=f"{text} (environment: {env})")
+
+
+# Cheapest and most basic first: a job that is wired wrong (world, inventory) fails in seconds,
+# before minutes of training. The sort is stable and the same on every rank.
+RUN_ORDER = ("test_world", "test_gpu_inventory", "test_gpu_compute", "test_interconnect", "test_node",
+             "test_training", "test_finetune")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    position = {name: i for i, name in enumerate(RUN_ORDER)}
+    items.sort(key=lambda item: position.get(item.path.stem, len(RUN_ORDER)))
