@@ -230,7 +230,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gate = config.stash.get(GATE, None)
     if gate is None:
         return
-    status = config.stash.get(STATUS, 1)
+    if STATUS not in config.stash:
+        return  # configure failed after the groups were made (a usage error): pytest prints it next
+    status = config.stash[STATUS]
+    if not (gate.poisoned or gate.lost):
+        gate.final_barrier()
     # A collective stuck or a peer gone: tearing the groups down could hang. A failed run: torchrun
     # stops the other ranks as soon as one exits non-zero, so a rank still tearing NCCL down would
     # die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8 H200s). Every rank has

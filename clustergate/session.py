@@ -134,13 +134,17 @@ class ClusterGate:
         return self._exchange(lambda: control.max_int(self.world, status, "exit status"))
 
     def finish(self, status: int) -> None:
-        """Write the final record, then wait for every rank: none exits before rank 0 has written."""
+        """Write the final record (rank 0); ``final_barrier`` then holds every rank until all is written."""
         self.watchdog.disarm()
         self.progress.event("session_end", verdict=self.run.verdict, exit_status=status)
         self.write_results()
         self.progress.close()
-        self._exchange(lambda: control.max_int(self.world, 0, "final barrier"))
         self.finished_status = status
+
+    def final_barrier(self) -> None:
+        """Wait for every rank after every output is written (pytest-html and JUnit write theirs in
+        their own sessionfinish): once one rank exits non-zero, torchrun stops the rest."""
+        self._exchange(lambda: control.max_int(self.world, 0, "final barrier"))
 
     def _mark(self, state: str, nodeid: str) -> None:
         """Leave this rank's state in the rendezvous store, so a timed-out rank 0 can say who hung."""
