@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import pytest
 
+from acceptance.gpu_helpers import require_device
 from clustergate.recorder import Recorder
 from workloads import collectives, comm_groups, nccl_transport, p2p_pairs
 
 MiB = 1 << 20
-
-
-def _gpu_or_fail(cg: Recorder) -> None:
-    """A GPU profile on a rank without a GPU is a failure, on every rank alike, not a CPU run."""
-    devices = cg.all_ranks(cg.device.type)
-    if cg.setting("gpus_per_node") > 0 and any(d != "cuda" for d in devices):
-        missing = [r for r, d in enumerate(devices) if d != "cuda"]
-        pytest.fail(f"profile {cg.profile_name!r} expects GPUs, but ranks {missing[:8]} run on {devices[missing[0]]} "
-                    "(no CUDA device: is the driver loaded? run nvidia-smi)")
 
 
 def _scope_ready(cg: Recorder, scope: str) -> None:
@@ -53,7 +45,7 @@ def _sweep_config(cg: Recorder, collective: str, scope: str) -> collectives.Conf
 def test_nccl_transport(cg: Recorder) -> None:
     """NCCL's version, algorithm and transport per scope, read from its own log; a network channel that
     is not the profile's ``required_transport`` (e.g. NET/Socket where NET/IB is required) fails."""
-    _gpu_or_fail(cg)
+    require_device(cg)
     cg.skip_unless_everywhere(cg.device.type == "cuda", "gloo (CPU run): no NCCL to inspect")
     judge = min(cg.setting("collective_judge_bytes"), cg.setting("collective_max_bytes"))
     result = nccl_transport.run(nccl_transport.Config(
@@ -71,7 +63,7 @@ LATENCY = [pytest.param(scope, id=scope, marks=pytest.mark.metrics(collectives.l
 @pytest.mark.parametrize("scope", LATENCY)
 def test_allreduce_latency(cg: Recorder, scope: str) -> None:
     """Small-message all_reduce (8 B..64 KiB); the figure is the 8 B time, NCCL's own algorithm choice."""
-    _gpu_or_fail(cg)
+    require_device(cg)
     _scope_ready(cg, scope)
     cg.record_result(collectives.run(collectives.Config.for_latency(
         cg.level, cg.device, scope=scope, dtype=cg.setting("collective_dtype", "fp32"))))
@@ -87,7 +79,7 @@ BANDWIDTH = [pytest.param(coll, scope, id=f"{scope}-{coll}",
 def test_collective_bandwidth(cg: Recorder, collective: str, scope: str) -> None:
     """nccl-tests busbw of one collective in one scope, swept over sizes, judged at collective_judge_bytes;
     every size's result checked exactly before its time counts."""
-    _gpu_or_fail(cg)
+    require_device(cg)
     reason = collectives.unsupported_reason(collective)
     cg.skip_unless_everywhere(reason is None, reason or "")
     _scope_ready(cg, scope)
@@ -104,7 +96,7 @@ def test_gpu_pairs(cg: Recorder, kind: str) -> None:
     """Send/recv bandwidth of GPU pairs, many pairs at once: the whole matrix inside each node, node pairs
     in a few rounds across nodes; each GPU's figure is the median over its partners (a bad GPU or NIC
     stands out), the matrix and the slowest pair are in the details."""
-    _gpu_or_fail(cg)
+    require_device(cg)
     _scope_ready(cg, "node" if kind == "intranode" else "net")
     cg.record_result(p2p_pairs.run(p2p_pairs.Config.for_level(
         cg.level, cg.device, kind=kind, max_bytes=cg.setting("collective_max_bytes"))))

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from clustergate import control
-from clustergate.judge import Record, Where
+from clustergate.judge import Record
 from clustergate.thresholds import REQUIRED
 from workloads.result import Metric, Result, Scope
 
@@ -78,12 +78,8 @@ class Recorder:
                 f"{self.nodeid} records {metric.name!r} but does not declare it; add "
                 f"@pytest.mark.metrics({metric.name!r}) so the profile is checked before the run"
             )
-        ident = self.gate.identity
-        gpu = ident.gpu
-        where = Where(rank=ident.rank, host=ident.host, node_rank=ident.node_rank,
-                      gpu_index=gpu.index if gpu else None, gpu_serial=gpu.serial if gpu else None,
-                      gpu_uuid=gpu.uuid if gpu else None)
-        self.records.append(Record(metric.name, metric.value, metric.unit, metric.scope, metric.description, where))
+        self.records.append(Record(metric.name, metric.value, metric.unit, metric.scope, metric.description,
+                                   self.gate.where))
 
     def record_result(self, result: Result) -> None:
         """Record every metric of a workload's result, and keep its details for the report."""

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from clustergate import control
 from clustergate.identity import RankIdentity, environment, rank_identity
+from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, merge
 from clustergate.progress import Progress
 from clustergate.results import RunRecord, nodes_from_identities, write_json
@@ -40,6 +41,11 @@ class ClusterGate:
         self.report_dir = report_dir
         self.test_timeout_s = test_timeout_s
         self.identity: RankIdentity = rank_identity(world.rank, world.local_rank, world.node_rank, world.device)
+        gpu = self.identity.gpu
+        self.where = Where(rank=world.rank, host=self.identity.host, node_rank=world.node_rank,
+                           gpu_index=gpu.index if gpu else None, gpu_serial=gpu.serial if gpu else None,
+                           gpu_uuid=gpu.uuid if gpu else None)
+        """This rank's part, stamped on every metric it records."""
         self.identities: list[dict[str, Any]] = control.all_gather(world, self.identity.as_dict(), "identities")
         self.node_count = len({i["node_rank"] for i in self.identities})
         self.run = RunRecord(profile=profile.name, level=level, world_size=world.world_size,
@@ -70,10 +76,11 @@ class ClusterGate:
             self._last_write = now
 
     def gpu_label(self) -> str:
-        gpu = self.identity.gpu
-        if gpu is None:
+        """'gpu N serial S' for failure headers ("" on a CPU rank)."""
+        w = self.where
+        if w.gpu_index is None:
             return ""
-        return f"gpu {gpu.index}" + (f" serial {gpu.serial}" if gpu.serial else "")
+        return f"gpu {w.gpu_index}" + (f" serial {w.gpu_serial}" if w.gpu_serial else "")
 
     # ---- per test --------------------------------------------------------------------------
     def start_test(self, nodeid: str, limit_s: float) -> None:
