@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from clustergate.recorder import Recorder
-from workloads import gpu_inventory
-from workloads.gpu_health import Check
+from workloads.gpu import inventory as gpu_inventory
+from workloads.gpu.health import Check
 from workloads.result import Result, WorkloadError
 
 CPU_SKIP = "cpu profile: no GPU"

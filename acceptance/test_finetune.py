@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from clustergate.recorder import Recorder
-from workloads import fsdp_finetune, lora, zero3
+from workloads.finetune import fsdp as fsdp_finetune
+from workloads.finetune import lora, zero3
 
 
 def _path(request: pytest.FixtureRequest, name: str) -> str | None:

@@ -12,7 +12,7 @@ import pytest
 
 from acceptance.gpu_helpers import CPU_SKIP, expects_gpu, measure, require_device
 from clustergate.recorder import Recorder
-from workloads import burn_in, hbm, hostlink, matmul
+from workloads.gpu import burn_in, hbm, hostlink, matmul
 
 BURN_IN_LIMIT_S = 3600
 """The burn-in test's own time limit; the profile's burn_in_s must leave it a margin."""

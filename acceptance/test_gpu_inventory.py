@@ -1,7 +1,7 @@
 """GPU inventory and health through NVML, one hardware property per test, the bad GPU named.
 
-Every rank reads its own GPU (workloads.gpu_inventory.snapshot); the snapshots are gathered to
-every rank and judged by pure functions (workloads.gpu_health), so every rank reaches the same
+Every rank reads its own GPU (workloads.gpu.inventory.snapshot); the snapshots are gathered to
+every rank and judged by pure functions (workloads.gpu.health), so every rank reaches the same
 verdict: a rank whose GPU fails a check fails the test (the report names its host, GPU index and
 serial); where NVML cannot read a field the test is skipped saying so, never passed.
 Under the cpu profile these tests skip ("cpu profile: no GPU"); under a GPU profile a rank
@@ -14,7 +14,7 @@ import pytest
 
 from acceptance.gpu_helpers import settle, skip_on_cpu_profile, snapshots
 from clustergate.recorder import Recorder
-from workloads import gpu_health as health
+from workloads.gpu import health
 from workloads.result import Result
 
 GiB = 1 << 30

@@ -13,7 +13,9 @@ import pytest
 
 from acceptance.gpu_helpers import require_device
 from clustergate.recorder import Recorder
-from workloads import collectives, comm_groups, nccl_transport, p2p_pairs
+from workloads.interconnect import collectives, comm_groups
+from workloads.interconnect import pairs as p2p_pairs
+from workloads.interconnect import transport as nccl_transport
 
 MiB = 1 << 20
 

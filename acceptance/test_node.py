@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from clustergate.identity import environment
 from clustergate.recorder import Recorder
-from workloads import discovery, node_checks, shared_fs
+from workloads.node import checks as node_checks
+from workloads.node import discovery, shared_fs
 from workloads.result import Result
 
 SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from clustergate.recorder import Recorder
-from workloads import checkpoint, gpt, sampler, scaling
 from workloads.result import Result
+from workloads.training import checkpoint, gpt, sampler, scaling
 
 SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
 """Set by --shared-dir (and by the launchers in launch/); else the profile's shared_dir setting."""

@@ -6,7 +6,7 @@ These run first and prove the flow on CPU and GPU: if they fail, nothing after t
 from __future__ import annotations
 
 from clustergate.recorder import Recorder
-from workloads import collective_check
+from workloads.interconnect import collective_check
 
 
 def test_world_matches_profile(cg: Recorder) -> None:

@@ -10,8 +10,8 @@ import dataclasses
 import json
 import sys
 
-from workloads import lora
 from workloads.common import ensure_distributed
+from workloads.finetune import lora
 from workloads.result import WorkloadError
 
 

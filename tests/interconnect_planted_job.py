@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from workloads import collectives
 from workloads.common import ensure_distributed
+from workloads.interconnect import collectives
 from workloads.result import WorkloadError
 
 real = collectives._operation

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads import function_calling_data as fcd
-from workloads.tiny_tokenizer import EOS, build_tokenizer
+from workloads.finetune import data as fcd
+from workloads.finetune._tokenizer import EOS, build_tokenizer
 
 
 def test_generation_is_deterministic_and_seeded() -> None:

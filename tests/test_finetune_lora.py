@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from clustergate.thresholds import load
-from workloads import finetune_common as fc
-from workloads import fsdp_finetune, lora, zero3
-from workloads import function_calling_data as fcd
+from workloads.finetune import _common as fc
+from workloads.finetune import data as fcd
+from workloads.finetune import fsdp as fsdp_finetune
+from workloads.finetune import lora, zero3
 from workloads.result import WorkloadError
 
 ROOT = Path(__file__).resolve().parent.parent

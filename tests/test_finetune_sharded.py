@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workloads import fsdp_finetune, zero3
+from workloads.finetune import fsdp as fsdp_finetune
+from workloads.finetune import zero3
 from workloads.result import WorkloadError
 
 TINY_FSDP = fsdp_finetune.Config(steps=8, train_samples=60)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from workloads import burn_in, hbm, hostlink, matmul
+from workloads.gpu import burn_in, hbm, hostlink, matmul
 from workloads.result import WorkloadError
 
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workloads import gpu_health as h
+from workloads.gpu import health as h
 
 DATA = Path(__file__).parent / "data" / "gpu"
 

@@ -12,8 +12,8 @@ import torch
 
 from acceptance import gpu_helpers
 from clustergate.thresholds import REQUIRED, ThresholdsError
-from workloads import gpu_inventory as inv
-from workloads.gpu_health import Check
+from workloads.gpu import inventory as inv
+from workloads.gpu.health import Check
 from workloads.result import Metric, Result, WorkloadError
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from workloads import collectives
-from workloads.collective_data import shape, size_bytes
+from workloads.interconnect import collectives
+from workloads.interconnect._data import shape, size_bytes
 
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
 

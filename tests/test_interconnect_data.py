@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workloads.collective_data import EXACT, amplitude, expected, inputs, make_tile, mismatch
+from workloads.interconnect._data import EXACT, amplitude, expected, inputs, make_tile, mismatch
 from workloads.result import WorkloadError
 
 ROOT = Path(__file__).resolve().parent.parent

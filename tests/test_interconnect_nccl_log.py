@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads import nccl_log
-from workloads.nccl_log import Capture, parse, transport_class, transport_problems
+from workloads.interconnect import nccl_log
+from workloads.interconnect.nccl_log import Capture, parse, transport_class, transport_problems
 
 DATA = Path(__file__).parent / "data" / "nccl"
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,7 @@ def test_capture_with_a_real_libnccl() -> None:
     must catch what NCCL logs inside it (here the WARN of a failing ncclCommInitRank), and nothing after."""
     script = textwrap.dedent(f"""
         import ctypes, os
-        from workloads import nccl_log
+        from workloads.interconnect import nccl_log
         lib = ctypes.CDLL({LIBNCCL!r})
         uid, comm = ctypes.create_string_buffer(128), ctypes.c_void_p()
         lib.ncclGetUniqueId(uid)

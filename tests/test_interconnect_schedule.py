@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from workloads.p2p_pairs import internode_schedule, intranode_schedule, partner, tournament
+from workloads.interconnect.pairs import internode_schedule, intranode_schedule, partner, tournament
 
 
 @pytest.mark.parametrize("n", range(1, 18))

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workloads import collectives, comm_groups, nccl_log
+from workloads.interconnect import collectives, comm_groups, nccl_log
 
 
 class FakeNccl:

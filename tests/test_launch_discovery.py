@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads import discovery, node_checks
+from workloads.node import checks as node_checks
+from workloads.node import discovery
 
 DATA = Path(__file__).parent / "data" / "discovery"
 H100 = DATA / "h100-node"

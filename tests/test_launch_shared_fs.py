@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workloads import shared_fs
+from workloads.node import shared_fs
 from workloads.result import WorkloadError
 
 from torchrun_job import ROOT, job_env
@@ -47,7 +47,7 @@ def test_config_sizes() -> None:
 
 
 def _alone(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workloads.shared_fs", "--directory", str(directory),
+    return subprocess.run([sys.executable, "-m", "workloads.node.shared_fs", "--directory", str(directory),
                            "--level", "quick"], cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=120)
 
 

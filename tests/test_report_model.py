@@ -141,7 +141,7 @@ def test_summary_lines_say_verdict_failures_and_where() -> None:
 
 
 def collective_rows(peak: float) -> list[dict[str, Any]]:
-    """The rows workloads/collectives.py records per group (its field names)."""
+    """The rows workloads/interconnect/collectives.py records per group (its field names)."""
     return [{"bytes": b, "requested_bytes": b, "algo": "Ring/Simple", "time_us": b / peak / 1e3, "time_min_us": 1.0,
              "time_max_us": 2.0, "time_mean_us": 1.5, "algbw_gbps": peak / 2 * b / (b + 2**20),
              "busbw_gbps": peak * b / (b + 2**20), "busbw_mean_gbps": peak * b / (b + 2**20) * 0.98}

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from workloads import checkpoint, sampler
 from workloads.result import WorkloadError
-from workloads.sampler import SyntheticTokens, split_problems
+from workloads.training import checkpoint, sampler
+from workloads.training.sampler import SyntheticTokens, split_problems
 
 
 def shares(n: int, world: int, rank_of: list[int] | None = None, epoch: int = 0) -> list[list[int]]:

@@ -48,7 +48,7 @@ def _outcome(fn: Any) -> str:
 def _rank(rank: int, world: int, store_path: str, out: str) -> None:
     import torch.utils.data.distributed as dd
 
-    from workloads import checkpoint, gpt, sampler
+    from workloads.training import checkpoint, gpt, sampler
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from workloads import gpt, scaling
-from workloads.gpt_model import GPT, flops_per_token, matmul_params, mfu
 from workloads.result import WorkloadError
+from workloads.training import gpt, scaling
+from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, mfu
 
 # GPT-2 small as the gpt2-124m preset builds it (vocab padded to 50304, as nanoGPT does).
 L, D, V, T = 12, 768, 50304, 1024

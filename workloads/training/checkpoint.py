@@ -1,6 +1,6 @@
 """Checkpoint round trip: save a trained model and its optimizer, load them on every rank, compare.
 
-The GPT of ``workloads.gpt`` trains a few DDP steps (so the AdamW moments are not zero), then
+The GPT of ``workloads.training.gpt`` trains a few DDP steps (so the AdamW moments are not zero), then
 ``torch.distributed.checkpoint`` saves model + optimizer state under ``directory``: each rank
 writes its own file and the planner spreads the replicated tensors over the ranks, so every rank
 must read files other ranks wrote. A fresh model with other weights loads it on every rank, and
@@ -10,7 +10,7 @@ The directory must be the same path on every rank, and in a multi-node job one t
 mounts: a probe file written by rank 0 must be visible everywhere, or the run fails naming the
 ranks that cannot see it.
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.checkpoint --dir /shared/scratch
+Run alone: torchrun --nproc-per-node=2 -m workloads.training.checkpoint --dir /shared/scratch
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads import gpt
 from workloads.common import check_level, ensure_distributed
 from workloads.result import Result, WorkloadError
+from workloads.training import gpt
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,7 +42,7 @@ class Config:
     """Where the checkpoint goes (a fresh subdirectory is made and removed): the same path on every
     rank, on a filesystem every node mounts."""
     preset: str = "tiny"
-    """GPT shape (workloads.gpt.PRESETS): gpt2-124m writes about 1.5 GB (weights + AdamW moments)."""
+    """GPT shape (workloads.training.gpt.PRESETS): gpt2-124m writes about 1.5 GB (weights + AdamW moments)."""
     train_steps: int = 2
     """DDP steps before saving, so the optimizer state is real."""
     seed: int = 0

@@ -3,7 +3,7 @@
 A minimal decoder built from config (nothing downloaded), the way the fast reference setups
 build it: pre-LayerNorm blocks, ``F.scaled_dot_product_attention(is_causal=True)`` (flash
 attention on H100/H200), bf16 autocast, fused AdamW, tied embeddings, torch.compile. Data are
-random tokens, each rank its own share through DistributedSampler (``workloads.sampler``).
+random tokens, each rank its own share through DistributedSampler (``workloads.training.sampler``).
 
 Two timed phases, because under DDP every rank waits for the slowest at each all-reduce:
 - synchronised steps give ``train_tokens_per_s_per_gpu`` and ``train_mfu`` (what training gets);
@@ -15,7 +15,7 @@ embedding, which does no matmul). MFU = tokens/s x flops per token / peak; the p
 the profile (``peak_bf16_tflops``), or, where the profile has none, from a bf16 (GPU) or fp32
 (CPU) matmul measured here, which the details say.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.gpt --preset gpt2-124m --peak-tflops 989
+Run alone: torchrun --nproc-per-node=8 -m workloads.training.gpt --preset gpt2-124m --peak-tflops 989
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workloads.common import check_level, ensure_distributed, summarize, synchronize, time_runs
-from workloads.gpt_model import GPT, flops_per_token, matmul_params, mfu
-from workloads.gpu_inventory import ClockSampler
+from workloads.gpu.inventory import ClockSampler
 from workloads.result import Metric, Result, WorkloadError
-from workloads.sampler import SyntheticTokens, loader
+from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, mfu
+from workloads.training.sampler import SyntheticTokens, loader
 
 PRESETS: dict[str, dict[str, Any]] = {
     # GPT-2 small at full context; batch 32 reaches MFU ~0.45 on one H100 (measurement.md).

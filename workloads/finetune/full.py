@@ -19,8 +19,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 
-from workloads import finetune_common as fc
 from workloads.common import check_level, ensure_distributed, place, summarize, time_runs
+from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
 C = TypeVar("C", bound="Config")

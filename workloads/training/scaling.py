@@ -2,11 +2,11 @@
 
 First every node trains on its own, all nodes at once (DDP over a process group of the node's
 ranks, made with ``dist.new_group``), then the whole job trains together, with the same model,
-batch per GPU and steps (``workloads.gpt``). Efficiency = median per-GPU tokens/s of the whole
+batch per GPU and steps (``workloads.training.gpt``). Efficiency = median per-GPU tokens/s of the whole
 job / median per-GPU tokens/s of the nodes alone. Near 1 when the fabric between nodes keeps up
 with the gradient all-reduce; the original cluster documentation reported 0.21.
 
-Run alone: torchrun --nnodes=2 --nproc-per-node=8 ... -m workloads.scaling
+Run alone: torchrun --nnodes=2 --nproc-per-node=8 ... -m workloads.training.scaling
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads import gpt
 from workloads.common import ensure_distributed, place
 from workloads.result import Metric, Result
+from workloads.training import gpt
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

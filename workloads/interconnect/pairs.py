@@ -11,7 +11,7 @@ bandwidth = S / t per direction, t = the slower of the two ranks' median. A rank
 median over its partners: a GPU (or NIC) slow with every partner stands out, while a good GPU
 paired once with a bad one does not. The matrices, every pair, and the slowest pair go in details.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.p2p_pairs --kind intranode
+Run alone: torchrun --nproc-per-node=8 -m workloads.interconnect.pairs --kind intranode
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads import comm_groups as cgroups
-from workloads.collective_data import make_tile, mismatch, offset
 from workloads.common import check_level, ensure_distributed, time_runs
+from workloads.interconnect import comm_groups as cgroups
+from workloads.interconnect._data import make_tile, mismatch, offset
 from workloads.result import Metric, Result, WorkloadError
 
 KINDS = ("intranode", "internode")

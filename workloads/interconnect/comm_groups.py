@@ -1,6 +1,6 @@
 """Who talks to whom: the job's nodes, the interconnect scopes and their process groups.
 
-Scopes (the metric name says which, see workloads.collectives):
+Scopes (the metric name says which, see workloads.interconnect.collectives):
 - ``node``: one group per node, every node at once (NVLink/PCIe/SHM inside a node);
 - ``world``: every rank (the fabric as training uses it);
 - ``net``: one rank per node, every "rail" at once (rail l = the ranks with the l-th local rank of
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.common import place, synchronize
-from workloads.nccl_log import Capture, NcclLog
+from workloads.interconnect.nccl_log import Capture, NcclLog
 from workloads.result import WorkloadError
 
 SCOPES = ("node", "world", "net")

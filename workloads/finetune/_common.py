@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads import function_calling_data as fcd
 from workloads.common import place
+from workloads.finetune import data as fcd
 from workloads.result import WorkloadError
 
 ARCHITECTURES = ("qwen2", "qwen3", "llama", "mistral")
@@ -97,7 +97,7 @@ def load_local(path_text: str, dtype: torch.dtype, *, gradient_checkpointing: bo
 
 
 def built_in_tokenizer(train: list[dict]) -> Any:
-    from workloads.tiny_tokenizer import build_tokenizer
+    from workloads.finetune._tokenizer import build_tokenizer
 
     return build_tokenizer(fcd.text_and_spans(r)[0] for r in train)
 

@@ -11,7 +11,7 @@ Correctness first: the first call of every size is checked, element by element o
 against exact integer data (random non-zero integers whose partial sums stay exact in the dtype);
 a wrong element fails the run on every rank before any timing counts.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.collectives --collective all_reduce --scope node
+Run alone: torchrun --nproc-per-node=8 -m workloads.interconnect.collectives --collective all_reduce --scope node
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads import comm_groups as cgroups
-from workloads.collective_data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
 from workloads.common import check_level, ensure_distributed, synchronize, time_batches, time_runs
-from workloads.nccl_log import nccl_environment
+from workloads.interconnect import comm_groups as cgroups
+from workloads.interconnect._data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
+from workloads.interconnect.nccl_log import nccl_environment
 from workloads.result import Metric, Result, WorkloadError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
@@ -83,7 +83,7 @@ class Config:
     collective: str = "all_reduce"
     """One of COLLECTIVES."""
     scope: str = "world"
-    """node | world | net (see workloads.comm_groups)."""
+    """node | world | net (see workloads.interconnect.comm_groups)."""
     sizes: tuple[int, ...] = (MiB, 16 * MiB)
     """Size column S of each step, bytes (rounded down so every rank holds whole tiles)."""
     dtype: str = "fp32"

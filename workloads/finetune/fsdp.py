@@ -9,7 +9,7 @@ trained on generated function-calling text (nothing downloaded).
 Checked: losses finite, and after training every rank computes the same loss on the same batch
 (each gathers the same full parameters from the shards).
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.fsdp_finetune [--model-path DIR]
+Run alone: torchrun --nproc-per-node=2 -m workloads.finetune.fsdp [--model-path DIR]
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from workloads import finetune_common as fc
-from workloads import full_finetune as ff
 from workloads.common import place
+from workloads.finetune import _common as fc
+from workloads.finetune import full as ff
 from workloads.result import Result, WorkloadError
 
 

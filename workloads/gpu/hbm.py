@@ -5,7 +5,7 @@ GB on a GPU (past any cache), every GPU at once. The copy is checked exactly (ev
 its figure counts. A read-only (sum) and a write-only (fill) pass are kept in details.
 On CPU the same copy measures host memory (small buffers, still past the L3).
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.hbm
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.hbm
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from workloads import hw
 from workloads.common import check_level, ensure_distributed
+from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
 GiB, MiB = 1 << 30, 1 << 20

@@ -7,7 +7,7 @@ cache to help; on a single node its own file after dropping it from the cache), 
 byte. Rank 0 removes what was written. Every phase gathers every rank's outcome before anyone
 raises, so a missing directory on one node fails the test on every rank, naming that node.
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.shared_fs --directory /shared/scratch
+Run alone: torchrun --nproc-per-node=2 -m workloads.node.shared_fs --directory /shared/scratch
 """
 
 from __future__ import annotations

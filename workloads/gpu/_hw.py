@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.common import place, time_runs
-from workloads.gpu_inventory import ClockSampler
+from workloads.gpu.inventory import ClockSampler
 
 T = TypeVar("T")
 

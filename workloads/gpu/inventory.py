@@ -1,11 +1,11 @@
 """What NVML says about this rank's GPU: inventory, health counters, links, clocks, versions.
 
 ``snapshot(device)`` returns a plain JSON-serialisable dict; every judgement is a pure function
-over such dicts (``workloads.gpu_health``), so captured snapshots replay without a GPU. A field
+over such dicts (``workloads.gpu.health``), so captured snapshots replay without a GPU. A field
 NVML does not support lands in ``snapshot["unsupported"]`` ("not supported"), a field NVML failed
 to read in ``snapshot["errors"]``: neither is ever silently taken as healthy.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.gpu_inventory [--pcie-load] [--out FILE]
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.inventory [--pcie-load] [--out FILE]
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ def main() -> None:
     dist.all_gather_object(everyone, mine)
     if here.rank == 0:
         # The layout tests/data/gpu/*.json replay: a capture can be dropped in as it is.
-        text = json.dumps({"source": f"captured by workloads.gpu_inventory on {mine['host']} "
+        text = json.dumps({"source": f"captured by workloads.gpu.inventory on {mine['host']} "
                                      f"({here.world_size} ranks, {time.strftime('%Y-%m-%d')})",
                            "snapshots": everyone}, indent=1)
         if args.out:

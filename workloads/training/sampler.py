@@ -6,7 +6,7 @@ which sample is decided by the sampler alone. ``run`` feeds it through a DataLoa
 ``torch.utils.data.DistributedSampler`` and checks, across ranks, that no sample is delivered
 to two ranks and that together they cover the whole split.
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.sampler
+Run alone: torchrun --nproc-per-node=2 -m workloads.training.sampler
 """
 
 from __future__ import annotations

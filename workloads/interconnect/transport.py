@@ -7,7 +7,7 @@ trees and peers on first use (NCCL_RUNTIME_CONNECT), so an all_reduce of 8 B and
 an all_to_all and a ring send/recv make it log every connection the sweeps will use. Every rank's
 parsed log is gathered and the verdict computed alike on every rank.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.nccl_transport --required NET/IB
+Run alone: torchrun --nproc-per-node=8 -m workloads.interconnect.transport --required NET/IB
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads import comm_groups as cgroups
 from workloads.common import ensure_distributed
-from workloads.nccl_log import nccl_environment, transport_problems
+from workloads.interconnect import comm_groups as cgroups
+from workloads.interconnect.nccl_log import nccl_environment, transport_problems
 from workloads.result import Result
 
 MiB = 1 << 20

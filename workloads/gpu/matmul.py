@@ -5,7 +5,7 @@ over shapes is kept in details). B is stored (N, K) and used transposed, as nn.L
 fp8's torch._scaled_mm requires). Operand sets rotate so their total is past the L2 cache; clocks
 and clock event reasons are sampled during the run. Every rank measures at once.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.matmul --dtype bf16 [--sweep wide]
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.matmul --dtype bf16 [--sweep wide]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from workloads import hw
 from workloads.common import check_level, ensure_distributed, time_runs
+from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
 Shape = tuple[int, int, int]

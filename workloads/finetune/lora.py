@@ -14,7 +14,7 @@ calls: the loss on those tokens, and on held-out records, falls by 40-50% on a h
 Checked: losses finite; after training every rank holds the same LoRA weights (DDP averaged the
 gradients; a stack that does not shows different weights and fails).
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.lora [--model-path DIR --data-path FILE.jsonl]
+Run alone: torchrun --nproc-per-node=2 -m workloads.finetune.lora [--model-path DIR --data-path FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads import finetune_common as fc
 from workloads.common import check_level, ensure_distributed, place, summarize, time_runs
+from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
 

@@ -1,6 +1,6 @@
 """Health judgements over GPU snapshots: pure functions, no NVML, no GPU.
 
-Each ``check_*`` takes one rank's snapshot (``workloads.gpu_inventory.snapshot``) and returns a
+Each ``check_*`` takes one rank's snapshot (``workloads.gpu.inventory.snapshot``) and returns a
 ``Check``: ok, fail (with what was seen and what to try) or unsupported (NVML cannot say; the
 suite reports it, never passes it). Cross-rank judgements (versions, UUIDs, counts) take every
 rank's snapshot and return one ``Check`` per rank. Tests replay captured snapshots through these.
@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from workloads.gpu_inventory import BAD_CLOCK_EVENTS, reason_names
+from workloads.gpu.inventory import BAD_CLOCK_EVENTS, reason_names
 
 Status = Literal["ok", "fail", "unsupported"]
 

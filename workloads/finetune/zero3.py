@@ -9,7 +9,7 @@ function-calling text. deepspeed is an optional extra: ``available()`` says whet
 
 Checked: losses finite, and after training every rank computes the same loss on the same batch.
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.zero3 [--model-path DIR]
+Run alone: torchrun --nproc-per-node=2 -m workloads.finetune.zero3 [--model-path DIR]
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from workloads import finetune_common as fc
-from workloads import full_finetune as ff
 from workloads.common import place
+from workloads.finetune import _common as fc
+from workloads.finetune import full as ff
 from workloads.result import Result
 
 

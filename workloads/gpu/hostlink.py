@@ -7,7 +7,7 @@ switch, a downtrained link or a rank on the wrong NUMA node shows up here. Each 
 exactly. On CPU there is no link: a memcpy between two host buffers stands in for it (the flow
 runs for real; the figure is host memory bandwidth, not a bus).
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.hostlink --direction h2d
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.hostlink --direction h2d
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from workloads import hw
 from workloads.common import check_level, ensure_distributed, synchronize
+from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
 GiB, MiB = 1 << 30, 1 << 20

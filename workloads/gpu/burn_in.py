@@ -6,7 +6,7 @@ same inputs on the same GPU repeats bit for bit (cuBLAS's reproducibility guaran
 so any difference is a computing fault. Clocks and clock event reasons are sampled throughout:
 a thermal, power-brake or hardware slowdown under sustained load fails the burn-in too.
 
-Run alone: torchrun --nproc-per-node=8 -m workloads.burn_in --seconds 60
+Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.burn_in --seconds 60
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from workloads import hw
 from workloads.common import check_level, ensure_distributed, place, synchronize
-from workloads.gpu_inventory import ClockSampler
-from workloads.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
+from workloads.gpu import _hw as hw
+from workloads.gpu.inventory import ClockSampler
+from workloads.gpu.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
 from workloads.result import Metric, Result, WorkloadError
 
 

@@ -1,6 +1,6 @@
 """Is the job wired right? Device inventory per rank, and an all_reduce whose sum is exact.
 
-Run alone: torchrun --nproc-per-node=2 -m workloads.collective_check
+Run alone: torchrun --nproc-per-node=2 -m workloads.interconnect.collective_check
 """
 
 from __future__ import annotations

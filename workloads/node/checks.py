@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workloads.discovery import format_cpulist, parse_cpulist
+from workloads.node.discovery import format_cpulist, parse_cpulist
 
 
 def binding_problem(affinity: set[int], local_cpus: str | None, online: set[int]) -> str | None:

@@ -1,4 +1,4 @@
-"""The GPT-2-style decoder ``workloads.gpt`` trains, and the flops arithmetic behind MFU.
+"""The GPT-2-style decoder ``workloads.training.gpt`` trains, and the flops arithmetic behind MFU.
 
 A minimal model, as the fast reference setups (nanoGPT, llm.c) build it: pre-LayerNorm blocks,
 ``F.scaled_dot_product_attention(is_causal=True)`` (flash attention on H100/H200 in bf16), GELU

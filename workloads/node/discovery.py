@@ -5,7 +5,7 @@ files from tests/data/) with small pure parsers. ``nvidia-smi topo -m`` is kept 
 recorded artifact for people, never scraped by column; the NUMA affinity of a GPU comes from
 /sys/bus/pci/devices/<bus id>/{numa_node,local_cpulist} instead.
 
-Run alone (prints this node's discovery as JSON): python -m workloads.discovery
+Run alone (prints this node's discovery as JSON): python -m workloads.node.discovery
 """
 
 from __future__ import annotations

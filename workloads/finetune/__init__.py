@@ -1,0 +1,1 @@
+"""Workloads: LoRA, FSDP and ZeRO-3 fine-tunes, their data and tokenizer."""

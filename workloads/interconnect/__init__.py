@@ -1,0 +1,1 @@
+"""Workloads: NCCL collectives, GPU pairs, the transport NCCL chose and its log."""

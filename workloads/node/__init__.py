@@ -1,0 +1,1 @@
+"""Workloads: the node itself: discovery, node consistency, shared filesystem."""

@@ -1,0 +1,1 @@
+"""Workloads: GPT training throughput and MFU, scaling, sampler, checkpoint round trip."""
