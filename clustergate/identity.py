@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from workloads.node.name import node_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +74,9 @@ def nvml_gpu(device: torch.device) -> tuple[GpuIdentity | None, str | None]:
 
 def rank_identity(rank: int, local_rank: int, node_rank: int, device: torch.device) -> RankIdentity:
     if device.type != "cuda":
-        return RankIdentity(rank, local_rank, node_rank, socket.gethostname(), None)
+        return RankIdentity(rank, local_rank, node_rank, node_name(), None)
     gpu, error = nvml_gpu(device)
-    return RankIdentity(rank, local_rank, node_rank, socket.gethostname(), gpu, error)
+    return RankIdentity(rank, local_rank, node_rank, node_name(), gpu, error)
 
 
 def gpu_model_name() -> str | None:
@@ -91,7 +92,7 @@ def environment() -> dict[str, str]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "host": socket.gethostname(),
+        "host": node_name(),
     }
     if torch.cuda.is_available():
         env["cuda"] = str(torch.version.cuda)

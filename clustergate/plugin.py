@@ -6,7 +6,6 @@ Enabled by the checkout's root conftest.py. Hooks stay thin and hand off to ``Cl
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +21,7 @@ from clustergate.session import ClusterGate
 from clustergate.thresholds import ThresholdsError, load
 from clustergate.world import WorldError, init_world, shutdown
 from workloads.common import LEVELS
+from workloads.node.name import node_name
 
 GATE = pytest.StashKey[ClusterGate]()
 RECORDER = pytest.StashKey[Recorder]()
@@ -251,5 +251,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
     """Name the rank and host on an internal error; ranks other than 0 have no terminal."""
     sys.stderr.write(f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} "
-                     f"({socket.gethostname()}): {excinfo.exconly() if excinfo else excrepr}\n")
+                     f"({node_name()}): {excinfo.exconly() if excinfo else excrepr}\n")
 

@@ -8,12 +8,14 @@ with a longer timeout, so a workload's broken NCCL state never blocks the verdic
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from workloads.common import end_process_groups, start_process_group
+from workloads.node.name import node_name
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -84,21 +86,19 @@ def init_world(collective_timeout_s: float, control_timeout_s: float, want_cuda:
         timeout = timedelta(seconds=collective_timeout_s)
         kwargs = {"device_id": device} if backend == "nccl" else {}
         if world_size > 1:
-            dist.init_process_group(backend, timeout=timeout, **kwargs)
+            start_process_group(backend, timeout=timeout, **kwargs)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                    timeout=timeout, **kwargs)
+            start_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
     control = None
     if world_size > 1:
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout_s))
     return World(
         rank=rank, world_size=world_size, local_rank=local_rank,
         local_world_size=_env_int("LOCAL_WORLD_SIZE", 1), node_rank=_env_int("GROUP_RANK", 0),
-        host=socket.gethostname(), device=device, backend=backend, control=control,
+        host=node_name(), device=device, backend=backend, control=control,
     )
 
 
 def shutdown(world: World) -> None:
     """Destroy the process groups. Call only on a clean path: with peers mid-collective it can hang."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    end_process_groups()

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 
-from workloads.common import ensure_distributed
+from workloads.common import distributed
 from workloads.finetune import lora
 from workloads.result import WorkloadError
 
@@ -25,12 +25,12 @@ def outcome(cfg: lora.Config) -> dict[str, object]:
 
 
 def main() -> None:
-    here = ensure_distributed()
-    small = lora.Config(steps=8, pretrain_steps=8, train_samples=120, eval_samples=16, warmup_steps=2)
-    found = {"synced": outcome(small), "unsynced": outcome(dataclasses.replace(small, sync_gradients=False))}
-    if here.rank == 0:
-        with open(sys.argv[1], "w") as handle:
-            json.dump(found, handle)
+    with distributed() as here:
+        small = lora.Config(steps=8, pretrain_steps=8, train_samples=120, eval_samples=16, warmup_steps=2)
+        found = {"synced": outcome(small), "unsynced": outcome(dataclasses.replace(small, sync_gradients=False))}
+        if here.rank == 0:
+            with open(sys.argv[1], "w") as handle:
+                json.dump(found, handle)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from workloads.common import ensure_distributed
+from workloads.common import distributed
 from workloads.interconnect import collectives
 from workloads.result import WorkloadError
 
@@ -26,13 +26,11 @@ def corrupting(cfg, comm, send, out):  # type: ignore[no-untyped-def]
 
 
 collectives._operation = corrupting
-here = ensure_distributed()
-cfg = collectives.Config(collective="all_reduce", scope="world", sizes=(4096, 16384), repeats=2, warmup=0)
-try:
-    collectives.run(cfg)
-    outcome = "passed"
-except WorkloadError as exc:
-    outcome = f"WorkloadError: {exc}"
-Path(os.environ["OUT"], f"rank{here.rank}.txt").write_text(outcome)
-dist.barrier()
-dist.destroy_process_group()
+with distributed() as here:
+    cfg = collectives.Config(collective="all_reduce", scope="world", sizes=(4096, 16384), repeats=2, warmup=0)
+    try:
+        collectives.run(cfg)
+        outcome = "passed"
+    except WorkloadError as exc:
+        outcome = f"WorkloadError: {exc}"
+    Path(os.environ["OUT"], f"rank{here.rank}.txt").write_text(outcome)

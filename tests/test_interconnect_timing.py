@@ -8,7 +8,6 @@ re-reads NCCL_DEBUG at its first log call after a reset, as libnccl does (src/de
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -46,14 +45,7 @@ class CountingCapture(nccl_log.Capture):
         CountingCapture.open -= 1
 
 
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_timed_calls_run_with_the_log_off_and_alike_in_both_scopes(one_rank: None,
+def test_timed_calls_run_with_the_log_off_and_alike_in_both_scopes(gloo_world: None,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     nccl = FakeNccl()
     monkeypatch.setattr(nccl_log, "reset_function", lambda: (nccl.reset, "fake libnccl"))

@@ -8,12 +8,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from workloads.node import shared_fs
 from workloads.result import WorkloadError
@@ -58,16 +56,7 @@ def test_run_alone_measures_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the token and the data files are gone
 
 
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    """A world-size-1 gloo group in this process, as the plugin gives a workload."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_run_records_node_metrics(tmp_path: Path, world_of_one: None) -> None:
+def test_run_records_node_metrics(tmp_path: Path, gloo_world: None) -> None:
     result = shared_fs.run(shared_fs.Config(directory=str(tmp_path), size_bytes=4 << 20, block_bytes=1 << 20))
     assert [(m.name, m.unit, m.scope) for m in result.metrics] == [
         ("shared_fs_write_gbps", "GB/s", "node"), ("shared_fs_read_gbps", "GB/s", "node")]
@@ -77,7 +66,7 @@ def test_run_records_node_metrics(tmp_path: Path, world_of_one: None) -> None:
     assert result.details["token_read_by_ranks"] == 1 and list(tmp_path.iterdir()) == []
 
 
-def test_run_missing_directory_is_named(tmp_path: Path, world_of_one: None) -> None:
+def test_run_missing_directory_is_named(tmp_path: Path, gloo_world: None) -> None:
     with pytest.raises(WorkloadError) as info:
         shared_fs.run(shared_fs.Config(directory=str(tmp_path / "absent"), size_bytes=1 << 20, block_bytes=1 << 20))
     assert str(info.value) == (

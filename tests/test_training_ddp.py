@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+
+from workloads.common import end_process_groups, start_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def _rank(rank: int, world: int, store_path: str, out: str) -> None:
     from workloads.training import checkpoint, gpt, sampler
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    start_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     results: dict[str, str] = {}
     try:
         quick = gpt.Config(warmup=1, steps=2, local_steps=1, peak_tflops=1.0)
@@ -78,7 +79,7 @@ def _rank(rank: int, world: int, store_path: str, out: str) -> None:
         results["crash"] = traceback.format_exc()
     finally:
         Path(f"{out}.{rank}").write_text(json.dumps(results))
-        dist.destroy_process_group()
+        end_process_groups()
 
 
 def test_two_ranks(tmp_path: Path) -> None:

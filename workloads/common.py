@@ -1,18 +1,19 @@
 """Helpers every workload shares: where am I, which device, how to time honestly.
 
 Inside the acceptance suite the plugin has already initialised torch.distributed; a workload run
-alone (``torchrun -m workloads.NAME``) calls ``ensure_distributed()`` from its ``main()``.
+alone (``torchrun -m workloads.AREA.NAME``) runs its ``main()`` inside ``distributed()``.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,20 +52,56 @@ def place() -> Place:
     )
 
 
+def start_process_group(backend: str, **kwargs: Any) -> None:
+    """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended.
+
+    Why: torch._dynamo, imported for the first time while a process group exists (DDP's
+    constructor and torch.compile import it), keeps references to that group, and then
+    ``destroy_process_group()`` cannot free it. A gloo backend that is never freed keeps its worker
+    threads into interpreter shutdown, where a worker that drops the last collective's tensors must
+    take the GIL: Python ends that thread inside C++ and the process aborts ("terminate called
+    without an active exception", SIGABRT). Imported first, dynamo holds nothing of the group.
+    """
+    import torch._dynamo  # noqa: F401  (the import is the point: see above)
+
+    dist.init_process_group(backend, **kwargs)
+
+
+def end_process_groups() -> None:
+    """Destroy every process group and join gloo's worker threads: the clean path's last step.
+
+    Only where every rank has finished its collectives: with a peer still mid-collective this can
+    block until the group's timeout.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def ensure_distributed(timeout_s: float = 600.0) -> Place:
-    """Initialise the default process group for a workload run alone under torchrun (or alone)."""
+    """The default process group for a workload run alone under torchrun (or alone): one is started
+    if none exists. ``distributed()`` also ends it; use that in a ``main()``."""
     if not dist.is_initialized():
         here = place()
         if torch.cuda.is_available():
             torch.cuda.set_device(here.device)
         backend = "nccl" if here.device.type == "cuda" else "gloo"
         if "RANK" in os.environ:
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            start_process_group(backend, timeout=timedelta(seconds=timeout_s))
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        # A workload run alone owns the group: tear it down at exit, as NCCL asks.
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+            start_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return place()
+
+
+@contextmanager
+def distributed(timeout_s: float = 600.0) -> Iterator[Place]:
+    """A workload's ``main()`` runs inside this: the default group is started if none exists, and a
+    group started here is ended when the body finishes. Not on an exception: peers may still be in a
+    collective, and the process is failing anyway."""
+    started = not dist.is_initialized()
+    here = ensure_distributed(timeout_s)
+    yield here
+    if started:
+        end_process_groups()
 
 
 def synchronize(device: torch.device) -> None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, ensure_distributed, place, summarize, time_runs
+from workloads.common import check_level, distributed, place, summarize, time_runs
 from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
@@ -176,11 +176,11 @@ def main(doc: str | None, config: type[Config], run: Callable[[Any], Result], se
     args = parser.parse_args()
     if ready is not None:
         ready()
-    here = ensure_distributed()
-    cfg = config.for_level(args.level, here.device, model_path=args.model_path, data_path=args.data_path)
-    given = {k: v for k, v in vars(args).items() if v is not None and k in config.__dataclass_fields__}
-    out = run(dataclasses.replace(cfg, **given))
-    if here.rank == 0:
-        for m in out.metrics:
-            print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
-        print("loss curve:", " ".join(f"{x:.2f}" for x in out.details[section]["loss_curve"]))
+    with distributed() as here:
+        cfg = config.for_level(args.level, here.device, model_path=args.model_path, data_path=args.data_path)
+        given = {k: v for k, v in vars(args).items() if v is not None and k in config.__dataclass_fields__}
+        out = run(dataclasses.replace(cfg, **given))
+        if here.rank == 0:
+            for m in out.metrics:
+                print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
+            print("loss curve:", " ".join(f"{x:.2f}" for x in out.details[section]["loss_curve"]))

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, ensure_distributed, place, summarize, time_runs
+from workloads.common import check_level, distributed, place, summarize, time_runs
 from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
@@ -261,16 +261,16 @@ def main() -> None:
     parser.add_argument("--no-sync-gradients", dest="sync_gradients", action="store_false", default=None,
                         help="train LoRA without DDP (the consistency check must then fail)")
     args = parser.parse_args()
-    here = ensure_distributed()
-    cfg = Config.for_level(args.level, here.device, model_path=args.model_path, data_path=args.data_path)
-    given = {k: v for k, v in vars(args).items() if v is not None and k in Config.__dataclass_fields__}
-    if args.target_modules:
-        given["target_modules"] = tuple(args.target_modules.split(","))
-    result = run(dataclasses.replace(cfg, **given))
-    if here.rank == 0:
-        for m in result.metrics:
-            print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
-        print("loss curve:", " ".join(f"{x:.2f}" for x in result.details["lora"]["loss_curve"]))
+    with distributed() as here:
+        cfg = Config.for_level(args.level, here.device, model_path=args.model_path, data_path=args.data_path)
+        given = {k: v for k, v in vars(args).items() if v is not None and k in Config.__dataclass_fields__}
+        if args.target_modules:
+            given["target_modules"] = tuple(args.target_modules.split(","))
+        result = run(dataclasses.replace(cfg, **given))
+        if here.rank == 0:
+            for m in result.metrics:
+                print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
+            print("loss curve:", " ".join(f"{x:.2f}" for x in result.details["lora"]["loss_curve"]))
 
 
 if __name__ == "__main__":

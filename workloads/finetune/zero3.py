@@ -2,7 +2,7 @@
 
 Parameters, gradients and optimizer state partitioned across ranks, with overlap_comm,
 contiguous_gradients, sized reduce and prefetch buckets, and bf16 communication. DeepSpeed runs on
-the process group torch.distributed already has (the plugin's, or ``ensure_distributed``'s);
+the process group torch.distributed already has (the plugin's, or ``distributed()``'s);
 AdamW is torch's own (``torch_adam``), so no DeepSpeed op is compiled. With a local model
 directory it fine-tunes that; without, a Qwen2-architecture model built from config on generated
 function-calling text. deepspeed is an optional extra: ``available()`` says whether it imports.

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from workloads.common import check_level, ensure_distributed, place, synchronize
+from workloads.common import check_level, distributed, place, synchronize
 from workloads.gpu import _hw as hw
 from workloads.gpu.inventory import ClockSampler
 from workloads.gpu.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
@@ -163,11 +163,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "tf32"))
     args = parser.parse_args()
-    here = ensure_distributed()
-    result = run(Config.for_level("extended", here.device, args.seconds, args.dtype))
-    d = result.details
-    print(f"rank {here.rank}: {d['products']} products, no wrong element, {result.metrics[0].value:.4g} TFLOPS "
-          f"sustained (min {d['tflops_min']:.4g}), clocks {d['clocks']}")
+    with distributed() as here:
+        result = run(Config.for_level("extended", here.device, args.seconds, args.dtype))
+        d = result.details
+        print(f"rank {here.rank}: {d['products']} products, no wrong element, {result.metrics[0].value:.4g} TFLOPS "
+              f"sustained (min {d['tflops_min']:.4g}), clocks {d['clocks']}")
 
 
 if __name__ == "__main__":

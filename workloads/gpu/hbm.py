@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from workloads.common import check_level, ensure_distributed
+from workloads.common import check_level, distributed
 from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
@@ -105,15 +105,15 @@ def main() -> None:
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     parser.add_argument("--gib", type=float, nargs="*", default=None, help="buffer sizes in GiB (overrides --level)")
     args = parser.parse_args()
-    here = ensure_distributed()
-    cfg = Config.for_level(args.level, here.device)
-    if args.gib:
-        cfg = Config(sizes=tuple(int(g * GiB) // 4 * 4 for g in args.gib), device=cfg.device,
-                     seconds_per_size=cfg.seconds_per_size)
-    result = run(cfg)
-    for s in result.details["sizes"]:
-        print(f"rank {here.rank}: {s['bytes'] / GiB:.3g} GiB copy {s['copy_tbps']:.3f} TB/s (read+write), "
-              f"read {s['read_tbps']:.3f}, write {s['write_tbps']:.3f}")
+    with distributed() as here:
+        cfg = Config.for_level(args.level, here.device)
+        if args.gib:
+            cfg = Config(sizes=tuple(int(g * GiB) // 4 * 4 for g in args.gib), device=cfg.device,
+                         seconds_per_size=cfg.seconds_per_size)
+        result = run(cfg)
+        for s in result.details["sizes"]:
+            print(f"rank {here.rank}: {s['bytes'] / GiB:.3g} GiB copy {s['copy_tbps']:.3f} TB/s (read+write), "
+                  f"read {s['read_tbps']:.3f}, write {s['write_tbps']:.3f}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workloads.common import check_level, ensure_distributed, synchronize
+from workloads.common import check_level, distributed, synchronize
 from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
@@ -123,11 +123,11 @@ def main() -> None:
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     parser.add_argument("--direction", default="both", choices=("h2d", "d2h", "both"))
     args = parser.parse_args()
-    here = ensure_distributed()
-    for direction in ("h2d", "d2h") if args.direction == "both" else (args.direction,):
-        result = run(Config.for_level(args.level, here.device, direction))
-        for s in result.details["sizes"]:
-            print(f"rank {here.rank}: {direction} {s['bytes'] / MiB:.0f} MiB {s['gbps']:.2f} GB/s")
+    with distributed() as here:
+        for direction in ("h2d", "d2h") if args.direction == "both" else (args.direction,):
+            result = run(Config.for_level(args.level, here.device, direction))
+            for s in result.details["sizes"]:
+                print(f"rank {here.rank}: {direction} {s['bytes'] / MiB:.0f} MiB {s['gbps']:.2f} GB/s")
 
 
 if __name__ == "__main__":

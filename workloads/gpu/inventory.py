@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import threading
 import time
@@ -23,7 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import ensure_distributed, place
+from workloads.common import distributed, place
+from workloads.node.name import node_name
 
 SCHEMA = 1
 NOT_SUPPORTED = "not supported"
@@ -173,7 +173,7 @@ def snapshot(device: torch.device, *, pcie_load_s: float = 0.0) -> dict[str, Any
     here = place()
     snap: dict[str, Any] = {
         "schema": SCHEMA, "rank": here.rank, "local_rank": here.local_rank, "node_rank": here.node_rank,
-        "host": socket.gethostname(), "device": str(device),
+        "host": node_name(), "device": str(device),
         "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "software": {"torch": torch.__version__, "torch_cuda": torch.version.cuda},
@@ -294,20 +294,20 @@ def main() -> None:
     parser.add_argument("--out", default=None,
                         help="write every rank's snapshot as JSON here (rank 0), in the layout tests/data/gpu uses")
     args = parser.parse_args()
-    here = ensure_distributed()
-    mine = snapshot(here.device, pcie_load_s=args.pcie_load)
-    everyone: list[Any] = [None] * here.world_size
-    dist.all_gather_object(everyone, mine)
-    if here.rank == 0:
-        # The layout tests/data/gpu/*.json replay: a capture can be dropped in as it is.
-        text = json.dumps({"source": f"captured by workloads.gpu.inventory on {mine['host']} "
-                                     f"({here.world_size} ranks, {time.strftime('%Y-%m-%d')})",
-                           "snapshots": everyone}, indent=1)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
-        else:
-            print(text)
+    with distributed() as here:
+        mine = snapshot(here.device, pcie_load_s=args.pcie_load)
+        everyone: list[Any] = [None] * here.world_size
+        dist.all_gather_object(everyone, mine)
+        if here.rank == 0:
+            # The layout tests/data/gpu/*.json replay: a capture can be dropped in as it is.
+            text = json.dumps({"source": f"captured by workloads.gpu.inventory on {mine['host']} "
+                                         f"({here.world_size} ranks, {time.strftime('%Y-%m-%d')})",
+                               "snapshots": everyone}, indent=1)
+            if args.out:
+                with open(args.out, "w") as f:
+                    f.write(text + "\n")
+            else:
+                print(text)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workloads.common import check_level, ensure_distributed, time_runs
+from workloads.common import check_level, distributed, time_runs
 from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
@@ -255,18 +255,18 @@ def main() -> None:
                         help="wide: 144 shapes, the reference the level's sweep is compared with")
     parser.add_argument("--seconds-per-shape", type=float, default=None)
     args = parser.parse_args()
-    here = ensure_distributed()
-    cfg = Config.for_level(args.level, here.device, args.dtype)
-    if args.sweep == "wide" or args.seconds_per_shape:
-        shapes = wide_sweep() if args.sweep == "wide" and here.device.type == "cuda" else cfg.shapes
-        seconds = args.seconds_per_shape or (0.3 if args.sweep == "wide" else cfg.seconds_per_shape)
-        cfg = Config(dtype=cfg.dtype, shapes=shapes, device=cfg.device, warmup_s=cfg.warmup_s,
-                     seconds_per_shape=seconds, rotate_bytes=cfg.rotate_bytes)
-    result = run(cfg)
-    d = result.details
-    print(f"rank {here.rank} {d['device']}: {cfg.dtype} best {d['best_tflops']:.4g} TFLOPS at "
-          f"{'x'.join(map(str, d['best_shape']))}, median over {len(d['shapes'])} shapes "
-          f"{d['median_over_shapes_tflops']:.4g}; clocks {d['clocks']}")
+    with distributed() as here:
+        cfg = Config.for_level(args.level, here.device, args.dtype)
+        if args.sweep == "wide" or args.seconds_per_shape:
+            shapes = wide_sweep() if args.sweep == "wide" and here.device.type == "cuda" else cfg.shapes
+            seconds = args.seconds_per_shape or (0.3 if args.sweep == "wide" else cfg.seconds_per_shape)
+            cfg = Config(dtype=cfg.dtype, shapes=shapes, device=cfg.device, warmup_s=cfg.warmup_s,
+                         seconds_per_shape=seconds, rotate_bytes=cfg.rotate_bytes)
+        result = run(cfg)
+        d = result.details
+        print(f"rank {here.rank} {d['device']}: {cfg.dtype} best {d['best_tflops']:.4g} TFLOPS at "
+              f"{'x'.join(map(str, d['best_shape']))}, median over {len(d['shapes'])} shapes "
+              f"{d['median_over_shapes_tflops']:.4g}; clocks {d['clocks']}")
 
 
 if __name__ == "__main__":

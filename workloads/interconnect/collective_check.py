@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, ensure_distributed, place
+from workloads.common import check_level, distributed, place
 from workloads.result import Result, WorkloadError
 
 
@@ -95,10 +95,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     args = parser.parse_args()
-    here = ensure_distributed()
-    run(Config.for_level(args.level, here.device))
-    if here.rank == 0:
-        print(f"all_reduce exact on {here.world_size} ranks")
+    with distributed() as here:
+        run(Config.for_level(args.level, here.device))
+        if here.rank == 0:
+            print(f"all_reduce exact on {here.world_size} ranks")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, ensure_distributed, synchronize, time_batches, time_runs
+from workloads.common import check_level, distributed, synchronize, time_batches, time_runs
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect._data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
 from workloads.interconnect.nccl_log import nccl_environment
@@ -276,26 +276,24 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=int, default=None, help="default: 4 GiB on GPU, 4 MiB on CPU")
     parser.add_argument("--latency", action="store_true", help="small-message all_reduce latency instead")
     args = parser.parse_args()
-    here = ensure_distributed()
-    max_bytes = args.max_bytes or (4 << 30 if here.device.type == "cuda" else 4 * MiB)
-    todo = COLLECTIVES if args.collective == "all" else (args.collective,)
-    for coll in ("all_reduce",) if args.latency else todo:
-        if args.latency:
-            cfg = Config.for_latency(args.level, here.device, scope=args.scope, dtype=args.dtype)
-        else:
-            cfg = Config.for_level(args.level, here.device, collective=coll, scope=args.scope, dtype=args.dtype,
-                                   judge_bytes=args.judge_bytes, max_bytes=max_bytes, nccl_algo=args.nccl_algo)
-        result = run(cfg)
-        synchronize(here.device)
-        if here.rank == 0:
-            print(f"# {coll} ({args.scope}, {args.dtype}) {result.details['group']}")
-            for r in result.details["curves"].get(result.details["group"], []):
-                print(f"{r['bytes']:>12} B {r['time_us']:>11.1f} us  algbw {r['algbw_gbps']:8.2f}  busbw "
-                      f"{r['busbw_gbps']:8.2f} GB/s  {r['algo']}")
-            for m in result.metrics:
-                print(f"{m.name} = {m.value:.4g} {m.unit}")
-    dist.barrier()
-    dist.destroy_process_group()  # a clean exit: gloo aborts a process whose groups are still alive
+    with distributed() as here:
+        max_bytes = args.max_bytes or (4 << 30 if here.device.type == "cuda" else 4 * MiB)
+        todo = COLLECTIVES if args.collective == "all" else (args.collective,)
+        for coll in ("all_reduce",) if args.latency else todo:
+            if args.latency:
+                cfg = Config.for_latency(args.level, here.device, scope=args.scope, dtype=args.dtype)
+            else:
+                cfg = Config.for_level(args.level, here.device, collective=coll, scope=args.scope, dtype=args.dtype,
+                                       judge_bytes=args.judge_bytes, max_bytes=max_bytes, nccl_algo=args.nccl_algo)
+            result = run(cfg)
+            synchronize(here.device)
+            if here.rank == 0:
+                print(f"# {coll} ({args.scope}, {args.dtype}) {result.details['group']}")
+                for r in result.details["curves"].get(result.details["group"], []):
+                    print(f"{r['bytes']:>12} B {r['time_us']:>11.1f} us  algbw {r['algbw_gbps']:8.2f}  busbw "
+                          f"{r['busbw_gbps']:8.2f} GB/s  {r['algo']}")
+                for m in result.metrics:
+                    print(f"{m.name} = {m.value:.4g} {m.unit}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ the communicator initialises (NCCL reads it then).
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from workloads.common import place, synchronize
 from workloads.interconnect.nccl_log import Capture, NcclLog
+from workloads.node.name import node_name
 from workloads.result import WorkloadError
 
 SCOPES = ("node", "world", "net")
@@ -90,7 +90,7 @@ def backend_device() -> torch.device:
 def layout() -> Layout:
     """The job's layout, exchanged once over the default group (every rank must call it)."""
     if not _LAYOUT:
-        mine = (int(os.environ.get("GROUP_RANK", "0")), socket.gethostname())
+        mine = (int(os.environ.get("GROUP_RANK", "0")), node_name())
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         # Node indices as torchrun numbers them; nodes compacted to 0..N-1 in that order.

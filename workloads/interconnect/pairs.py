@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, ensure_distributed, time_runs
+from workloads.common import check_level, distributed, time_runs
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect._data import make_tile, mismatch, offset
 from workloads.result import Metric, Result, WorkloadError
@@ -208,14 +208,12 @@ def main() -> None:
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     parser.add_argument("--max-bytes", type=int, default=4 << 30)
     args = parser.parse_args()
-    here = ensure_distributed()
-    result = run(Config.for_level(args.level, here.device, kind=args.kind, max_bytes=args.max_bytes))
-    if here.rank == 0:
-        for p in result.details["pairs"]:
-            print(f"rank {p['a']:>4} ({p['host_a']}) <-> rank {p['b']:>4} ({p['host_b']}): {p['gbps']:8.2f} GB/s")
-        print(f"slowest: {result.details['slowest_pair']}")
-    dist.barrier()
-    dist.destroy_process_group()  # a clean exit: gloo aborts a process whose groups are still alive
+    with distributed() as here:
+        result = run(Config.for_level(args.level, here.device, kind=args.kind, max_bytes=args.max_bytes))
+        if here.rank == 0:
+            for p in result.details["pairs"]:
+                print(f"rank {p['a']:>4} ({p['host_a']}) <-> rank {p['b']:>4} ({p['host_b']}): {p['gbps']:8.2f} GB/s")
+            print(f"slowest: {result.details['slowest_pair']}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import ensure_distributed
+from workloads.common import distributed
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect.nccl_log import nccl_environment, transport_problems
 from workloads.result import Result
@@ -116,16 +116,14 @@ def main() -> None:
     parser.add_argument("--required", default="any", help="'NET/IB' or 'any'")
     parser.add_argument("--nccl-algo", default="")
     args = parser.parse_args()
-    here = ensure_distributed()
-    result = run(Config(required=args.required, nccl_algo=args.nccl_algo))
-    if here.rank == 0:
-        for scope in cgroups.SCOPES:
-            for label, seen in result.details.get(scope, {}).items():
-                print(f"{scope:>5} {label}: {seen['transports']} paths {seen['path_types']} "
-                      f"algos {seen['algorithms'][:4]} (capture {seen['capture'].get('mode')})")
-        print("\n".join(result.details["problems"]) or f"transport meets '{args.required}'")
-    dist.barrier()
-    dist.destroy_process_group()  # a clean exit: gloo aborts a process whose groups are still alive
+    with distributed() as here:
+        result = run(Config(required=args.required, nccl_algo=args.nccl_algo))
+        if here.rank == 0:
+            for scope in cgroups.SCOPES:
+                for label, seen in result.details.get(scope, {}).items():
+                    print(f"{scope:>5} {label}: {seen['transports']} paths {seen['path_types']} "
+                          f"algos {seen['algorithms'][:4]} (capture {seen['capture'].get('mode')})")
+            print("\n".join(result.details["problems"]) or f"transport meets '{args.required}'")
 
 
 if __name__ == "__main__":

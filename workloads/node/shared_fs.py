@@ -17,7 +17,6 @@ import os
 import random
 import secrets
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, ensure_distributed, place
+from workloads.common import check_level, distributed, place
+from workloads.node.name import node_name
 from workloads.result import Metric, Result, WorkloadError
 
 GB = 1e9
@@ -202,7 +202,7 @@ def _token_phase(cfg: Config, here: Any, host: str) -> tuple[Path, str, dict[str
 def run(cfg: Config) -> Result:
     """Check the directory on every rank, the token on every rank, then throughput per node."""
     here = place()
-    host = socket.gethostname()
+    host = node_name()
     everyone = _gather((here.rank, host, here.node_rank, directory_problem(cfg.directory)))
     _raise_if_any(everyone, f"the shared directory {cfg.directory} is unusable",
                   "mount it on every node, or point the test at one that is")
@@ -253,12 +253,12 @@ def main() -> None:
     parser.add_argument("--directory", required=True, help="a directory every node mounts")
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     args = parser.parse_args()
-    here = ensure_distributed()
-    result = run(Config.for_level(args.level, here.device, args.directory))
-    if here.rank == 0:
-        for node in result.details["per_node"]:
-            print(f"node {node['node']} ({node['host']}): write {node['write_gbps']:.2f} GB/s, "
-                  f"read {node['read_gbps']:.2f} GB/s")
+    with distributed() as here:
+        result = run(Config.for_level(args.level, here.device, args.directory))
+        if here.rank == 0:
+            for node in result.details["per_node"]:
+                print(f"node {node['node']} ({node['host']}): write {node['write_gbps']:.2f} GB/s, "
+                      f"read {node['read_gbps']:.2f} GB/s")
 
 
 if __name__ == "__main__":

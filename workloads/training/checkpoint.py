@@ -31,7 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, ensure_distributed
+from workloads.common import check_level, distributed
 from workloads.result import Result, WorkloadError
 from workloads.training import gpt
 
@@ -170,14 +170,15 @@ def main() -> None:
     parser.add_argument("--preset", choices=tuple(gpt.PRESETS), help="default: gpt2-124m on GPU, tiny on CPU")
     parser.add_argument("--keep", action="store_true", help="leave the checkpoint on disk")
     args = parser.parse_args()
-    here = ensure_distributed()
-    cfg = Config.for_level(args.level, here.device, args.dir)
-    cfg = dataclasses.replace(cfg, preset=args.preset or cfg.preset, keep=args.keep)
-    result = run(cfg)
-    if here.rank == 0:
-        d = result.details
-        print(f"checkpoint round trip exact on {d['ranks']} ranks: {d['entries']} entries, {d['bytes'] / 1e6:.1f} MB "
-              f"in {len(d['files'])} files, save {d['save_s']:.2f} s, load {d['load_s']:.2f} s")
+    with distributed() as here:
+        cfg = Config.for_level(args.level, here.device, args.dir)
+        cfg = dataclasses.replace(cfg, preset=args.preset or cfg.preset, keep=args.keep)
+        result = run(cfg)
+        if here.rank == 0:
+            d = result.details
+            print(f"checkpoint round trip exact on {d['ranks']} ranks: {d['entries']} entries, "
+                  f"{d['bytes'] / 1e6:.1f} MB in {len(d['files'])} files, save {d['save_s']:.2f} s, "
+                  f"load {d['load_s']:.2f} s")
 
 
 if __name__ == "__main__":

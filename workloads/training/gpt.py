@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, ensure_distributed, summarize, synchronize, time_runs
+from workloads.common import check_level, distributed, summarize, synchronize, time_runs
 from workloads.gpu.inventory import ClockSampler
 from workloads.result import Metric, Result, WorkloadError
 from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, mfu
@@ -291,16 +291,16 @@ def main() -> None:
     parser.add_argument("--compile", choices=COMPILE_MODES)
     parser.add_argument("--steps", type=int, help="timed steps")
     args = parser.parse_args()
-    here = ensure_distributed()
-    overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
-                                   ("compile", args.compile), ("steps", args.steps)) if v is not None}
-    result = run(Config.for_level(args.level, here.device, args.preset, args.peak_tflops, **overrides))
-    if here.rank == 0:
-        for m in result.metrics:
-            print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
-        d = result.details
-        print(f"compile {d['compile_used']} {d['compile_note']}; first step {d['first_step_s']:.1f} s; "
-              f"loss {d['loss_first']:.3f} -> {d['loss_last']:.3f}; memory {d.get('max_memory_gib', 0):.1f} GiB")
+    with distributed() as here:
+        overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
+                                       ("compile", args.compile), ("steps", args.steps)) if v is not None}
+        result = run(Config.for_level(args.level, here.device, args.preset, args.peak_tflops, **overrides))
+        if here.rank == 0:
+            for m in result.metrics:
+                print(f"{m.name} = {m.value:.4g} {m.unit}  ({m.description})")
+            d = result.details
+            print(f"compile {d['compile_used']} {d['compile_note']}; first step {d['first_step_s']:.1f} s; "
+                  f"loss {d['loss_first']:.3f} -> {d['loss_last']:.3f}; memory {d.get('max_memory_gib', 0):.1f} GiB")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from workloads.common import check_level, ensure_distributed
+from workloads.common import check_level, distributed
 from workloads.result import Result, WorkloadError
 
 
@@ -163,10 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     args = parser.parse_args()
-    here = ensure_distributed()
-    result = run(Config.for_level(args.level, here.device, here.world_size))
-    if here.rank == 0:
-        print(f"disjoint split on {here.world_size} ranks: {result.details}")
+    with distributed() as here:
+        result = run(Config.for_level(args.level, here.device, here.world_size))
+        if here.rank == 0:
+            print(f"disjoint split on {here.world_size} ranks: {result.details}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import ensure_distributed, place
+from workloads.common import distributed, place
 from workloads.result import Metric, Result
 from workloads.training import gpt
 
@@ -84,16 +84,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="samples per step per GPU")
     parser.add_argument("--compile", choices=gpt.COMPILE_MODES)
     args = parser.parse_args()
-    here = ensure_distributed()
-    overrides = {k: v for k, v in (("batch_size", args.batch_size), ("compile", args.compile)) if v is not None}
-    result = run(Config.for_level(args.level, here.device, **overrides))
-    if here.rank == 0:
-        m = result.metrics[0]
-        print(f"{m.name} = {m.value:.3f} ({m.description})")
-        for node in result.details["per_node"]:
-            print(f"  node ranks {node['ranks'][0]}..{node['ranks'][-1]}: alone "
-                  f"{node['alone_tokens_per_s_per_gpu']:.0f}, together {node['together_tokens_per_s_per_gpu']:.0f} "
-                  "tokens/s per GPU")
+    with distributed() as here:
+        overrides = {k: v for k, v in (("batch_size", args.batch_size), ("compile", args.compile)) if v is not None}
+        result = run(Config.for_level(args.level, here.device, **overrides))
+        if here.rank == 0:
+            m = result.metrics[0]
+            print(f"{m.name} = {m.value:.3f} ({m.description})")
+            for node in result.details["per_node"]:
+                print(f"  node ranks {node['ranks'][0]}..{node['ranks'][-1]}: alone "
+                      f"{node['alone_tokens_per_s_per_gpu']:.0f}, together {node['together_tokens_per_s_per_gpu']:.0f} "
+                      "tokens/s per GPU")
 
 
 if __name__ == "__main__":
