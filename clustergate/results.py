@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate.outcomes import PhaseVerdict
+from clustergate.verdict import decide
 
 SCHEMA = 1
 
@@ -67,9 +68,7 @@ class RunRecord:
 
     @property
     def verdict(self) -> str:
-        outcomes = [t.outcome for t in self.tests.values()]
-        ok = self.error is None and "passed" in outcomes and all(o in ("passed", "skipped") for o in outcomes)
-        return "accept" if ok else "reject"
+        return decide((t.outcome for t in self.tests.values()), error=self.error, finished=True).verdict
 
     def as_json(self) -> dict[str, Any]:
         return {

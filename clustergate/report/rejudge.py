@@ -14,6 +14,7 @@ from typing import Any
 
 from clustergate.judge import Record, Where, judge
 from clustergate.thresholds import Profile
+from clustergate.verdict import decide
 
 METRIC_HEADER = re.compile(r"^(\[call\] )?\d+ metric checks? failed:$")
 """The line ``clustergate.outcomes.merge`` puts above its metric failures (indented below it)."""
@@ -48,10 +49,9 @@ def _records(metric: dict[str, Any], nodes: list[dict[str, Any]]) -> list[Record
 
 
 def verdict(results: dict[str, Any]) -> str:
-    """As ``RunRecord.verdict``: no run error, something passed, nothing failed."""
-    outcomes = [t.get("outcome") for t in results.get("tests", [])]
-    ok = results.get("error") is None and "passed" in outcomes and all(o in ("passed", "skipped") for o in outcomes)
-    return "accept" if ok else "reject"
+    """The verdict of a finished run's record, by the rule the run itself used."""
+    outcomes = [str(t.get("outcome")) for t in results.get("tests", [])]
+    return decide(outcomes, error=results.get("error"), finished=True).verdict
 
 
 def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
