@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from clustergate.thresholds import load
+from workloads.common import agree_on
 from workloads.finetune import _common as fc
 from workloads.finetune import data as fcd
 from workloads.finetune import fsdp as fsdp_finetune
@@ -110,8 +111,9 @@ def test_a_rank_that_fails_setup_fails_every_rank_with_its_message(gloo_world: N
     def broken() -> None:
         raise fcd.DataFormatError("data.jsonl:9: missing key 'system'")
 
-    with pytest.raises(WorkloadError, match=r"rank 0: data.jsonl:9: missing key 'system'"):
-        fc.agree(broken)
+    with pytest.raises(WorkloadError, match=r"setup failed on 1/1 ranks:\n  node 0 \(.*\) rank 0: data.jsonl:9: "
+                                            r"missing key 'system'"):
+        agree_on(broken, "setup failed", fc.SETUP_ERRORS)
 
 
 @pytest.mark.parametrize("workload", [lora, fsdp_finetune, zero3])

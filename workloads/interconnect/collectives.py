@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, distributed, synchronize, time_batches, time_runs
+from workloads.common import agree, check_level, distributed, gather_objects, synchronize, time_batches, time_runs
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect._data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
 from workloads.interconnect.nccl_log import nccl_environment
@@ -153,7 +153,7 @@ def unsupported_reason(collective: str) -> str | None:
              "all_to_all": lambda: dist.all_to_all_single(torch.empty(2 * n), x)}.get(collective, lambda: None)()
         except (RuntimeError, NotImplementedError, ValueError) as exc:
             problem = f"{dist.get_backend()} in torch {torch.__version__} cannot run {collective}: {exc}"
-    reasons = [p for p in cgroups.gather(problem) if p]
+    reasons = [p for p in gather_objects(problem) if p]
     return reasons[0] if reasons else None
 
 
@@ -195,7 +195,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
                 fn = _operation(cfg, comm, send, out)
             except (torch.OutOfMemoryError, WorkloadError) as exc:
                 problem = f"{where}: {exc}"
-        cgroups.agree(problem, f"{cfg.collective} ({cfg.scope}): preparing {size} B")
+        agree(problem, f"{cfg.collective} ({cfg.scope}): preparing {size} B failed")
         algo = ""
         if fn is not None and out is not None:
             seen = len(comm.log.algorithms)
@@ -206,7 +206,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
             problem = f"{where}: {bad} (rank {dist.get_rank()}); a wrong result is data corruption on a link " \
                       "or in NCCL: check dmesg for Xid errors, rerun with NCCL_ALGO=Ring NCCL_PROTO=Simple" \
                       if bad else None
-        cgroups.agree(problem, f"{cfg.collective} ({cfg.scope}): correctness at {size} B")
+        agree(problem, f"{cfg.collective} ({cfg.scope}): correctness at {size} B failed")
         if fn is not None:
             # Small messages: rounds of back-to-back calls (nccl-tests), so host launch jitter between
             # an event and its call does not count; large ones: each call on its own.
@@ -235,7 +235,7 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     comm = cgroups.scope_comm(cfg.scope, "" if cfg.latency else cfg.nccl_algo)
     rows = _sweep(cfg, comm, device)
-    gathered = cgroups.gather((comm.label, rows) if comm.active and comm.group_rank == 0 else None)
+    gathered = gather_objects((comm.label, rows) if comm.active and comm.group_rank == 0 else None)
     curves = dict(x for x in gathered if x is not None)
     details: dict[str, Any] = {
         "collective": cfg.collective, "scope": cfg.scope, "group": comm.label, "ranks": comm.size,
