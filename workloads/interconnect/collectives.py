@@ -31,6 +31,11 @@ from workloads.interconnect._data import amplitude, chunked, expected, inputs, m
 from workloads.interconnect.nccl_log import nccl_environment
 from workloads.result import Metric, Result, WorkloadError
 
+# torch 2.13 renamed the one-tensor collectives (the old names now warn, FutureWarning); the torch
+# builds GPU nodes carry (>= 2.4) may have only the old names. The same NCCL/gloo call either way.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 _BASE = {"all_reduce": "allreduce_busbw_gbps", "all_gather": "allgather_busbw_gbps",
          "reduce_scatter": "reducescatter_busbw_gbps", "all_to_all": "alltoall_busbw_gbps",
@@ -148,8 +153,8 @@ def unsupported_reason(collective: str) -> str | None:
         n = dist.get_world_size()
         try:
             x = torch.ones(2 * n)
-            {"all_gather": lambda: dist.all_gather_into_tensor(torch.empty(2 * n), x[:2]),
-             "reduce_scatter": lambda: dist.reduce_scatter_tensor(torch.empty(2), x),
+            {"all_gather": lambda: ALL_GATHER(torch.empty(2 * n), x[:2]),
+             "reduce_scatter": lambda: REDUCE_SCATTER(torch.empty(2), x),
              "all_to_all": lambda: dist.all_to_all_single(torch.empty(2 * n), x)}.get(collective, lambda: None)()
         except (RuntimeError, NotImplementedError, ValueError) as exc:
             problem = f"{dist.get_backend()} in torch {torch.__version__} cannot run {collective}: {exc}"
@@ -164,9 +169,9 @@ def _operation(cfg: Config, comm: cgroups.ScopeComm, send: torch.Tensor, out: to
     if cfg.collective == "all_reduce":
         return lambda: dist.all_reduce(send, group=g)
     if cfg.collective == "all_gather":
-        return lambda: dist.all_gather_into_tensor(out, send, group=g)
+        return lambda: ALL_GATHER(out, send, group=g)
     if cfg.collective == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(out, send, group=g)
+        return lambda: REDUCE_SCATTER(out, send, group=g)
     if cfg.collective == "all_to_all":
         return lambda: dist.all_to_all_single(out, send, group=g)
     if cfg.collective == "broadcast":
