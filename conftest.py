@@ -1,3 +1,3 @@
 """Enable the clustergate plugin for this checkout (acceptance/ runs on every torchrun rank)."""
 
-pytest_plugins = ["clustergate.plugin", "clustergate.htmlreport"]
+pytest_plugins = ["clustergate.plugin", "clustergate.report.hooks"]

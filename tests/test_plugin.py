@@ -47,7 +47,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
         result = pytester.runpytest_subprocess(
-            "-p", "clustergate.plugin", "-p", "clustergate.htmlreport", "-p", "no:cacheprovider",
+            "-p", "clustergate.plugin", "-p", "clustergate.report.hooks", "-p", "no:cacheprovider",
             "--thresholds", "thresholds.yaml",
             "--report-dir", str(report), *args)
         return result, report

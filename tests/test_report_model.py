@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from clustergate.report import figures, html, model
-from clustergate.summary import summary_lines
+from clustergate.report.summary import summary_lines
 
 
 def per_rank(values: list[float], failing: tuple[int, ...] = ()) -> list[dict[str, Any]]:

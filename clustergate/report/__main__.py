@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from clustergate import baseline as baseline_mod
+from clustergate.report import baseline as baseline_mod
 from clustergate.results import write_json
 
 
@@ -67,13 +67,13 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(results_path: Path, results: dict[str, Any], output: Path) -> int:
     """Run the replay session; pytest-html writes ``output``. Returns pytest's exit status."""
-    from clustergate import htmlreport
+    from clustergate.report import hooks
     from clustergate.report.replay import ReplayPlugin
 
     args = [str(results_path), "--rootdir", str(results_path.parent), "-c", os.devnull, "--noconftest",
             "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
             "--html", str(output), "--self-contained-html"]
-    return int(pytest.main(args, plugins=[htmlreport, ReplayPlugin(results_path, results)]))
+    return int(pytest.main(args, plugins=[hooks, ReplayPlugin(results_path, results)]))
 
 
 def main(argv: list[str] | None = None) -> int:

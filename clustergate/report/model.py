@@ -1,6 +1,6 @@
 """What the report says, derived from the results.json dict: pure functions, no HTML, no pytest.
 
-The terminal summary (``clustergate.summary``), the HTML report and the re-render command all
+The terminal summary (``clustergate.report.summary``), the HTML report and the re-render command all
 read the run through these, so they agree on every figure, margin and highlight.
 """
 
