@@ -8,11 +8,11 @@ broadcasts the outcome. One failure format for every metric (after ReFrame):
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from clustergate.thresholds import Criterion, Profile
+from clustergate.criteria import Criterion, Figure, fmt
+from clustergate.thresholds import Profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,47 +83,6 @@ def keep_one_per_scope(records: list[Record]) -> list[Record]:
     return list(kept.values())
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
-
-
-def _problems(r: Record, c: Criterion, medians: dict[str, float]) -> list[str]:
-    """Why one record fails its criterion (empty when it passes)."""
-    out: list[str] = []
-    if c.unit is not None and r.unit != c.unit:
-        out.append(f"recorded in {r.unit!r}, the profile expects {c.unit!r}")
-        return out
-    if c.ceiling is not None and r.value > c.ceiling:
-        out.append(f"above the physical ceiling {_fmt(c.ceiling)}: a measurement error, not a result")
-    if c.min is not None and r.value < c.min:
-        out.append(f"expected >= {_fmt(c.min)}")
-    if c.max is not None and r.value > c.max:
-        out.append(f"expected <= {_fmt(c.max)}")
-    if c.outlier_fraction is not None and r.scope == "gpu":
-        for peers, median in medians.items():
-            if r.value < c.outlier_fraction * median:
-                out.append(f"below {c.outlier_fraction:.0%} of the {peers} median {_fmt(median)}")
-    return out
-
-
-def _medians(records: list[Record], r: Record) -> dict[str, float]:
-    node = [x.value for x in records if x.where.node_rank == r.where.node_rank]
-    medians = {"node": statistics.median(node)} if len(node) > 1 else {}
-    nodes = {x.where.node_rank for x in records}
-    if len(nodes) > 1:
-        medians["cluster"] = statistics.median(x.value for x in records)
-    return medians
-
-
-def _aggregate(values: list[float], c: Criterion) -> float:
-    """The figure that stands for the metric: the worst against the criterion, else the median."""
-    if c.min is not None or c.outlier_fraction is not None:
-        return min(values)
-    if c.max is not None or c.ceiling is not None:
-        return max(values)
-    return statistics.median(values)
-
-
 def judge(records: list[Record], profile: Profile) -> list[Judged]:
     """Judge every metric in ``records``; metrics missing from the profile fail, naming the key."""
     by_name: dict[str, list[Record]] = {}
@@ -134,7 +93,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
         first = recs[0]
         if name not in profile.metrics:
             judged.append(Judged(
-                name=name, value=_aggregate([r.value for r in recs], Criterion()), unit=first.unit,
+                name=name, value=Criterion().stand_in([r.value for r in recs]), unit=first.unit,
                 scope=first.scope, description=first.description, criterion={}, passed=False,
                 failures=[f"{name}: profile {profile.name!r} in {profile.source} has no metrics.{name}; add it"],
                 per_rank=[{**asdict(r.where), "value": r.value, "passed": False} for r in recs],
@@ -143,17 +102,17 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
         c = profile.metrics[name]
         failures: list[str] = []
         per_rank: list[dict[str, Any]] = []
-        for r in recs:
-            problems = _problems(r, c, _medians(recs, r))
+        verdicts = c.judge([Figure(r.value, r.unit, r.where.node_rank) for r in recs], first.scope)
+        for r, problems in zip(recs, verdicts, strict=True):
             per_rank.append({**asdict(r.where), "value": r.value, "passed": not problems})
             if problems:
                 failures.append(
-                    f"{name}={_fmt(r.value)} {r.unit}, {'; '.join(problems)} "
+                    f"{name}={fmt(r.value)} {r.unit}, {'; '.join(problems)} "
                     f"[{profile.name}, {r.where.label(r.scope)}]"
                 )
         judged.append(Judged(
-            name=name, value=_aggregate([r.value for r in recs], c), unit=first.unit, scope=first.scope,
-            description=c.description or first.description, criterion=c.as_dict(), passed=not failures,
+            name=name, value=c.stand_in([r.value for r in recs]), unit=first.unit, scope=first.scope,
+            description=c.description or first.description, criterion=c.as_json(), passed=not failures,
             failures=failures, per_rank=per_rank,
         ))
     return judged

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clustergate.criteria import Criterion
 from clustergate.judge import Record, Where, judge
 from clustergate.outcomes import PhaseOutcome, merge
-from clustergate.thresholds import Criterion, Profile
+from clustergate.thresholds import Profile
 
 
 def profile(**metrics: Criterion) -> Profile:
@@ -20,7 +21,7 @@ def rec(value: float, rank: int = 0, node: int = 0, name: str = "tflops", scope:
 
 
 def test_min_failure_names_value_criterion_profile_and_gpu() -> None:
-    [j] = judge([rec(720, 0), rec(512.3, 1, serial="1650")], profile(tflops=Criterion(min=700)))
+    [j] = judge([rec(720, 0), rec(512.3, 1, serial="1650")], profile(tflops=Criterion.of(min=700)))
     assert not j.passed
     assert j.value == 512.3  # the worst figure stands for the metric
     assert j.failures == ["tflops=512.3 TFLOPS, expected >= 700 [test, rank 1 node0 gpu 1 serial 1650]"]
@@ -28,7 +29,7 @@ def test_min_failure_names_value_criterion_profile_and_gpu() -> None:
 
 
 def test_max_ceiling_and_unit() -> None:
-    p = profile(lat=Criterion(max=50), bw=Criterion(min=1, ceiling=480), u=Criterion(unit="GB/s"))
+    p = profile(lat=Criterion.of(max=50), bw=Criterion.of(min=1, ceiling=480), u=Criterion.of(unit="GB/s"))
     results = {j.name: j for j in judge([
         rec(60, name="lat", unit="us"), rec(500, name="bw"), rec(3, name="u", unit="Gb/s")], p)}
     assert "expected <= 50" in results["lat"].failures[0]
@@ -39,7 +40,7 @@ def test_max_ceiling_and_unit() -> None:
 def test_outlier_against_node_median_even_above_minimum() -> None:
     values = [800, 801, 799, 802, 800, 798, 803, 650]
     records = [rec(v, rank) for rank, v in enumerate(values)]
-    [j] = judge(records, profile(tflops=Criterion(min=600, outlier_fraction=0.9)))
+    [j] = judge(records, profile(tflops=Criterion.of(min=600, outlier_fraction=0.9)))
     assert len(j.failures) == 1
     assert "rank 7" in j.failures[0] and "below 90% of the node median" in j.failures[0]
 
@@ -47,7 +48,7 @@ def test_outlier_against_node_median_even_above_minimum() -> None:
 def test_node_and_world_scopes_keep_one_record_each() -> None:
     records = [rec(5, r, node=r // 2, name="nb", scope="node") for r in range(4)]
     records += [rec(7, r, name="wb", scope="world") for r in range(4)]
-    by = {j.name: j for j in judge(records, profile(nb=Criterion(min=1), wb=Criterion(min=1)))}
+    by = {j.name: j for j in judge(records, profile(nb=Criterion.of(min=1), wb=Criterion.of(min=1)))}
     assert [p["rank"] for p in by["nb"].per_rank] == [0, 2]
     assert [p["rank"] for p in by["wb"].per_rank] == [0]
 
@@ -81,12 +82,12 @@ def test_mixed_pass_and_skip_is_a_failure() -> None:
 
 
 def test_declared_metric_not_recorded_fails() -> None:
-    v = merge([outcome(0, "passed")], profile(tflops=Criterion(min=1)), "call", ("tflops",))
+    v = merge([outcome(0, "passed")], profile(tflops=Criterion.of(min=1)), "call", ("tflops",))
     assert v.outcome == "failed" and "declared metrics never recorded: tflops" in v.message
 
 
 def test_metric_failure_fails_a_passing_test_and_names_the_rank() -> None:
-    p = profile(tflops=Criterion(min=700))
+    p = profile(tflops=Criterion.of(min=700))
     v = merge([outcome(0, "passed", records=[rec(800, 0)]), outcome(1, "passed", records=[rec(100, 1)])],
               p, "call", ("tflops",))
     assert v.outcome == "failed" and v.failed_ranks == [1]

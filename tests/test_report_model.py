@@ -53,16 +53,6 @@ RESULTS: dict[str, Any] = {
 }
 
 
-def test_margin_is_headroom_against_the_tightest_bound() -> None:
-    assert model.margin_pct(770, {"min": 700}) == pytest.approx(10.0)
-    assert model.margin_pct(600, {"min": 700}) == pytest.approx(-14.2857, rel=1e-3)
-    assert model.margin_pct(40, {"max": 50}) == pytest.approx(20.0)
-    assert model.margin_pct(45, {"min": 40, "max": 50}) == pytest.approx(10.0)
-    assert model.margin_pct(45, {"ceiling": 50}) is None
-    assert model.criterion_text({"min": 700, "ceiling": 989, "outlier_fraction": 0.9}) == \
-        ">= 700, ceiling 989, >= 90% of peers' median"
-
-
 def test_criteria_rows_put_failures_first_and_name_the_worst_part() -> None:
     rows = model.criteria_rows(RESULTS)
     assert [r.metric for r in rows] == ["matmul_bf16_tflops", "allreduce_busbw_gbps", "hbm_bandwidth_tbps"]  # by margin

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from clustergate.criteria import Criterion
+
 OUTLIER_DEVIATION = 0.10
 """A GPU more than this fraction worse than the median of its peers is highlighted as an outlier
 (highlighting only: judging uses the profile's ``outlier_fraction``)."""
@@ -97,42 +99,6 @@ def gpu_label(where: dict[str, Any], short: bool = False) -> str:
     return f"rank {rank} {host}{gpu}{serial}"
 
 
-def higher_is_better(criterion: dict[str, Any]) -> bool | None:
-    """True for a floor (min, outlier_fraction), False for a limit (max only), None when unjudged."""
-    if "min" in criterion or "outlier_fraction" in criterion:
-        return True
-    if "max" in criterion:
-        return False
-    return None
-
-
-def criterion_text(criterion: dict[str, Any]) -> str:
-    parts = []
-    if "min" in criterion:
-        parts.append(f">= {criterion['min']:g}")
-    if "max" in criterion:
-        parts.append(f"<= {criterion['max']:g}")
-    if "ceiling" in criterion:
-        parts.append(f"ceiling {criterion['ceiling']:g}")
-    if "outlier_fraction" in criterion:
-        parts.append(f">= {criterion['outlier_fraction']:.0%} of peers' median")
-    return ", ".join(parts) or "not judged"
-
-
-def margin_pct(value: float, criterion: dict[str, Any]) -> float | None:
-    """Headroom against the tightest of min/max in % (negative: missed); None without a bound."""
-    margins = []
-    if criterion.get("min"):
-        margins.append((value - criterion["min"]) / abs(criterion["min"]) * 100)
-    if criterion.get("max"):
-        margins.append((criterion["max"] - value) / abs(criterion["max"]) * 100)
-    return min(margins) if margins else None
-
-
-def _judged(criterion: dict[str, Any]) -> bool:
-    return any(k in criterion for k in ("min", "max", "ceiling", "outlier_fraction"))
-
-
 def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     per = metric.get("per_rank") or []
     if not per:
@@ -141,7 +107,7 @@ def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     if scope == "world":
         return "whole job"
     parts = f"{len(per)} {'GPU' if scope == 'gpu' else 'node'}{'s' if len(per) > 1 else ''}"
-    if not _judged(metric.get("criterion") or {}):
+    if not Criterion.from_json(metric.get("criterion")).judged:
         return f"median of {parts}" if len(per) > 1 else _label(per[0], scope, ranks)
     failing = [p for p in per if not p.get("passed", True)]
     # The judge's figure is the worst part's value: name that part.
@@ -163,11 +129,11 @@ def criteria_rows(results: dict[str, Any]) -> list[CriterionRow]:
     rows = []
     for test in results.get("tests", []):
         for m in test.get("metrics", []):
-            crit = m.get("criterion") or {}
+            crit = Criterion.from_json(m.get("criterion"))
             rows.append(CriterionRow(
                 test=test["nodeid"], metric=m["name"], scope=m.get("scope", "gpu"), value=float(m["value"]),
-                unit=m.get("unit", ""), criterion=criterion_text(crit), margin_pct=margin_pct(float(m["value"]), crit),
-                passed=bool(m.get("passed")), judged=_judged(crit), where=_where(m, ranks),
+                unit=m.get("unit", ""), criterion=crit.text(), margin_pct=crit.margin_pct(float(m["value"])),
+                passed=bool(m.get("passed")), judged=crit.judged, where=_where(m, ranks),
                 description=m.get("description", ""),
             ))
     return sorted(rows, key=lambda r: (r.passed, not r.judged, r.margin_pct if r.margin_pct is not None else 1e9))
@@ -203,7 +169,7 @@ def cell_state(value: float, passed: bool, peers: list[float], criterion: dict[s
     median (either way when the criterion gives no direction, and then only among 3 or more)."""
     if not passed:
         return "fail"
-    up = higher_is_better(criterion)
+    up = Criterion.from_json(criterion).higher_is_better
     if len(peers) < (2 if up is not None else 3):
         return ""
     med = statistics.median(peers)
@@ -277,7 +243,7 @@ def node_table(results: dict[str, Any]) -> Table:
         table.rows.append(row)
     for name, m in _gpu_metrics(results, "gpu"):
         row = [Cell(f"{name} (worst GPU)")]
-        up = higher_is_better(m.get("criterion") or {})
+        up = Criterion.from_json(m.get("criterion")).higher_is_better
         for n in nodes:
             mine = [p for p in m["per_rank"] if node_of(p) == n.get("node_rank", 0)]
             if not mine:
