@@ -8,6 +8,7 @@ broadcasts the outcome. One failure format for every metric (after ReFrame):
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,6 +67,28 @@ class Judged:
         out = asdict(self)
         out.pop("failures")
         return out
+
+
+def record_problems(records: list[Record], ran: dict[int, str]) -> tuple[list[str], list[int]]:
+    """What is wrong with the records themselves, and the ranks concerned: a rank that recorded a
+    metric twice (an error in the test), and a per-GPU metric missing on a rank that ran the test
+    (``ran``: rank -> host of every rank whose test body passed)."""
+    lines: list[str] = []
+    ranks: set[int] = set()
+    for (name, rank), n in sorted(Counter((r.name, r.where.rank) for r in records).items()):
+        if n > 1:
+            lines.append(f"{name} recorded {n} times on rank {rank}: an error in the test, which must record "
+                         "each figure once")
+            ranks.add(rank)
+    for name in sorted({r.name for r in records if r.scope == "gpu"}):
+        have = {r.where.rank for r in records if r.name == name}
+        missing = [rank for rank in sorted(ran) if rank not in have]
+        if missing:
+            lines.append(f"per-GPU metric {name} not recorded on {len(missing)} of the {len(ran)} ranks that ran "
+                         f"the test: {', '.join(f'rank {r} ({ran[r]})' for r in missing[:16])}"
+                         f"{' ...' if len(missing) > 16 else ''}; every rank records its own GPU's figure")
+            ranks.update(missing)
+    return lines, sorted(ranks)
 
 
 def keep_one_per_scope(records: list[Record]) -> list[Record]:

@@ -15,7 +15,7 @@ import pytest
 
 from clustergate import control
 from clustergate.identity import gpu_model_name
-from clustergate.outcomes import PhaseOutcome
+from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
 from clustergate.session import ClusterGate
 from clustergate.thresholds import ThresholdsError, load
@@ -184,6 +184,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         message=_message(item, report, call), stop=call.stop,
         records=recorder.records if call.when == "call" else [],
         details=recorder.details if call.when == "call" else {}, gpu_label=gate.gpu_label(),
+        poisoned=poisons(call.excinfo.value if call.excinfo else None),
     )
     verdict = gate.merge_phase(item.nodeid, call.when, mine, recorder.declared, call.duration)
     if verdict.outcome == "failed":

@@ -29,6 +29,14 @@ class TestEntry:
     message: str = ""
     metrics: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    """What failed besides the metrics' criteria, one entry a phase: the message without its metric block
+    (``python -m clustergate.report`` re-judges the metrics and keeps these)."""
+
+    def note(self, text: str) -> None:
+        """A failure that is not a metric's: added to ``problems`` and the message."""
+        self.problems.append(text)
+        self.message = f"{self.message}\n{text}".strip()
 
     def apply(self, when: str, verdict: PhaseVerdict, duration_s: float) -> None:
         """Fold one phase's merged verdict into the test's entry."""
@@ -40,6 +48,8 @@ class TestEntry:
             self.outcome = "failed" if when == "call" else "error"
             self.failed_ranks = sorted(set(self.failed_ranks) | set(verdict.failed_ranks))
             self.message = f"{self.message}\n[{when}] {verdict.message}".strip()
+            if verdict.problems:
+                self.problems.append(f"[{when}] " + "\n".join(verdict.problems))
         elif verdict.outcome == "skipped" and self.outcome == "passed":
             self.outcome = "skipped"
             self.message = verdict.message
@@ -85,8 +95,8 @@ class RunRecord:
             "environment": self.environment,
             "tests": [
                 {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
-                 "failed_ranks": t.failed_ranks, "message": t.message, "metrics": t.metrics,
-                 "details": t.details}
+                 "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
+                 "metrics": t.metrics, "details": t.details}
                 for t in self.tests.values()
             ],
             **self.extra,

@@ -12,7 +12,7 @@ import pytest
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate.report.rejudge import rejudge, strip_metric_failures
+from clustergate.report.rejudge import rejudge
 from clustergate.thresholds import load
 
 from torchrun_job import ROOT, job_env
@@ -31,6 +31,7 @@ def test_rejudge_replaces_metric_failures_and_keeps_other_failures(tmp_path: Pat
     recorded = copy.deepcopy(RESULTS)
     recorded["tests"][1]["outcome"] = "failed"
     recorded["tests"][1]["message"] = "[call] failed on 1/4 ranks: 2\n--- rank 2 (node-1) ---\nTraceback: boom"
+    recorded["tests"][1]["problems"] = [recorded["tests"][1]["message"]]
     out = rejudge(recorded, load(tmp_path / "t.yaml").profile("loose"))
     bf16, allreduce, hbm = out["tests"]
     assert bf16["outcome"] == "passed" and bf16["message"] == "" and bf16["failed_ranks"] == []
@@ -42,9 +43,17 @@ def test_rejudge_replaces_metric_failures_and_keeps_other_failures(tmp_path: Pat
     assert RESULTS["tests"][0]["outcome"] == "failed"  # the input is not modified
 
 
-def test_strip_metric_failures() -> None:
-    msg = "[call] failed on 1/2 ranks: 1\nboom\n2 metric checks failed:\n  a=1, expected >= 2\n  b=1\n[teardown] x"
-    assert strip_metric_failures(msg) == "[call] failed on 1/2 ranks: 1\nboom\n[teardown] x"
+def test_a_failure_recorded_without_problems_is_kept_whole(tmp_path: Path) -> None:
+    """A results.json written before tests kept their problems: its failures never turn into passes."""
+    (tmp_path / "t.yaml").write_text(
+        "schema: 1\nfallback_profile: loose\ncpu_profile: loose\nprofiles:\n  loose:\n    metrics:\n"
+        "      matmul_bf16_tflops: {min: 500}\n      allreduce_busbw_gbps: {}\n      hbm_bandwidth_tbps: {}\n")
+    older = copy.deepcopy(RESULTS)
+    for test in older["tests"]:
+        del test["problems"]
+    bf16 = rejudge(older, load(tmp_path / "t.yaml").profile("loose"))["tests"][0]
+    assert bf16["outcome"] == "failed" and bf16["message"] == RESULTS["tests"][0]["message"]
+    assert bf16["metrics"][0]["passed"]  # the figures are judged anew all the same
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)

@@ -33,13 +33,14 @@ RESULTS: dict[str, Any] = {
     "environment": {"torch": "2.11.0", "cuda": "13.0", "nccl": "2.27.3", "driver": "580.1", "python": "3.11.7"},
     "tests": [
         {"nodeid": "acceptance/test_matmul.py::test_bf16", "outcome": "failed", "duration_s": 30.0,
-         "failed_ranks": [3], "message": "[call] 1 metric check failed:\n  matmul_bf16_tflops=600 TFLOPS, expected "
-                                         ">= 700 [h100-sxm-80gb, rank 3 node-1 gpu 1 serial SN3]",
+         "failed_ranks": [3], "problems": [],
+         "message": "[call] 1 metric check failed:\n  matmul_bf16_tflops=600 TFLOPS, expected >= 700 [h100-sxm-80gb, "
+                    "rank 3 node-1 gpu 1 serial SN3]",
          "metrics": [metric("matmul_bf16_tflops", 600.0, {"min": 700, "outlier_fraction": 0.9}, passed=False,
                             values=[790.0, 780.0, 785.0, 600.0], failing=(3,))],
          "details": {"curves": {"shapes": [{"n": 4096, "tflops": 700.0}, {"n": 8192, "tflops": 780.0}]}}},
         {"nodeid": "acceptance/test_nccl.py::test_allreduce", "outcome": "passed", "duration_s": 20.0,
-         "failed_ranks": [], "message": "",
+         "failed_ranks": [], "problems": [], "message": "",
          "metrics": [metric("allreduce_busbw_gbps", 371.0, {"min": 350, "ceiling": 480}, scope="world",
                             values=[371.0])],
          "details": {"curve": [{"size": 1 << 20, "time": 1e-4, "algbw": 10.0, "busbw": 17.5},
@@ -47,7 +48,8 @@ RESULTS: dict[str, Any] = {
                      "matrix": {"labels": ["a", "b"], "values": [[None, 48.0], [47.5, None]], "unit": "GB/s"},
                      "loss": [2.0, 1.5, 1.2], "notes": ["not", "a", "curve"], "clocks": {"sm": 1980}}},
         {"nodeid": "acceptance/test_hbm.py::test_hbm", "outcome": "passed", "duration_s": 5.0, "failed_ranks": [],
-         "message": "", "metrics": [metric("hbm_bandwidth_tbps", 3.0, {"min": 2.5}, values=[3.0, 3.01, 3.02, 2.6])],
+         "problems": [], "message": "",
+         "metrics": [metric("hbm_bandwidth_tbps", 3.0, {"min": 2.5}, values=[3.0, 3.01, 3.02, 2.6])],
          "details": {}},
     ],
 }
