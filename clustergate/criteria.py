@@ -7,6 +7,10 @@ judges per-GPU figures against their peers (node and cluster medians). Loading (
 judging (judge.py) and describing (the terminal summary and the report) all go through here.
 
 A new kind of bound is one ``Bound`` subclass added to ``BOUNDS``, and its tests.
+
+Every criterion also says where it comes from (``source``: spec, measured or estimate; see
+``clustergate.sources``) and what a miss weighs (``severity``): ``fail`` (the default) fails the
+test; ``warn`` lists the miss among the run's warnings and never turns accept into reject.
 """
 
 from __future__ import annotations
@@ -17,9 +21,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from clustergate.sources import Source, SourceError
+
 TEXT_KEYS = {
     "unit": "the unit the metric must be recorded in",
     "description": "what the figure means, for the report",
+}
+SEVERITIES = ("fail", "warn")
+WEIGHT_KEYS = {
+    "severity": "fail (default): a miss fails the test; warn: a miss is listed as a warning, the verdict stands",
+    "source": "where the figures come from: spec, estimate, or {kind: measured, tool, machine, date, n}",
 }
 
 
@@ -135,7 +146,7 @@ BOUNDS: dict[str, type[Bound]] = {b.key: b for b in (Min, Max, Ceiling, OutlierF
 ORDER = (("min", "max"), ("min", "ceiling"))
 """(low, high) pairs whose values must not cross: a criterion no figure can meet is a typo."""
 
-KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS}
+KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS, **WEIGHT_KEYS}
 """Every key a criterion takes in thresholds.yaml, with what it means."""
 
 
@@ -152,6 +163,8 @@ class Criterion:
     bounds: tuple[Bound, ...] = ()
     unit: str | None = None
     description: str = ""
+    severity: str = "fail"
+    source: Source | None = None
 
     # ---- reading -------------------------------------------------------------------------------
     @classmethod
@@ -176,7 +189,15 @@ class Criterion:
         for key in TEXT_KEYS:
             if key in raw and not isinstance(raw[key], str):
                 raise CriterionError(f"{where}.{key}", f"must be a string, got {raw[key]!r}")
-        return cls(bounds=bounds, unit=raw.get("unit"), description=raw.get("description", ""))
+        severity = raw.get("severity", "fail")
+        if severity not in SEVERITIES:
+            raise CriterionError(f"{where}.severity", f"must be fail or warn, got {severity!r}")
+        try:
+            source = Source.parse(raw["source"]) if "source" in raw else None
+        except SourceError as exc:
+            raise CriterionError(f"{where}.source", str(exc)) from None
+        return cls(bounds=bounds, unit=raw.get("unit"), description=raw.get("description", ""), severity=severity,
+                   source=source)
 
     @classmethod
     def of(cls, **raw: Any) -> Criterion:
@@ -188,13 +209,19 @@ class Criterion:
         """The criterion a results.json metric carries (keys this version does not know are ignored)."""
         data = data or {}
         bounds = tuple(kind(float(data[key])) for key, kind in BOUNDS.items() if data.get(key) is not None)
-        return cls(bounds=bounds, unit=data.get("unit"))
+        return cls(bounds=bounds, unit=data.get("unit"), severity=data.get("severity", "fail"),
+                   source=Source.from_json(data.get("source"), data.get("source_detail")))
 
     def as_json(self) -> dict[str, Any]:
-        """The results.json form: the bounds, then the unit."""
+        """The results.json form: the bounds, the unit, the severity, and the source where known."""
         out: dict[str, Any] = {b.key: b.value for b in self.bounds}
         if self.unit is not None:
             out["unit"] = self.unit
+        out["severity"] = self.severity
+        if self.source is not None:
+            out["source"] = self.source.kind
+            if self.source.detail:
+                out["source_detail"] = dict(self.source.detail)
         return out
 
     def get(self, key: str) -> float | None:
@@ -240,6 +267,15 @@ class Criterion:
             out.append([p for b in self._judging_order() for p in b.missed(f.value, medians)])
         return out
 
+    def weigh(self, figures: Sequence[Figure], scope: str) -> list[tuple[list[str], list[str]]]:
+        """(failures, warnings) of each figure: what ``judge`` finds, weighed by the severity. A figure
+        recorded in another unit always fails: it is not a figure of this metric at all."""
+        out: list[tuple[list[str], list[str]]] = []
+        for f, problems in zip(figures, self.judge(figures, scope), strict=True):
+            warn = self.severity == "warn" and (self.unit is None or f.unit == self.unit)
+            out.append(([], problems) if warn else (problems, []))
+        return out
+
     def _judging_order(self) -> list[Bound]:
         """A measurement error (ceiling) is named before the floors and limits it makes meaningless."""
         return sorted(self.bounds, key=lambda b: b.key != "ceiling")
@@ -248,6 +284,10 @@ class Criterion:
     def text(self) -> str:
         """``>= 700, ceiling 989, >= 90% of peers' median`` (``not judged`` for the empty criterion)."""
         return ", ".join(b.text() for b in self.bounds) or "not judged"
+
+    def source_text(self) -> str:
+        """Where the figures come from, for the report (empty when the criterion does not say)."""
+        return self.source.text() if self.source else ""
 
     def margin_pct(self, figure: float) -> float | None:
         """Headroom against the tightest bound that has one, in % (negative: missed); None without one."""

@@ -60,12 +60,17 @@ class Judged:
     description: str
     criterion: dict[str, Any]
     passed: bool
+    """No part missed a ``fail`` criterion (a missed ``warn`` criterion leaves it passed)."""
     failures: list[str] = field(default_factory=list)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Misses of a ``warn`` criterion, in the failure format: listed, never failing."""
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("failures")
+        out.pop("warnings")
+        out["warned"] = bool(self.warnings)
         return out
 
 
@@ -124,18 +129,34 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
             continue
         c = profile.metrics[name]
         failures: list[str] = []
+        warnings: list[str] = []
         per_rank: list[dict[str, Any]] = []
-        verdicts = c.judge([Figure(r.value, r.unit, r.where.node_rank) for r in recs], first.scope)
-        for r, problems in zip(recs, verdicts, strict=True):
-            per_rank.append({**asdict(r.where), "value": r.value, "passed": not problems})
-            if problems:
-                failures.append(
-                    f"{name}={fmt(r.value)} {r.unit}, {'; '.join(problems)} "
-                    f"[{profile.name}, {r.where.label(r.scope)}]"
-                )
+        weighed = c.weigh([Figure(r.value, r.unit, r.where.node_rank) for r in recs], first.scope)
+        for r, (failed, warned) in zip(recs, weighed, strict=True):
+            per_rank.append({**asdict(r.where), "value": r.value, "passed": not failed, "warned": bool(warned)})
+            for problems, into in ((failed, failures), (warned, warnings)):
+                if problems:
+                    into.append(f"{name}={fmt(r.value)} {r.unit}, {'; '.join(problems)} "
+                                f"[{profile.name}, {r.where.label(r.scope)}]")
         judged.append(Judged(
             name=name, value=c.stand_in([r.value for r in recs]), unit=first.unit, scope=first.scope,
             description=c.description or first.description, criterion=c.as_json(), passed=not failures,
-            failures=failures, per_rank=per_rank,
+            failures=failures, per_rank=per_rank, warnings=warnings,
         ))
     return judged
+
+
+def warnings(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """results.json's top-level ``warnings``: every part that missed a ``warn`` criterion, from the tests'
+    metrics (so a re-judged file lists its own): test, metric, value, the criterion missed, where."""
+    out = []
+    for test in tests:
+        for m in test.get("metrics", []):
+            text = Criterion.from_json(m.get("criterion")).text()
+            for p in m.get("per_rank") or []:
+                if p.get("warned"):
+                    where = Where(rank=p["rank"], host=p.get("host", "?"), node_rank=p.get("node_rank", 0),
+                                  gpu_index=p.get("gpu_index"), gpu_serial=p.get("gpu_serial"))
+                    out.append({"test": test["nodeid"], "metric": m["name"], "value": p["value"], "criterion": text,
+                                "where": where.label(m.get("scope", "gpu"))})
+    return out

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate.judge import warnings
 from clustergate.outcomes import PhaseVerdict
 from clustergate.verdict import decide
 
@@ -81,6 +82,12 @@ class RunRecord:
         return decide((t.outcome for t in self.tests.values()), error=self.error, finished=True).verdict
 
     def as_json(self) -> dict[str, Any]:
+        tests = [
+            {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
+             "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
+             "metrics": t.metrics, "details": t.details}
+            for t in self.tests.values()
+        ]
         return {
             "schema": SCHEMA,
             "verdict": self.verdict,
@@ -93,12 +100,8 @@ class RunRecord:
             "error": self.error,
             "nodes": self.nodes,
             "environment": self.environment,
-            "tests": [
-                {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
-                 "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
-                 "metrics": t.metrics, "details": t.details}
-                for t in self.tests.values()
-            ],
+            "warnings": warnings(tests),
+            "tests": tests,
             **self.extra,
         }
 

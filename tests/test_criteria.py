@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from clustergate.criteria import BOUNDS, KEYS, Criterion, CriterionError, Figure
@@ -72,7 +74,8 @@ def test_the_worst_figure_stands_for_the_metric() -> None:
 
 def test_results_json_round_trip() -> None:
     c = Criterion.of(min=700, ceiling=989, outlier_fraction=0.9, unit="TFLOPS", description="dense bf16")
-    assert c.as_json() == {"min": 700.0, "ceiling": 989.0, "outlier_fraction": 0.9, "unit": "TFLOPS"}
+    assert c.as_json() == {"min": 700.0, "ceiling": 989.0, "outlier_fraction": 0.9, "unit": "TFLOPS",
+                           "severity": "fail"}
     back = Criterion.from_json({**c.as_json(), "some_future_key": 1})
     assert back.as_json() == c.as_json() and back.text() == c.text()
     assert Criterion.from_json(None) == Criterion()
@@ -90,3 +93,34 @@ def test_results_schema_knows_every_bound() -> None:
 
     schema = json.loads((Path(__file__).resolve().parent.parent / "clustergate" / "results.schema.json").read_text())
     assert set(BOUNDS) <= set(schema["$defs"]["criterion"]["properties"])
+
+
+def test_severity_and_source_are_parsed_and_carried() -> None:
+    c = Criterion.of(min=40, severity="warn", source="estimate")
+    assert c.as_json() == {"min": 40.0, "severity": "warn", "source": "estimate"}
+    measured = Criterion.of(min=700, source={"kind": "measured", "tool": "mamf-finder", "machine": "8x H200",
+                                             "date": dt.date(2026, 1, 10), "n": 8})
+    assert measured.severity == "fail"  # the default
+    assert measured.source_text() == "measured (mamf-finder, 8x H200, 2026-01-10, n=8)"
+    assert Criterion.from_json(measured.as_json()).as_json() == measured.as_json()
+    assert Criterion.of(min=1).source_text() == "" and "source" not in Criterion.of(min=1).as_json()
+    for raw, message in (
+        ({"min": 1, "severity": "fatal"}, "c.severity: must be fail or warn, got 'fatal'"),
+        ({"min": 1, "source": "guess"}, "c.source: kind must be one of spec, measured, estimate, got 'guess'"),
+        ({"min": 1, "source": "measured"}, "c.source: measured needs tool, machine, date, n: write source: "
+                                           "{kind: measured, tool: ..., machine: ..., date: ..., n: ...}"),
+        ({"min": 1, "source": {"kind": "spec", "page": 3}}, "c.source: unknown key 'page'"),
+        ({"min": 1, "source": {"kind": "measured", "tool": "t", "machine": "m", "date": "d", "n": 0}},
+         "c.source: n must be a whole number >= 1, got 0"),
+    ):
+        with pytest.raises(CriterionError) as err:
+            Criterion.parse(raw, "c")
+        assert str(err.value).startswith(message), (raw, str(err.value))
+
+
+def test_a_warn_criterion_warns_and_never_fails_except_on_a_wrong_unit() -> None:
+    warn = Criterion.of(min=700, severity="warn", unit="TFLOPS")
+    assert warn.weigh(figures(800, 650), "gpu") == [([], []), ([], ["expected >= 700"])]
+    assert warn.weigh([Figure(800, "GFLOPS", 0)], "gpu") == [(["recorded in 'GFLOPS', the profile expects "
+                                                              "'TFLOPS'"], [])]
+    assert Criterion.of(min=700).weigh(figures(650), "gpu") == [(["expected >= 700"], [])]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clustergate.criteria import Criterion
-from clustergate.judge import Record, Where, judge
+from clustergate.judge import Record, Where, judge, warnings
 from clustergate.outcomes import PhaseOutcome, merge, poisons
 from clustergate.thresholds import Profile
 from workloads.result import Metric, WorkloadError
@@ -160,3 +160,19 @@ def test_metric_problems_and_message_are_kept_apart() -> None:
     assert v.problems[0] == "failed on 1/2 ranks: 0" and "boom" in v.problems
     assert v.message == "\n".join(v.problems) + "\n1 metric check failed:\n  tflops=100 TFLOPS, expected >= 700 " \
         "[test, rank 0 node0 gpu 0 serial SN0]"
+
+
+def test_a_missed_warn_criterion_passes_and_is_listed_as_a_warning() -> None:
+    p = profile(tflops=Criterion.of(min=700, severity="warn", source="estimate"))
+    [j] = judge([rec(720, 0), rec(650, 1, serial="SN1")], p)
+    assert j.passed and not j.failures
+    assert j.warnings == ["tflops=650 TFLOPS, expected >= 700 [test, rank 1 node0 gpu 1 serial SN1]"]
+    out = j.as_json()
+    assert out["warned"] and [r["warned"] for r in out["per_rank"]] == [False, True]
+    assert [r["passed"] for r in out["per_rank"]] == [True, True]
+    v = merge([outcome(0, "passed", records=[rec(720, 0)]), outcome(1, "passed", records=[rec(650, 1)])], p,
+              "call", ("tflops",))
+    assert v.outcome == "passed" and v.message == ""
+    listed = warnings([{"nodeid": "t::x", "metrics": [out]}])
+    assert listed == [{"test": "t::x", "metric": "tflops", "value": 650, "criterion": ">= 700",
+                       "where": "rank 1 node0 gpu 1 serial SN1"}]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.report import figures, html, model
+from clustergate.report import figures, html, model, tables
 from clustergate.report.summary import summary_lines
 
 
@@ -63,14 +63,14 @@ def test_criteria_rows_put_failures_first_and_name_the_worst_part() -> None:
 
 
 def test_gpu_and_node_tables_highlight_failures_and_outliers() -> None:
-    table = model.gpu_table(RESULTS)
+    table = tables.gpu_table(RESULTS)
     assert table.columns[:4] == ["rank", "host", "gpu", "serial"]
     states = {(row[0].text, table.columns[i]): c.state for row in table.rows for i, c in enumerate(row)}
     assert states[("3", "matmul_bf16_tflops")] == "fail"
     assert states[("3", "hbm_bandwidth_tbps")] == "outlier"  # 2.6 vs median 3.005: 13% worse
     assert states[("0", "hbm_bandwidth_tbps")] == ""
     assert table.rows[3][-1].text == "test_bf16"
-    nodes = model.node_table(RESULTS)
+    nodes = tables.node_table(RESULTS)
     assert nodes.columns == ["", "node 0", "node 1"]
     worst = next(row for row in nodes.rows if row[0].text == "matmul_bf16_tflops (worst GPU)")[2]
     assert worst.state == "fail" and "node-1:1" in worst.text
@@ -175,3 +175,25 @@ def test_figures_from_the_workloads_shapes() -> None:
     (mixed,) = figures.busbw_overview({"tests": [{"nodeid": "a::test_x", "details": {"curves": {
         "all_reduce": collective_rows(370), "all_gather": collective_rows(300)}}}]})
     assert [s.label for s in mixed.series] == ["all_reduce", "all_gather"]  # several curves name themselves
+
+
+def test_a_warning_is_amber_everywhere_and_changes_no_verdict() -> None:
+    data = copy.deepcopy(RESULTS)
+    hbm = data["tests"][2]["metrics"][0]
+    hbm["criterion"] = {"min": 2.8, "severity": "warn", "source": "estimate"}
+    hbm["warned"] = True
+    hbm["per_rank"][3]["warned"] = True
+    data["warnings"] = [{"test": data["tests"][2]["nodeid"], "metric": "hbm_bandwidth_tbps", "value": 2.6,
+                         "criterion": ">= 2.8", "where": "rank 3 node-1 gpu 1 serial SN3"}]
+    row = next(r for r in model.criteria_rows(data) if r.metric == "hbm_bandwidth_tbps")
+    assert (row.result, row.source, row.where) == ("WARN", "estimate", "1/4 GPUs warn; worst rank 3 node-1 gpu 1 "
+                                                                       "serial SN3")
+    assert [r.result for r in model.criteria_rows(data)][:2] == ["FAIL", "WARN"]  # failures, then warnings
+    cells = {c.text: c.state for row in tables.gpu_table(data).rows for c in row}
+    assert cells["2.6 GB/s"] == "warn"
+    lines = summary_lines(data)
+    assert "warnings: 1 (a warn criterion missed; the verdict does not use them)" in lines
+    assert "  WARN hbm_bandwidth_tbps = 2.6 (>= 2.8) at rank 3 node-1 gpu 1 serial SN3" in lines
+    page = html.summary(data)
+    assert "<h3>Warnings</h3>" in page and 'class="num cg-warn">2.6<' in page
+    assert data["verdict"] == RESULTS["verdict"]  # nothing here recomputes or touches it

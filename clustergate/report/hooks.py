@@ -238,7 +238,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     accept = results.get("verdict") == "accept"
     tr.write_line(lines[0], green=accept, red=not accept, bold=True)
     for line in lines[1:]:
-        tr.write_line(line, red=" FAIL" in line or line.startswith("run error"))
+        warn = " WARN" in line or line.startswith("warnings:")
+        tr.write_line(line, red=" FAIL" in line or line.startswith("run error"), yellow=warn and " FAIL" not in line)
     gate = _gate(config)
     if gate is not None:
         tr.write_line(f"results: {gate.results_path}")

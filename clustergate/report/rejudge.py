@@ -12,7 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from clustergate.judge import Record, Where, judge
+from clustergate.judge import Record, Where, judge, warnings
 from clustergate.outcomes import metric_block
 from clustergate.thresholds import Profile
 from clustergate.verdict import decide
@@ -63,5 +63,6 @@ def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
                        "original_profile": results.get("profile"), "original_verdict": results.get("verdict")}
     out["profile"] = profile.name
     out["sign_off"] = profile.sign_off
+    out["warnings"] = warnings(out["tests"])
     out["verdict"] = verdict(out)
     return out
