@@ -48,6 +48,20 @@ def test_shipped_file_loads_and_selects_by_gpu_name() -> None:
     assert not t.profile("nvidia-generic").sign_off
 
 
+def test_every_shipped_criterion_says_its_source_and_every_estimate_only_warns() -> None:
+    """Issue 14: a reader weighs a miss by where the figure comes from; an estimate cannot reject."""
+    t = load(ROOT / "thresholds.yaml")
+    for profile in t.profiles.values():
+        for name, c in profile.metrics.items():
+            where = f"{profile.name}.{name}"
+            assert c.source is not None or not c.judged, f"{where} judges without a source"
+            assert c.source is None or c.source.kind != "estimate" or c.severity == "warn", f"{where}: estimate fails"
+    h100 = t.profile("h100-sxm-80gb").metrics
+    assert {n for n, c in h100.items() if c.source and c.source.kind == "spec" and c.severity == "fail"} >= {
+        "gpu_count", "gpu_memory_gib", "matmul_bf16_tflops", "hbm_bandwidth_tbps", "allreduce_busbw_gbps"}
+    assert t.profile("cpu").metrics["matmul_bf16_tflops"].source_text().startswith("measured (clustergate")
+
+
 def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:
     t = load(write(tmp_path, GOOD))
     child = t.profile("child")
