@@ -69,8 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("randomly") or config.pluginmanager.hasplugin("random_order"):
         raise pytest.UsageError("a random-order plugin is active: every rank must run tests in the same "
                                 "order; add -p no:randomly (or -p no:random_order)")
-    if config.getoption("shared_dir"):
-        os.environ["CLUSTERGATE_SHARED_DIR"] = config.getoption("shared_dir")
     try:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")

@@ -47,7 +47,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
 
 def _world_size_1(target: Path, *args: str) -> None:
     """``pytest acceptance/test_world.py`` from the checkout (its conftest.py enables the plugin)."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py", "-p", "clustergate.report.hooks",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py",
                            "--report-dir", str(target / "report"), *args],
                           cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=240)
@@ -66,8 +66,7 @@ def make_no_tests(target: Path) -> None:
 def _demo(target: Path, env: dict[str, str], *args: str) -> None:
     shutil.copy(DATA / "demo_acceptance.py", target / "demo_acceptance.py")
     shutil.copy(DATA / "thresholds.yaml", target / "thresholds.yaml")
-    job = run_job(target, ["-p", "clustergate.report.hooks", "demo_acceptance.py", "--thresholds", "thresholds.yaml",
-                           *args], nproc=2, env=env)
+    job = run_job(target, ["demo_acceptance.py", "--thresholds", "thresholds.yaml", *args], nproc=2, env=env)
     (target / "output.txt").write_text(job.output)
     (target / "status").write_text(str(max(job.codes)))
 

@@ -48,7 +48,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
         result = pytester.runpytest_subprocess(
-            "-p", "clustergate.plugin", "-p", "clustergate.report.hooks", "-p", "no:cacheprovider",
+            "-p", "clustergate", "-p", "no:cacheprovider",
             "--thresholds", "thresholds.yaml",
             "--report-dir", str(report), *args)
         return result, report
@@ -179,3 +179,46 @@ def test_shipped_acceptance_suite_passes_on_cpu(monkeypatch: pytest.MonkeyPatch,
                                            "-p", "no:cacheprovider", "--report-dir", str(report))
     assert result.ret == 0, result.stdout.str()
     assert results(report)["verdict"] == "accept"
+
+
+def _installed_entry_point() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(e.name == "clustergate" for e in entry_points(group="pytest11"))
+
+
+def test_the_plugin_goes_by_one_name_and_no_clustergate_turns_it_off(pytester: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded the checkout's way (a conftest naming it), and blocked by that one name."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert declared == {"clustergate": "clustergate"}
+    for key, value in job_env().items():
+        monkeypatch.setenv(key, value)
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makefile(".yaml", thresholds=THRESHOLDS)
+    pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
+    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--thresholds", "thresholds.yaml",
+                                       "--report-dir", str(pytester.path / "report"))
+    assert on.ret == 0, on.stdout.str()
+    assert results(pytester.path / "report")["verdict"] == "accept"
+    off = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:clustergate")
+    assert off.ret == 1
+    off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
+    assert "clustergate summary" not in off.stdout.str()
+
+
+@pytest.mark.skipif(not _installed_entry_point(), reason="clustergate is not installed with its pytest11 entry "
+                                                         "point here (pip install -e . registers it)")
+def test_the_installed_plugin_loads_by_name_without_a_conftest(pytester: pytest.Pytester,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in job_env().items():
+        monkeypatch.setenv(key, value)
+    pytester.makefile(".yaml", thresholds=THRESHOLDS)
+    pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
+    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--thresholds", "thresholds.yaml",
+                                       "--report-dir", str(pytester.path / "report"))
+    assert on.ret == 0, on.stdout.str()
+    off = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:clustergate")
+    off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])

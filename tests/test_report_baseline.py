@@ -105,7 +105,6 @@ def test_unreadable_baseline_is_a_usage_error_on_every_rank(tmp_path: Path) -> N
     from torchrun_job import run_job
 
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
-    job = run_job(tmp_path, ["-p", "clustergate.report.hooks", "test_x.py", "--baseline", str(tmp_path / "nope")],
-                  nproc=2, timeout=120)
+    job = run_job(tmp_path, ["test_x.py", "--baseline", str(tmp_path / "nope")], nproc=2, timeout=120)
     assert "file not found; pass the results.json of an earlier run" in job.output
     assert job.seconds < 100

@@ -70,8 +70,9 @@ def render(results_path: Path, results: dict[str, Any], output: Path) -> int:
     from clustergate.report import hooks
     from clustergate.report.replay import ReplayPlugin
 
+    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks.
     args = [str(results_path), "--rootdir", str(results_path.parent), "-c", os.devnull, "--noconftest",
-            "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
+            "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
             "--html", str(output), "--self-contained-html"]
     return int(pytest.main(args, plugins=[hooks, ReplayPlugin(results_path, results)]))
 
