@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
@@ -88,3 +89,38 @@ def test_rejudge_and_compare_from_the_command_line(demo_reject: Path, tmp_path: 
 def test_bad_input_is_exit_2(tmp_path: Path) -> None:
     proc = report_cli(str(tmp_path / "missing.json"))
     assert proc.returncode == 2 and "file not found" in proc.stdout
+
+
+def test_a_file_that_is_not_a_results_json_is_refused_with_one_error(tmp_path: Path) -> None:
+    broken = copy.deepcopy(RESULTS)
+    broken["tests"][0]["outcome"] = "sort of"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(broken))
+    proc = report_cli(str(path))
+    assert proc.returncode == 2
+    assert proc.stdout.strip().splitlines() == [
+        f"clustergate.report: {path}: not a valid results.json (results.schema.json): at tests/0/outcome: "
+        "'sort of' is not one of ['passed', 'failed', 'skipped', 'error']"]
+    (tmp_path / "nothing.json").write_text("{not json")
+    assert "not readable JSON" in report_cli(str(tmp_path / "nothing.json")).stdout
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"verdict": "accept"}, "reject"),  # a test failed: the recorded accept is not taken on trust
+    ({"verdict": "running", "tests": "passing"}, "reject"),  # never finished
+    ({"verdict": "reject", "tests": "passing"}, "accept"),  # the rule, not the record, decides
+])
+def test_the_verdict_is_computed_again_and_sets_the_exit_status(tmp_path: Path, change: dict[str, Any],
+                                                                 expected: str) -> None:
+    recorded = copy.deepcopy(RESULTS)
+    if change.pop("tests", None) == "passing":
+        for test in recorded["tests"]:
+            test.update(outcome="passed", message="", failed_ranks=[])
+    recorded.update(change)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(recorded))
+    proc = report_cli(str(path), "--json-out", str(tmp_path / "out.json"), "-o", str(tmp_path / "r.html"))
+    assert json.loads((tmp_path / "out.json").read_text())["verdict"] == expected, proc.stdout
+    assert proc.returncode == (0 if expected == "accept" else 1)
+    if recorded["verdict"] != expected:
+        assert f"the recorded verdict {recorded['verdict']!r} is not what its tests say: {expected!r}" in proc.stdout

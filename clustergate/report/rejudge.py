@@ -39,9 +39,13 @@ def _older_problems(test: dict[str, Any]) -> list[str]:
 
 
 def verdict(results: dict[str, Any]) -> str:
-    """The verdict of a finished run's record, by the rule the run itself used."""
+    """The verdict of a run's record, by the rule the run itself used. A record that still says
+    "running" is a run that never finished: never accepted, whatever its tests say so far."""
     outcomes = [str(t.get("outcome")) for t in results.get("tests", [])]
-    return decide(outcomes, error=results.get("error"), finished=True).verdict
+    error = results.get("error")
+    if error is None and results.get("verdict") == "running":
+        error = "the run did not finish: its results.json still says running"
+    return decide(outcomes, error=error, finished=True).verdict
 
 
 def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
