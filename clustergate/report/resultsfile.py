@@ -23,7 +23,9 @@ def _validator() -> Any:
     import jsonschema
 
     schema = json.loads(SCHEMA.read_text())
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    cls = jsonschema.Draft202012Validator
+    cls.check_schema(schema)  # the schema itself is well formed
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
 def schema_problems(results: Any) -> list[str]:
