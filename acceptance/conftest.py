@@ -1,12 +1,14 @@
-"""Options of the acceptance tests themselves (the plugin's own options live in clustergate.plugin).
+"""What the acceptance tests share beyond ``cg``: their own options, the shared directory, their order.
 
-Each has an environment variable as its default, so a launcher (Slurm, Kubernetes) can set it for
-every rank without touching the command line.
+The fine-tune options each have an environment variable as their default, so a launcher (Slurm,
+Kubernetes) can set them for every rank without touching the command line (the plugin's own
+options live in clustergate.plugin).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -32,12 +34,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                         help=f"{text} (environment: {env})")
 
 
+SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
+"""Where the launchers name the shared directory (the report directory unless told otherwise)."""
+
+
+@pytest.fixture
+def shared_dir(request: pytest.FixtureRequest, cg: Any) -> str | None:
+    """This rank's shared directory: --shared-dir, else $CLUSTERGATE_SHARED_DIR, else the profile's
+    shared_dir setting; None when none is named. Tests gather it to check every rank names the same."""
+    return request.config.getoption("shared_dir") or os.environ.get(SHARED_DIR_ENV) or cg.setting("shared_dir", None)
+
+
 # Cheapest and most basic first: a job that is wired wrong (world, inventory) fails in seconds,
-# before minutes of training. The sort is stable and the same on every rank.
+# before minutes of training. Every test file is listed: a file missing here is a usage error (and
+# tests/test_acceptance_layout.py fails), never silently last. The sort is the same on every rank.
 RUN_ORDER = ("test_world", "test_gpu_inventory", "test_gpu_compute", "test_interconnect", "test_node",
              "test_training", "test_finetune")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     position = {name: i for i, name in enumerate(RUN_ORDER)}
-    items.sort(key=lambda item: position.get(item.path.stem, len(RUN_ORDER)))
+    unlisted = sorted({str(item.path) for item in items if item.path.stem not in position})
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(unlisted)}: not in RUN_ORDER of {__file__}; add it where it belongs "
+                                "(cheapest and most basic tests first)")
+    items.sort(key=lambda item: position[item.path.stem])

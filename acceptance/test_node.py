@@ -10,24 +10,19 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import statistics
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from clustergate.identity import environment
 from clustergate.recorder import Recorder
 from workloads.node import checks as node_checks
-from workloads.node import discovery, shared_fs
+from workloads.node import discovery, rendezvous, shared_fs
 from workloads.result import Result
 
-SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
-"""Where the launchers name the shared directory (the report directory unless told otherwise)."""
 VERSIONS = ("driver", "cuda", "nccl", "torch", "python")
 
 
@@ -178,57 +173,24 @@ def test_infiniband_ports_active(cg: Recorder) -> None:
 
 
 @pytest.mark.metrics("shared_fs_write_gbps", "shared_fs_read_gbps")
-def test_shared_directory_is_shared(cg: Recorder) -> None:
+def test_shared_directory_is_shared(cg: Recorder, shared_dir: str | None) -> None:
     """A token rank 0 writes is read back on every rank of every node; write and read GB/s per node."""
-    chosen = os.environ.get(SHARED_DIR_ENV) or cg.setting("shared_dir", None)
-    everyone = cg.all_ranks(chosen)
+    everyone = cg.all_ranks(shared_dir)
     if all(d is None for d in everyone):
-        pytest.skip(f"no shared directory named: set {SHARED_DIR_ENV} (the launchers in launch/ set it to the "
-                    "report directory) or settings.shared_dir in the profile")
+        pytest.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
+                    "launch/ set it to the report directory) or settings.shared_dir in the profile")
     differing = sorted({(d, _node_label(cg.identities[r])) for r, d in enumerate(everyone) if d != everyone[0]})
     if differing:
         pytest.fail(f"ranks name different shared directories (rank 0: {everyone[0]!r}): "
-                    + "; ".join(f"{who}: {d!r}" for d, who in differing) + f"; set {SHARED_DIR_ENV} alike",
+                    + "; ".join(f"{who}: {d!r}" for d, who in differing) + "; name the same directory everywhere",
                     pytrace=False)
     cg.record_result(shared_fs.run(shared_fs.Config.for_level(cg.level, cg.device, everyone[0])))
 
 
-def _resolve(name: str) -> str | None:
-    """Why ``name`` does not resolve; None when it does."""
-    try:
-        socket.getaddrinfo(name, None)
-        return None
-    except OSError as exc:
-        return str(exc)
-
-
 def test_hosts_resolve_and_rendezvous_store_reachable(cg: Recorder) -> None:
     """Every rank resolves every node's host name and reaches the rendezvous store, seeing every rank's key."""
-    names = cg.all_ranks((socket.gethostname(), socket.getfqdn()))
-    problems = []
-    for host, fqdn in sorted(set(names)):
-        why = _resolve(host)
-        if why and fqdn != host and _resolve(fqdn) is None:
-            why = None  # the fully qualified name resolves (Kubernetes pods under a headless Service)
-        if why:
-            problems.append(f"cannot resolve {host!r} (nor {fqdn!r}): {why}")
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    store_problem = None
-    if cg.world_size > 1 and addr and port:
-        if why := _resolve(addr):
-            problems.append(f"cannot resolve the rendezvous host MASTER_ADDR={addr!r}: {why}")
-        try:
-            run = f"clustergate/rdzv-check/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/" \
-                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-            store = dist.PrefixStore(run, dist.TCPStore(addr, int(port), is_master=False,
-                                                        timeout=timedelta(seconds=30)))
-            store.set(str(cg.rank), cg.identities[cg.rank]["host"])
-            store.wait([str(r) for r in range(cg.world_size)], timedelta(seconds=30))
-        except Exception as exc:  # gathered below and judged on every rank
-            store_problem = f"rendezvous store {addr}:{port}: {type(exc).__name__}: {exc}"
-    everyone = cg.all_ranks((problems, store_problem))
-    bad = [f"rank {r} ({_node_label(cg.identities[r])}): {p}"
-           for r, (probs, store) in enumerate(everyone) for p in [*probs, *([store] if store else [])]]
-    cg.record_result(Result(metrics=(), details={"hosts": sorted(set(names)), "rendezvous": f"{addr}:{port}"}))
-    if bad:
-        pytest.fail("name resolution or rendezvous problems:\n  " + "\n  ".join(bad[:32]), pytrace=False)
+    result = rendezvous.run(rendezvous.Config.for_level(cg.level, cg.device))
+    cg.record_result(Result(metrics=(), details={k: v for k, v in result.details.items() if k != "problems"}))
+    problems = result.details["problems"]
+    if problems:
+        pytest.fail("name resolution or rendezvous problems:\n  " + "\n  ".join(problems[:32]), pytrace=False)

@@ -7,7 +7,6 @@ from config: nothing is downloaded.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,9 +15,6 @@ import pytest
 from clustergate.recorder import Recorder
 from workloads.result import Result
 from workloads.training import checkpoint, gpt, sampler, scaling
-
-SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
-"""Set by --shared-dir (and by the launchers in launch/); else the profile's shared_dir setting."""
 
 
 def _peak(cg: Recorder) -> float | None:
@@ -64,16 +60,16 @@ def test_sampler_gives_disjoint_shares(cg: Recorder) -> None:
     cg.record_result(sampler.run(sampler.Config.for_level(cg.level, cg.device, cg.world_size)))
 
 
-def test_checkpoint_round_trip(cg: Recorder, tmp_path: Path) -> None:
+def test_checkpoint_round_trip(cg: Recorder, shared_dir: str | None, tmp_path: Path) -> None:
     """Model + optimizer saved sharded (torch.distributed.checkpoint), loaded on every rank, exact."""
-    everyone = cg.all_ranks(os.environ.get(SHARED_DIR_ENV) or cg.setting("shared_dir", None))
+    everyone = cg.all_ranks(shared_dir)
     if len(set(everyone)) > 1:
         pytest.fail(f"ranks name different shared directories ({sorted(set(map(str, everyone)))}); "
-                    f"set {SHARED_DIR_ENV} (or --shared-dir) alike on every node", pytrace=False)
+                    "pass --shared-dir (or set CLUSTERGATE_SHARED_DIR) alike on every node", pytrace=False)
     nodes = len({ident["node_rank"] for ident in cg.identities})
     if everyone[0] is None and nodes > 1:
         pytest.skip(f"a checkpoint across {nodes} nodes needs a directory every node mounts: pass --shared-dir, "
-                    f"set {SHARED_DIR_ENV} or settings.shared_dir in the profile")
+                    "set CLUSTERGATE_SHARED_DIR or settings.shared_dir in the profile")
     # pytest's tmp_path differs per process; rank 0's serves every rank of a one-node job.
     directory = everyone[0] or cg.all_ranks(str(tmp_path))[0]
     cg.record_result(checkpoint.run(checkpoint.Config.for_level(cg.level, cg.device, directory)))

@@ -8,11 +8,12 @@ broadcasts the outcome. One failure format for every metric (after ReFrame):
 
 from __future__ import annotations
 
-import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from clustergate.thresholds import Criterion, Profile
+from clustergate.criteria import Criterion, Figure, fmt
+from clustergate.thresholds import Profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,40 @@ class Judged:
     description: str
     criterion: dict[str, Any]
     passed: bool
+    """No part missed a ``fail`` criterion (a missed ``warn`` criterion leaves it passed)."""
     failures: list[str] = field(default_factory=list)
     per_rank: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Misses of a ``warn`` criterion, in the failure format: listed, never failing."""
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("failures")
+        out.pop("warnings")
+        out["warned"] = bool(self.warnings)
         return out
+
+
+def record_problems(records: list[Record], ran: dict[int, str]) -> tuple[list[str], list[int]]:
+    """What is wrong with the records themselves, and the ranks concerned: a rank that recorded a
+    metric twice (an error in the test), and a per-GPU metric missing on a rank that ran the test
+    (``ran``: rank -> host of every rank whose test body passed)."""
+    lines: list[str] = []
+    ranks: set[int] = set()
+    for (name, rank), n in sorted(Counter((r.name, r.where.rank) for r in records).items()):
+        if n > 1:
+            lines.append(f"{name} recorded {n} times on rank {rank}: an error in the test, which must record "
+                         "each figure once")
+            ranks.add(rank)
+    for name in sorted({r.name for r in records if r.scope == "gpu"}):
+        have = {r.where.rank for r in records if r.name == name}
+        missing = [rank for rank in sorted(ran) if rank not in have]
+        if missing:
+            lines.append(f"per-GPU metric {name} not recorded on {len(missing)} of the {len(ran)} ranks that ran "
+                         f"the test: {', '.join(f'rank {r} ({ran[r]})' for r in missing[:16])}"
+                         f"{' ...' if len(missing) > 16 else ''}; every rank records its own GPU's figure")
+            ranks.update(missing)
+    return lines, sorted(ranks)
 
 
 def keep_one_per_scope(records: list[Record]) -> list[Record]:
@@ -83,47 +111,6 @@ def keep_one_per_scope(records: list[Record]) -> list[Record]:
     return list(kept.values())
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
-
-
-def _problems(r: Record, c: Criterion, medians: dict[str, float]) -> list[str]:
-    """Why one record fails its criterion (empty when it passes)."""
-    out: list[str] = []
-    if c.unit is not None and r.unit != c.unit:
-        out.append(f"recorded in {r.unit!r}, the profile expects {c.unit!r}")
-        return out
-    if c.ceiling is not None and r.value > c.ceiling:
-        out.append(f"above the physical ceiling {_fmt(c.ceiling)}: a measurement error, not a result")
-    if c.min is not None and r.value < c.min:
-        out.append(f"expected >= {_fmt(c.min)}")
-    if c.max is not None and r.value > c.max:
-        out.append(f"expected <= {_fmt(c.max)}")
-    if c.outlier_fraction is not None and r.scope == "gpu":
-        for peers, median in medians.items():
-            if r.value < c.outlier_fraction * median:
-                out.append(f"below {c.outlier_fraction:.0%} of the {peers} median {_fmt(median)}")
-    return out
-
-
-def _medians(records: list[Record], r: Record) -> dict[str, float]:
-    node = [x.value for x in records if x.where.node_rank == r.where.node_rank]
-    medians = {"node": statistics.median(node)} if len(node) > 1 else {}
-    nodes = {x.where.node_rank for x in records}
-    if len(nodes) > 1:
-        medians["cluster"] = statistics.median(x.value for x in records)
-    return medians
-
-
-def _aggregate(values: list[float], c: Criterion) -> float:
-    """The figure that stands for the metric: the worst against the criterion, else the median."""
-    if c.min is not None or c.outlier_fraction is not None:
-        return min(values)
-    if c.max is not None or c.ceiling is not None:
-        return max(values)
-    return statistics.median(values)
-
-
 def judge(records: list[Record], profile: Profile) -> list[Judged]:
     """Judge every metric in ``records``; metrics missing from the profile fail, naming the key."""
     by_name: dict[str, list[Record]] = {}
@@ -134,7 +121,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
         first = recs[0]
         if name not in profile.metrics:
             judged.append(Judged(
-                name=name, value=_aggregate([r.value for r in recs], Criterion()), unit=first.unit,
+                name=name, value=Criterion().stand_in([r.value for r in recs]), unit=first.unit,
                 scope=first.scope, description=first.description, criterion={}, passed=False,
                 failures=[f"{name}: profile {profile.name!r} in {profile.source} has no metrics.{name}; add it"],
                 per_rank=[{**asdict(r.where), "value": r.value, "passed": False} for r in recs],
@@ -142,18 +129,34 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
             continue
         c = profile.metrics[name]
         failures: list[str] = []
+        warnings: list[str] = []
         per_rank: list[dict[str, Any]] = []
-        for r in recs:
-            problems = _problems(r, c, _medians(recs, r))
-            per_rank.append({**asdict(r.where), "value": r.value, "passed": not problems})
-            if problems:
-                failures.append(
-                    f"{name}={_fmt(r.value)} {r.unit}, {'; '.join(problems)} "
-                    f"[{profile.name}, {r.where.label(r.scope)}]"
-                )
+        weighed = c.weigh([Figure(r.value, r.unit, r.where.node_rank) for r in recs], first.scope)
+        for r, (failed, warned) in zip(recs, weighed, strict=True):
+            per_rank.append({**asdict(r.where), "value": r.value, "passed": not failed, "warned": bool(warned)})
+            for problems, into in ((failed, failures), (warned, warnings)):
+                if problems:
+                    into.append(f"{name}={fmt(r.value)} {r.unit}, {'; '.join(problems)} "
+                                f"[{profile.name}, {r.where.label(r.scope)}]")
         judged.append(Judged(
-            name=name, value=_aggregate([r.value for r in recs], c), unit=first.unit, scope=first.scope,
-            description=c.description or first.description, criterion=c.as_dict(), passed=not failures,
-            failures=failures, per_rank=per_rank,
+            name=name, value=c.stand_in([r.value for r in recs]), unit=first.unit, scope=first.scope,
+            description=c.description or first.description, criterion=c.as_json(), passed=not failures,
+            failures=failures, per_rank=per_rank, warnings=warnings,
         ))
     return judged
+
+
+def warnings(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """results.json's top-level ``warnings``: every part that missed a ``warn`` criterion, from the tests'
+    metrics (so a re-judged file lists its own): test, metric, value, the criterion missed, where."""
+    out = []
+    for test in tests:
+        for m in test.get("metrics", []):
+            text = Criterion.from_json(m.get("criterion")).text()
+            for p in m.get("per_rank") or []:
+                if p.get("warned"):
+                    where = Where(rank=p["rank"], host=p.get("host", "?"), node_rank=p.get("node_rank", 0),
+                                  gpu_index=p.get("gpu_index"), gpu_serial=p.get("gpu_serial"))
+                    out.append({"test": test["nodeid"], "metric": m["name"], "value": p["value"], "criterion": text,
+                                "where": where.label(m.get("scope", "gpu"))})
+    return out

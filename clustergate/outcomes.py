@@ -10,13 +10,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.judge import Judged, Record, judge
+from clustergate.judge import Judged, Record, judge, record_problems
 from clustergate.thresholds import Profile
 
-# Words in a failure that mean the default process group can no longer be trusted: a
-# collective timed out or lost a peer, so ranks may disagree about which collective is next.
-POISON_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "Timed out", "timed out",
-                  "Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+DIST_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+"""torch.distributed's own error types (NCCL errors and timeouts, a lost store or peer)."""
+LOST_PEER = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+             "NCCL communicator was aborted")
+"""gloo reports a lost collective as a plain RuntimeError whose own words say which."""
+
+
+def poisons(exc: BaseException | None) -> bool:
+    """Whether ``exc``, raised on this rank, leaves the workloads' process group unusable: a collective
+    timed out or lost a peer, so ranks may disagree about which collective comes next.
+
+    Decided once, on the rank where it was raised, from the exception and its causes (a workload
+    may wrap it): never from the text of merged messages, which quote other ranks and test output.
+    """
+    import torch.distributed as dist  # here, not at import: the report command imports this module without torch
+
+    kinds = tuple(k for k in (getattr(dist, name, None) for name in DIST_ERRORS) if isinstance(k, type))
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, kinds):
+            return True
+        if type(exc) is RuntimeError and any(marker in str(exc) for marker in LOST_PEER):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def metric_block(failures: list[str]) -> str:
+    """The failure text of a test's missed criteria: a header line, then one indented line each."""
+    return f"{len(failures)} metric check{'s' if len(failures) > 1 else ''} failed:\n" + \
+        "\n".join(f"  {f}" for f in failures)
 
 
 @dataclass(slots=True)
@@ -31,6 +59,8 @@ class PhaseOutcome:
     records: list[Record] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     gpu_label: str = ""
+    poisoned: bool = False
+    """This rank's exception left the process group unusable (``poisons``)."""
 
 
 @dataclass(slots=True)
@@ -43,6 +73,9 @@ class PhaseVerdict:
     metrics: list[Judged] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     poisoned: bool = False
+    problems: list[str] = field(default_factory=list)
+    """What failed besides the metrics' criteria (a rank raised, outcomes differ, a record is missing):
+    ``message`` is these lines, then the metric block."""
 
 
 def _short_skip(message: str) -> str:
@@ -54,7 +87,7 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
     n = len(outcomes)
     failed = sorted((o for o in outcomes if o.outcome == "failed"), key=lambda o: (o.stop, o.rank))
     kinds = {o.outcome for o in outcomes}
-    poisoned = any(marker in o.message for o in failed for marker in POISON_MARKERS)
+    poisoned = any(o.poisoned for o in failed)
     lines: list[str] = []
     if failed:
         lines.append(f"failed on {len(failed)}/{n} ranks: {', '.join(str(o.rank) for o in failed)}")
@@ -67,6 +100,8 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
                      + "; ".join(f"{k} on ranks {v}" for k, v in by_kind.items()))
         lines += [f"rank {o.rank}: {_short_skip(o.message)}" for o in outcomes if o.outcome == "skipped"]
     metrics: list[Judged] = []
+    bad: list[str] = []
+    record_ranks: list[int] = []
     if when == "call":
         records = [r for o in outcomes for r in o.records]
         metrics = judge(records, profile)
@@ -74,14 +109,13 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
         if kinds == {"passed"} and missing:
             lines.append(f"declared metrics never recorded: {', '.join(missing)} "
                          "(a test that measures nothing cannot pass)")
+        said, record_ranks = record_problems(records, {o.rank: o.host for o in outcomes if o.outcome == "passed"})
+        lines += said
         bad = [f for j in metrics for f in j.failures]
-        if bad:
-            lines.append(f"{len(bad)} metric check{'s' if len(bad) > 1 else ''} failed:")
-            lines += [f"  {f}" for f in bad]
-    outcome = "failed" if lines else kinds.pop()
-    message = outcomes[0].message if outcome == "skipped" else "\n".join(lines)
+    outcome = "failed" if lines or bad else kinds.pop()
+    message = outcomes[0].message if outcome == "skipped" else "\n".join(lines + ([metric_block(bad)] if bad else []))
     failed_ranks = [o.rank for o in failed]
     if outcome == "failed" and not failed_ranks:
-        failed_ranks = sorted({p["rank"] for j in metrics for p in j.per_rank if not p["passed"]})
+        failed_ranks = sorted(set(record_ranks) | {p["rank"] for j in metrics for p in j.per_rank if not p["passed"]})
     return PhaseVerdict(outcome=outcome, message=message, failed_ranks=failed_ranks, metrics=metrics,
-                        details=outcomes[0].details, poisoned=poisoned)
+                        details=outcomes[0].details, poisoned=poisoned, problems=lines)

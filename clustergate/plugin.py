@@ -15,7 +15,7 @@ import pytest
 
 from clustergate import control
 from clustergate.identity import gpu_model_name
-from clustergate.outcomes import PhaseOutcome
+from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
 from clustergate.session import ClusterGate
 from clustergate.thresholds import ThresholdsError, load
@@ -69,8 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("randomly") or config.pluginmanager.hasplugin("random_order"):
         raise pytest.UsageError("a random-order plugin is active: every rank must run tests in the same "
                                 "order; add -p no:randomly (or -p no:random_order)")
-    if config.getoption("shared_dir"):
-        os.environ["CLUSTERGATE_SHARED_DIR"] = config.getoption("shared_dir")
     try:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")
@@ -184,6 +182,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         message=_message(item, report, call), stop=call.stop,
         records=recorder.records if call.when == "call" else [],
         details=recorder.details if call.when == "call" else {}, gpu_label=gate.gpu_label(),
+        poisoned=poisons(call.excinfo.value if call.excinfo else None),
     )
     verdict = gate.merge_phase(item.nodeid, call.when, mine, recorder.declared, call.duration)
     if verdict.outcome == "failed":

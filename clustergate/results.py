@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate.judge import warnings
 from clustergate.outcomes import PhaseVerdict
 from clustergate.verdict import decide
 
@@ -29,6 +30,14 @@ class TestEntry:
     message: str = ""
     metrics: list[dict[str, Any]] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    """What failed besides the metrics' criteria, one entry a phase: the message without its metric block
+    (``python -m clustergate.report`` re-judges the metrics and keeps these)."""
+
+    def note(self, text: str) -> None:
+        """A failure that is not a metric's: added to ``problems`` and the message."""
+        self.problems.append(text)
+        self.message = f"{self.message}\n{text}".strip()
 
     def apply(self, when: str, verdict: PhaseVerdict, duration_s: float) -> None:
         """Fold one phase's merged verdict into the test's entry."""
@@ -40,6 +49,8 @@ class TestEntry:
             self.outcome = "failed" if when == "call" else "error"
             self.failed_ranks = sorted(set(self.failed_ranks) | set(verdict.failed_ranks))
             self.message = f"{self.message}\n[{when}] {verdict.message}".strip()
+            if verdict.problems:
+                self.problems.append(f"[{when}] " + "\n".join(verdict.problems))
         elif verdict.outcome == "skipped" and self.outcome == "passed":
             self.outcome = "skipped"
             self.message = verdict.message
@@ -71,6 +82,12 @@ class RunRecord:
         return decide((t.outcome for t in self.tests.values()), error=self.error, finished=True).verdict
 
     def as_json(self) -> dict[str, Any]:
+        tests = [
+            {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
+             "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
+             "metrics": t.metrics, "details": t.details}
+            for t in self.tests.values()
+        ]
         return {
             "schema": SCHEMA,
             "verdict": self.verdict,
@@ -83,12 +100,8 @@ class RunRecord:
             "error": self.error,
             "nodes": self.nodes,
             "environment": self.environment,
-            "tests": [
-                {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
-                 "failed_ranks": t.failed_ranks, "message": t.message, "metrics": t.metrics,
-                 "details": t.details}
-                for t in self.tests.values()
-            ],
+            "warnings": warnings(tests),
+            "tests": tests,
             **self.extra,
         }
 

@@ -204,7 +204,7 @@ class ClusterGate:
         if self.current:
             entry = self.run.test(self.current)
             entry.outcome = "failed"
-            entry.message = f"{entry.message}\n{message}".strip()
+            entry.note(message)
         sys.stderr.write(f"clustergate: rank {self.world.rank} ({self.identity.host}): {message}\n")
         try:
             self.progress.event("run_error", nodeid=self.current, message=message)

@@ -7,53 +7,16 @@ plugin turns it into a usage error on every rank before any test runs.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from clustergate.criteria import Criterion, CriterionError
+from clustergate.settings import SETTINGS, setting_problem
+
 SCHEMA = 1
-
-CRITERION_KEYS = {
-    "min": "fail below this value",
-    "max": "fail above this value",
-    "ceiling": "a value above this is physically impossible: a measurement error, reported as a failure",
-    "outlier_fraction": "fail a GPU whose value is below this fraction of the median of its peers "
-    "(on its node, and across the cluster); only for gpu-scope metrics where higher is better",
-    "unit": "the unit the metric must be recorded in",
-    "description": "what the figure means, for the report",
-}
-
-# Settings the code consults. Each name, its accepted types, and what it means. A profile's
-# settings must use these names: a typo is an error, not a silently ignored value.
-SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
-    "gpus_per_node": ((int,), "GPUs (and torchrun ranks) expected on every node; 0 means CPU ranks"),
-    "gpu_name": ((str,), "substring the NVML GPU name must contain"),
-    "test_timeout_s": ((int, float), "default per-test time limit; a test past it ends the run"),
-    "collective_timeout_s": ((int, float), "default timeout of the workloads' process group"),
-    "peak_bf16_tflops": ((int, float), "dense bf16 peak of one device, for MFU"),
-    "baseline_tolerance": ((int, float), "relative change against --baseline that is flagged"),
-    "peak_tf32_tflops": ((int, float), "dense tf32 peak of one device"),
-    "peak_fp16_tflops": ((int, float), "dense fp16 peak of one device"),
-    "peak_fp8_tflops": ((int, float), "dense fp8 peak of one device"),
-    "nvlinks_per_gpu": ((int,), "NVLink links that must be active on every GPU (18 on H100/H200 SXM)"),
-    "mig_mode": ((str,), "required MIG mode: 'disabled' or 'enabled'"),
-    "min_driver_version": ((str,), "lowest acceptable NVIDIA driver version, e.g. '550.54'"),
-    "pcie_generation": ((int,), "PCIe link generation every GPU must train at"),
-    "pcie_width": ((int,), "PCIe link width every GPU must train at"),
-    "collective_judge_bytes": ((int,), "message size (bytes) at which collective busbw is judged"),
-    "collective_max_bytes": ((int,), "largest message size (bytes) swept at --level standard"),
-    "required_transport": ((str,), "NCCL transport cross-node traffic must use: 'NET/IB' or 'any'"),
-    "ib_ports_per_node": ((int,), "active InfiniBand ports every node must have (0: none required)"),
-    "ib_rate_gbps": ((int, float), "link rate (Gb/s) every required InfiniBand port must run at"),
-    "collective_dtype": ((str,), "element type of the collective sweeps: 'fp32' (nccl-tests' default) or 'bf16'"),
-    "nccl_algo": ((str,), "NCCL_ALGO while the bandwidth sweeps' communicators are created: 'Ring' for "
-                  "fabric tests, '' for NCCL's own choice"),
-    "burn_in_s": ((int, float), "seconds of sustained matmul at --level extended"),
-    "shared_dir": ((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
-}
 
 TOP_KEYS = {"schema", "fallback_profile", "cpu_profile", "profiles"}
 PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics"}
@@ -65,28 +28,6 @@ REQUIRED: Any = object()
 
 class ThresholdsError(ValueError):
     """thresholds.yaml is broken, or names something that does not exist."""
-
-
-@dataclass(frozen=True, slots=True)
-class Criterion:
-    """Pass criteria of one metric in one profile. An empty criterion measures without judging."""
-
-    min: float | None = None
-    max: float | None = None
-    ceiling: float | None = None
-    outlier_fraction: float | None = None
-    unit: str | None = None
-    description: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in (
-            ("min", self.min), ("max", self.max), ("ceiling", self.ceiling),
-            ("outlier_fraction", self.outlier_fraction), ("unit", self.unit),
-        ) if v is not None}
-
-    @property
-    def judged(self) -> bool:
-        return any(v is not None for v in (self.min, self.max, self.ceiling, self.outlier_fraction))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +53,7 @@ class Profile:
         if name not in self.settings:
             raise ThresholdsError(
                 f"{self.source}: profile {self.name!r} has no settings.{name} "
-                f"({SETTINGS[name][1]}); add it to the profile"
+                f"({SETTINGS[name].help}); add it to the profile"
             )
         return self.settings[name]
 
@@ -151,35 +92,23 @@ class Thresholds:
         return self.profile(self.fallback_profile)
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r} (first at line {seen[key]}); "
+                                           "give each key once", problem_mark=key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _fail(path: Path, where: str, problem: str) -> ThresholdsError:
     return ThresholdsError(f"{path}: {where}: {problem}")
-
-
-def _number(path: Path, where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise _fail(path, where, f"must be a number, got {value!r}")
-    return float(value)
-
-
-def _criterion(path: Path, where: str, raw: Any) -> Criterion:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise _fail(path, where, f"must be a mapping of {', '.join(CRITERION_KEYS)}, got {raw!r}")
-    unknown = set(raw) - set(CRITERION_KEYS)
-    if unknown:
-        raise _fail(path, f"{where}.{sorted(unknown)[0]}",
-                    f"unknown key; a criterion takes {', '.join(CRITERION_KEYS)}")
-    numbers = {k: _number(path, f"{where}.{k}", raw[k])
-               for k in ("min", "max", "ceiling", "outlier_fraction") if k in raw}
-    if "outlier_fraction" in numbers and not 0 < numbers["outlier_fraction"] < 1:
-        raise _fail(path, f"{where}.outlier_fraction", "must lie between 0 and 1")
-    if "min" in numbers and "max" in numbers and numbers["min"] > numbers["max"]:
-        raise _fail(path, where, f"min {numbers['min']} is above max {numbers['max']}")
-    for key in ("unit", "description"):
-        if key in raw and not isinstance(raw[key], str):
-            raise _fail(path, f"{where}.{key}", f"must be a string, got {raw[key]!r}")
-    return Criterion(**numbers, unit=raw.get("unit"), description=raw.get("description", ""))
 
 
 def _settings(path: Path, where: str, raw: Any) -> dict[str, Any]:
@@ -190,10 +119,8 @@ def _settings(path: Path, where: str, raw: Any) -> dict[str, Any]:
     for key, value in raw.items():
         if key not in SETTINGS:
             raise _fail(path, f"{where}.{key}", f"unknown setting; known: {', '.join(sorted(SETTINGS))}")
-        types, _ = SETTINGS[key]
-        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-            names = " or ".join(t.__name__ for t in types)
-            raise _fail(path, f"{where}.{key}", f"must be {names}, got {value!r}")
+        if problem := setting_problem(key, value):
+            raise _fail(path, f"{where}.{key}", problem)
     return dict(raw)
 
 
@@ -222,7 +149,7 @@ def load(path: str | Path) -> Thresholds:
     except FileNotFoundError:
         raise ThresholdsError(f"{path}: file not found; pass an existing file with --thresholds") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects from the file
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -258,10 +185,13 @@ def load(path: str | Path) -> Thresholds:
         raw_metrics = raw.get("metrics") or {}
         if not isinstance(raw_metrics, dict):
             raise _fail(path, f"{where}.metrics", "must be a mapping of metric names to criteria")
-        metrics = {m: _criterion(path, f"{where}.metrics.{m}", c) for m, c in raw_metrics.items()}
+        try:
+            metrics = {m: Criterion.parse(c, f"{where}.metrics.{m}") for m, c in raw_metrics.items()}
+        except CriterionError as exc:
+            raise _fail(path, exc.where, exc.problem) from None
         settings = _settings(path, f"{where}.settings", raw.get("settings"))
         digest = hashlib.sha256(repr((sorted(settings.items()), sorted(
-            (m, c.as_dict()) for m, c in metrics.items()))).encode()).hexdigest()[:16]
+            (m, c.as_json()) for m, c in metrics.items()))).encode()).hexdigest()[:16]
         profiles[name] = Profile(
             name=name, description=str(raw.get("description", "")), match=tuple(match),
             sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest,

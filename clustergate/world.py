@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workloads.common import end_process_groups, start_process_group
+from workloads.common import PlacementError, end_process_groups, rank_device, start_process_group
 from workloads.node.name import node_name
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -56,19 +56,6 @@ def _env_int(name: str, default: int) -> int:
         raise WorldError(f"{name}={raw!r} is not an integer; torchrun sets it, do not set it by hand") from None
 
 
-def _device(local_rank: int, want_cuda: bool) -> torch.device:
-    if not want_cuda or not torch.cuda.is_available():
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    # LOCAL_RANK beyond the visible devices means two ranks would share a GPU: refuse.
-    if local_rank >= count:
-        raise WorldError(
-            f"LOCAL_RANK={local_rank} but only {count} CUDA devices are visible; start "
-            f"--nproc-per-node={count} (or 'gpu'), or set CUDA_VISIBLE_DEVICES per process"
-        )
-    return torch.device("cuda", local_rank % count)
-
-
 def init_world(collective_timeout_s: float, control_timeout_s: float, want_cuda: bool) -> World:
     """Initialise process groups from torchrun's environment (world size 1 without torchrun)."""
     rank = _env_int("RANK", 0)
@@ -78,7 +65,10 @@ def init_world(collective_timeout_s: float, control_timeout_s: float, want_cuda:
         missing = [v for v in TORCHRUN_VARS if v not in os.environ]
         if missing:
             raise WorldError(f"WORLD_SIZE={world_size} but {', '.join(missing)} unset: launch with torchrun")
-    device = _device(local_rank, want_cuda)
+    try:
+        device = rank_device(local_rank, want_cuda)
+    except PlacementError as exc:
+        raise WorldError(str(exc)) from None
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
+from clustergate.report.resultsfile import schema_problems
+
 from torchrun_job import ROOT, job_env, run_job
 
 DATA = ROOT / "tests" / "data" / "report"
-SCHEMA = ROOT / "clustergate" / "results.schema.json"
 SECRET = "s3cr3t-4f9a-planted-token-value"
 """Planted in MY_API_TOKEN, HF_TOKEN's neighbour and --metadata: must never reach report.html."""
 HF_SECRET = "hf_planted_0123456789abcdef"
@@ -47,7 +48,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
 
 def _world_size_1(target: Path, *args: str) -> None:
     """``pytest acceptance/test_world.py`` from the checkout (its conftest.py enables the plugin)."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py", "-p", "clustergate.htmlreport",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py",
                            "--report-dir", str(target / "report"), *args],
                           cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=240)
@@ -66,8 +67,7 @@ def make_no_tests(target: Path) -> None:
 def _demo(target: Path, env: dict[str, str], *args: str) -> None:
     shutil.copy(DATA / "demo_acceptance.py", target / "demo_acceptance.py")
     shutil.copy(DATA / "thresholds.yaml", target / "thresholds.yaml")
-    job = run_job(target, ["-p", "clustergate.htmlreport", "demo_acceptance.py", "--thresholds", "thresholds.yaml",
-                           *args], nproc=2, env=env)
+    job = run_job(target, ["demo_acceptance.py", "--thresholds", "thresholds.yaml", *args], nproc=2, env=env)
     (target / "output.txt").write_text(job.output)
     (target / "status").write_text(str(max(job.codes)))
 
@@ -81,16 +81,9 @@ def results(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "report" / "results.json").read_text())
 
 
-def validator() -> Any:
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra: pip install -e .[test]")
-    schema = json.loads(SCHEMA.read_text())
-    cls = jsonschema.Draft202012Validator
-    cls.check_schema(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
 def schema_errors(data: dict[str, Any]) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator().iter_errors(data)]
+    """Every way ``data`` breaks clustergate/results.schema.json (the report command's own check)."""
+    return schema_problems(data)
 
 
 @pytest.fixture(scope="session")

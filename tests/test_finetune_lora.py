@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from clustergate.thresholds import load
+from workloads.common import agree_on
 from workloads.finetune import _common as fc
 from workloads.finetune import data as fcd
 from workloads.finetune import fsdp as fsdp_finetune
@@ -31,7 +32,8 @@ SMALL = lora.Config(steps=16, pretrain_steps=20, train_samples=160, eval_samples
 def cpu_min(metric: str, fallback: float) -> float:
     """The cpu profile's pass mark for ``metric`` (the figure the acceptance run judges against)."""
     criterion = load(ROOT / "thresholds.yaml").profile("cpu").metrics.get(metric)
-    return criterion.min if criterion is not None and criterion.min is not None else fallback
+    value = criterion.get("min") if criterion is not None else None
+    return value if value is not None else fallback
 
 
 def test_config_rejects_impossible_values() -> None:
@@ -110,8 +112,9 @@ def test_a_rank_that_fails_setup_fails_every_rank_with_its_message(gloo_world: N
     def broken() -> None:
         raise fcd.DataFormatError("data.jsonl:9: missing key 'system'")
 
-    with pytest.raises(WorkloadError, match=r"rank 0: data.jsonl:9: missing key 'system'"):
-        fc.agree(broken)
+    with pytest.raises(WorkloadError, match=r"setup failed on 1/1 ranks:\n  node 0 \(.*\) rank 0: data.jsonl:9: "
+                                            r"missing key 'system'"):
+        agree_on(broken, "setup failed", fc.SETUP_ERRORS)
 
 
 @pytest.mark.parametrize("workload", [lora, fsdp_finetune, zero3])

@@ -1,4 +1,4 @@
-"""NVML collection against a fake NVML, clock-sample summaries, and the acceptance helpers' verdicts."""
+"""NVML collection against a fake NVML, clock summaries (workloads.clocks), the acceptance helpers' verdicts."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from acceptance import gpu_helpers
 from clustergate.thresholds import REQUIRED, ThresholdsError
+from workloads import clocks
 from workloads.gpu import inventory as inv
 from workloads.gpu.health import Check
 from workloads.result import Metric, Result, WorkloadError
@@ -102,17 +103,17 @@ def test_clock_summary_and_bad_events() -> None:
     samples = [{"sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "reasons": 0x4, "power_w": 690.0, "temperature_c": 70},
                {"sm_clock_mhz": 1410, "mem_clock_mhz": 2619, "reasons": 0x40 | 0x4, "power_w": 700.0,
                 "temperature_c": 91}]
-    out = inv.summarize_clock_samples(samples)
+    out = clocks.summarize_clock_samples(samples)
     assert out["sm_clock_mhz"] == {"min": 1410, "median": 1695.0, "max": 1980}
     assert out["clock_event_reasons"] == {"sw_power_cap": 1.0, "hw_thermal_slowdown": 0.5}
     assert out["bad_clock_events"] == ["hw_thermal_slowdown"]
-    assert inv.summarize_clock_samples([], "not applicable: CPU device") == {"status": "not applicable: CPU device"}
+    assert clocks.summarize_clock_samples([], "not applicable: CPU device") == {"status": "not applicable: CPU device"}
 
 
 def test_clock_sampler_on_cpu_is_inert() -> None:
-    with inv.ClockSampler(torch.device("cpu")) as clocks:
+    with clocks.ClockSampler(torch.device("cpu")) as sampler:
         pass
-    assert clocks.summary()["status"].startswith("not applicable")
+    assert sampler.summary()["status"].startswith("not applicable")
 
 
 # ---- acceptance helpers, with a stand-in for the cg fixture -------------------------------

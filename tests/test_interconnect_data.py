@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,6 @@ def test_a_wrong_sum_on_one_rank_fails_every_rank_alike(tmp_path: Path) -> None:
     assert len(outs) == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     texts = [p.read_text() for p in outs]
     assert texts[0] == texts[1]
-    assert texts[0].startswith("WorkloadError: all_reduce (world): correctness at 4096 B: failed on 1/2 ranks; "
-                               "first rank 1")
+    assert texts[0].startswith("WorkloadError: all_reduce (world): correctness at 4096 B failed on 1/2 ranks:\n"
+                               f"  node 0 ({socket.gethostname()}) rank 1: ")
     assert "1 of 1024 elements wrong" in texts[0]

@@ -52,7 +52,6 @@ def test_timed_calls_run_with_the_log_off_and_alike_in_both_scopes(gloo_world: N
     for var in nccl_log.DEBUG_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(comm_groups, "is_nccl", lambda: True)
-    monkeypatch.setattr(comm_groups, "backend_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(comm_groups, "Capture", CountingCapture)
     monkeypatch.setattr(collectives, "mismatch", lambda *a: None)  # one process stands for two ranks
     real = collectives.time_batches  # latency sweeps time rounds of back-to-back calls

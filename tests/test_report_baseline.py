@@ -11,8 +11,8 @@ import pytest
 from report_runs import demo_baseline, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate import baseline
-from clustergate.summary import summary_lines
+from clustergate.report import baseline
+from clustergate.report.summary import summary_lines
 
 
 def scaled(factor_by_rank: dict[int, float]) -> dict[str, Any]:
@@ -105,7 +105,6 @@ def test_unreadable_baseline_is_a_usage_error_on_every_rank(tmp_path: Path) -> N
     from torchrun_job import run_job
 
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
-    job = run_job(tmp_path, ["-p", "clustergate.htmlreport", "test_x.py", "--baseline", str(tmp_path / "nope")],
-                  nproc=2, timeout=120)
+    job = run_job(tmp_path, ["test_x.py", "--baseline", str(tmp_path / "nope")], nproc=2, timeout=120)
     assert "file not found; pass the results.json of an earlier run" in job.output
     assert job.seconds < 100

@@ -7,12 +7,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate.report.rejudge import rejudge, strip_metric_failures
+from clustergate.report.rejudge import rejudge
 from clustergate.thresholds import load
 
 from torchrun_job import ROOT, job_env
@@ -31,6 +32,7 @@ def test_rejudge_replaces_metric_failures_and_keeps_other_failures(tmp_path: Pat
     recorded = copy.deepcopy(RESULTS)
     recorded["tests"][1]["outcome"] = "failed"
     recorded["tests"][1]["message"] = "[call] failed on 1/4 ranks: 2\n--- rank 2 (node-1) ---\nTraceback: boom"
+    recorded["tests"][1]["problems"] = [recorded["tests"][1]["message"]]
     out = rejudge(recorded, load(tmp_path / "t.yaml").profile("loose"))
     bf16, allreduce, hbm = out["tests"]
     assert bf16["outcome"] == "passed" and bf16["message"] == "" and bf16["failed_ranks"] == []
@@ -42,9 +44,17 @@ def test_rejudge_replaces_metric_failures_and_keeps_other_failures(tmp_path: Pat
     assert RESULTS["tests"][0]["outcome"] == "failed"  # the input is not modified
 
 
-def test_strip_metric_failures() -> None:
-    msg = "[call] failed on 1/2 ranks: 1\nboom\n2 metric checks failed:\n  a=1, expected >= 2\n  b=1\n[teardown] x"
-    assert strip_metric_failures(msg) == "[call] failed on 1/2 ranks: 1\nboom\n[teardown] x"
+def test_a_failure_recorded_without_problems_is_kept_whole(tmp_path: Path) -> None:
+    """A results.json written before tests kept their problems: its failures never turn into passes."""
+    (tmp_path / "t.yaml").write_text(
+        "schema: 1\nfallback_profile: loose\ncpu_profile: loose\nprofiles:\n  loose:\n    metrics:\n"
+        "      matmul_bf16_tflops: {min: 500}\n      allreduce_busbw_gbps: {}\n      hbm_bandwidth_tbps: {}\n")
+    older = copy.deepcopy(RESULTS)
+    for test in older["tests"]:
+        del test["problems"]
+    bf16 = rejudge(older, load(tmp_path / "t.yaml").profile("loose"))["tests"][0]
+    assert bf16["outcome"] == "failed" and bf16["message"] == RESULTS["tests"][0]["message"]
+    assert bf16["metrics"][0]["passed"]  # the figures are judged anew all the same
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)
@@ -79,3 +89,38 @@ def test_rejudge_and_compare_from_the_command_line(demo_reject: Path, tmp_path: 
 def test_bad_input_is_exit_2(tmp_path: Path) -> None:
     proc = report_cli(str(tmp_path / "missing.json"))
     assert proc.returncode == 2 and "file not found" in proc.stdout
+
+
+def test_a_file_that_is_not_a_results_json_is_refused_with_one_error(tmp_path: Path) -> None:
+    broken = copy.deepcopy(RESULTS)
+    broken["tests"][0]["outcome"] = "sort of"
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(broken))
+    proc = report_cli(str(path))
+    assert proc.returncode == 2
+    assert proc.stdout.strip().splitlines() == [
+        f"clustergate.report: {path}: not a valid results.json (results.schema.json): at tests/0/outcome: "
+        "'sort of' is not one of ['passed', 'failed', 'skipped', 'error']"]
+    (tmp_path / "nothing.json").write_text("{not json")
+    assert "not readable JSON" in report_cli(str(tmp_path / "nothing.json")).stdout
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"verdict": "accept"}, "reject"),  # a test failed: the recorded accept is not taken on trust
+    ({"verdict": "running", "tests": "passing"}, "reject"),  # never finished
+    ({"verdict": "reject", "tests": "passing"}, "accept"),  # the rule, not the record, decides
+])
+def test_the_verdict_is_computed_again_and_sets_the_exit_status(tmp_path: Path, change: dict[str, Any],
+                                                                 expected: str) -> None:
+    recorded = copy.deepcopy(RESULTS)
+    if change.pop("tests", None) == "passing":
+        for test in recorded["tests"]:
+            test.update(outcome="passed", message="", failed_ranks=[])
+    recorded.update(change)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(recorded))
+    proc = report_cli(str(path), "--json-out", str(tmp_path / "out.json"), "-o", str(tmp_path / "r.html"))
+    assert json.loads((tmp_path / "out.json").read_text())["verdict"] == expected, proc.stdout
+    assert proc.returncode == (0 if expected == "accept" else 1)
+    if recorded["verdict"] != expected:
+        assert f"the recorded verdict {recorded['verdict']!r} is not what its tests say: {expected!r}" in proc.stdout

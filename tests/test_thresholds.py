@@ -44,15 +44,29 @@ def test_shipped_file_loads_and_selects_by_gpu_name() -> None:
     assert t.select("NVIDIA H200").name == "h200"
     assert t.select("NVIDIA A100-SXM4-80GB").name == "nvidia-generic"
     assert t.select(None).name == "cpu"
-    assert t.profile("h200").metrics["matmul_bf16_tflops"].min == 700  # inherited
+    assert t.profile("h200").metrics["matmul_bf16_tflops"].get("min") == 700  # inherited
     assert not t.profile("nvidia-generic").sign_off
+
+
+def test_every_shipped_criterion_says_its_source_and_every_estimate_only_warns() -> None:
+    """Issue 14: a reader weighs a miss by where the figure comes from; an estimate cannot reject."""
+    t = load(ROOT / "thresholds.yaml")
+    for profile in t.profiles.values():
+        for name, c in profile.metrics.items():
+            where = f"{profile.name}.{name}"
+            assert c.source is not None or not c.judged, f"{where} judges without a source"
+            assert c.source is None or c.source.kind != "estimate" or c.severity == "warn", f"{where}: estimate fails"
+    h100 = t.profile("h100-sxm-80gb").metrics
+    assert {n for n, c in h100.items() if c.source and c.source.kind == "spec" and c.severity == "fail"} >= {
+        "gpu_count", "gpu_memory_gib", "matmul_bf16_tflops", "hbm_bandwidth_tbps", "allreduce_busbw_gbps"}
+    assert t.profile("cpu").metrics["matmul_bf16_tflops"].source_text().startswith("measured (clustergate")
 
 
 def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:
     t = load(write(tmp_path, GOOD))
     child = t.profile("child")
     assert child.settings == {"gpus_per_node": 8, "peak_bf16_tflops": 990}
-    assert child.metrics["gpu_memory_gib"].min == 139
+    assert child.metrics["gpu_memory_gib"].get("min") == 139
     assert child.metrics["matmul_bf16_tflops"].unit == "TFLOPS"
     assert child.digest != t.profile("base").digest
 
@@ -68,14 +82,35 @@ def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:
         (GOOD.replace("{min: 700, unit: TFLOPS}", "{minimum: 700}"),
          "profiles.base.metrics.matmul_bf16_tflops.minimum: unknown key"),
         (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: fast}"),
-         "profiles.base.metrics.matmul_bf16_tflops.min: must be a number, got 'fast'"),
-        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 9, max: 1}"), "min 9.0 is above max 1.0"),
+         "profiles.base.metrics.matmul_bf16_tflops.min: must be a finite number, got 'fast'"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 9, max: 1}"),
+         "profiles.base.metrics.matmul_bf16_tflops: min 9 is above max 1: no figure can pass"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 700, ceiling: 600}"),
+         "matmul_bf16_tflops: min 700 is above ceiling 600"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: .nan}"), "matmul_bf16_tflops.min: must be a finite number"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{max: .inf}"), "matmul_bf16_tflops.max: must be a finite number"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{outlier_fraction: 0}"), "outlier_fraction: must lie in (0, 1]"),
+        (GOOD.replace("gpus_per_node: 8,", "gpus_per_node: -3,"),
+         "profiles.base.settings.gpus_per_node: must be >= 0, got -3"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 989, test_timeout_s: 0}"),
+         "profiles.base.settings.test_timeout_s: must be a finite number > 0, got 0"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 989, collective_timeout_s: .nan}"),
+         "profiles.base.settings.collective_timeout_s: must be a finite number > 0"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 989, test_timeout_s: -5}"),
+         "profiles.base.settings.test_timeout_s: must be a finite number > 0, got -5"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 989, pcie_width: 0}"),
+         "profiles.base.settings.pcie_width: must be >= 1, got 0"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 989, baseline_tolerance: 1.5}"),
+         "profiles.base.settings.baseline_tolerance: must lie in (0, 1], got 1.5"),
+        (GOOD.replace("gpu_memory_gib: {min: 79}", "gpu_memory_gib: {min: 79}\n      gpu_memory_gib: {min: 80}"),
+         "not valid YAML at line 12, column 7: duplicate key 'gpu_memory_gib' (first at line 11); give each key once"),
         (GOOD.replace("gpus_per_node: 8,", "gpus_per_node: eight,"),
          "profiles.base.settings.gpus_per_node: must be int, got 'eight'"),
         (GOOD.replace("gpus_per_node: 8,", "gpu_per_node: 8,"), "profiles.base.settings.gpu_per_node: unknown setting"),
         (GOOD.replace("extends: base", "extends: nowhere"), "profiles.child.extends: no profile 'nowhere'"),
         (GOOD.replace("fallback_profile: generic", "fallback_profile: missing"), "fallback_profile: must name one"),
-        (GOOD.replace("{min: 700, unit: TFLOPS}", "{outlier_fraction: 1.5}"), "outlier_fraction: must lie between"),
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{outlier_fraction: 1.5}"),
+         "outlier_fraction: must lie in (0, 1], got 1.5"),
     ],
 )
 def test_broken_files_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

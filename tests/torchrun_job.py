@@ -51,7 +51,7 @@ def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2
             env: dict[str, str] | None = None) -> JobResult:
     """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all."""
     report_dir = cwd / "report"
-    args = ["-m", "pytest", "-p", "clustergate.plugin", "-p", "clustergate.htmlreport", "-p", "no:cacheprovider",
+    args = ["-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
             "--rootdir", str(cwd),
             "--report-dir", str(report_dir), *pytest_args]
     if nodes == 1:

@@ -1,7 +1,11 @@
-"""Helpers every workload shares: where am I, which device, how to time honestly.
+"""Helpers every workload shares: where am I, which device, how to agree across ranks, how to time.
 
 Inside the acceptance suite the plugin has already initialised torch.distributed; a workload run
 alone (``torchrun -m workloads.AREA.NAME``) runs its ``main()`` inside ``distributed()``.
+
+Agreeing: a workload must never raise on some ranks while the others wait in a collective. Every
+check that can fail on one rank goes through ``agree`` (or ``agree_on``), a collective after which
+every rank raises the same ``WorkloadError``, naming the node, host and ranks that saw each problem.
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from workloads.node.name import node_name
+from workloads.result import WorkloadError
+
 LEVELS = ("quick", "standard", "extended")
+T = TypeVar("T")
+
+
+class PlacementError(RuntimeError):
+    """This process cannot be given a device of its own; the message says what to change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +45,29 @@ class Place:
     device: torch.device
 
 
+def rank_device(local_rank: int, want_cuda: bool = True) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` where CUDA is wanted and present, else the CPU; never RANK.
+
+    LOCAL_RANK beyond the visible devices would put two ranks on one GPU (a modulo would hide it):
+    refused. Every rank sees every GPU of its node (test_world checks that devices per node match
+    the profile), so a process given one GPU of its own through CUDA_VISIBLE_DEVICES is refused too.
+    """
+    if not want_cuda or not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise PlacementError(
+            f"LOCAL_RANK={local_rank} but only {count} CUDA devices are visible: two ranks would share a GPU; "
+            f"start --nproc-per-node={count} (or 'gpu') and let every rank see every GPU of its node "
+            "(do not narrow CUDA_VISIBLE_DEVICES per process)"
+        )
+    return torch.device("cuda", local_rank)
+
+
 def place() -> Place:
-    """Where this process runs. Device = LOCAL_RANK % device count, never RANK."""
+    """Where this process runs (device: ``rank_device``)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    else:
-        device = torch.device("cpu")
+    device = rank_device(local_rank)
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     return Place(
@@ -103,6 +131,79 @@ def distributed(timeout_s: float = 600.0) -> Iterator[Place]:
     if started:
         end_process_groups()
 
+
+# ---- agreeing across ranks --------------------------------------------------------------------
+
+def backend_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where tensors of ``group`` (default: the default group) live: this rank's GPU under NCCL, else the CPU."""
+    return place().device if "nccl" in str(dist.get_backend(group)) else torch.device("cpu")
+
+
+def reduce_int(value: int, op: str = "max", group: dist.ProcessGroup | None = None) -> int:
+    """``value`` reduced over every rank of ``group`` (``"max"`` or ``"sum"``): a vote every rank sees."""
+    ops = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+    t = torch.tensor([int(value)], dtype=torch.int64, device=backend_device(group))
+    dist.all_reduce(t, op=ops[op], group=group)
+    return int(t.item())
+
+
+def gather_numbers(values: Sequence[float], group: dist.ProcessGroup | None = None) -> list[list[float]]:
+    """Every rank's ``values`` (the same count on every rank) as float64, in group rank order."""
+    mine = torch.tensor(list(values), dtype=torch.float64, device=backend_device(group))
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [t.tolist() for t in out]
+
+
+def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's picklable ``obj``, in group rank order."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+MAX_PROBLEM_LINES = 32
+"""Lines of distinct (node, problem) pairs an agreed error names; the count covers every rank."""
+
+
+def agree(problem: str | None, what: str, hint: str = "", group: dist.ProcessGroup | None = None) -> None:
+    """Raise the same WorkloadError on every rank of ``group`` when any rank has a ``problem``.
+
+    A collective: every rank calls it, with None where all is well. The error reads
+    ``{what} on k/N ranks (hint):`` and then one line per node and problem with the ranks that saw it.
+    """
+    if reduce_int(1 if problem else 0, "max", group) == 0:
+        return
+    here = place()
+    everyone = gather_objects((problem, here.node_rank, node_name()), group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(everyone)))
+    bad: dict[tuple[int, str, str], list[int]] = {}
+    for rank, (said, node, host) in zip(ranks, everyone, strict=True):
+        if said:
+            bad.setdefault((node, host, said), []).append(rank)
+    count = sum(len(r) for r in bad.values())
+    lines = [f"{what} on {count}/{len(everyone)} ranks{' (' + hint + ')' if hint else ''}:"]
+    lines += [f"  node {node} ({host}) rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {said}"
+              for (node, host, said), rs in sorted(bad.items())[:MAX_PROBLEM_LINES]]
+    if len(bad) > MAX_PROBLEM_LINES:
+        lines.append(f"  ... and {len(bad) - MAX_PROBLEM_LINES} more")
+    raise WorkloadError("\n".join(lines))
+
+
+def agree_on(step: Callable[[], T], what: str, catch: tuple[type[BaseException], ...] = (WorkloadError,),
+             hint: str = "", group: dist.ProcessGroup | None = None) -> T:
+    """Run ``step`` on every rank; when it raises one of ``catch`` on any rank, every rank raises the
+    same WorkloadError (``agree``) instead of some ranks raising while the others wait."""
+    problem, value = None, None
+    try:
+        value = step()
+    except catch as exc:
+        problem = str(exc)
+    agree(problem, what, hint, group)
+    return value  # type: ignore[return-value]  # set: no rank had a problem
+
+
+# ---- timing -----------------------------------------------------------------------------------
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":

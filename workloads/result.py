@@ -39,8 +39,9 @@ class Metric:
             raise TypeError(f"metric {self.name}: value must be a number, got {self.value!r}")
         if self.scope not in ("gpu", "node", "world"):
             raise ValueError(f"metric {self.name}: scope must be gpu, node or world, got {self.scope!r}")
-        if math.isnan(self.value):
-            raise ValueError(f"metric {self.name}: value is NaN; a workload must fail, not record NaN")
+        if not math.isfinite(self.value):
+            raise ValueError(f"metric {self.name}: value is {self.value}; a workload must fail with the reason "
+                             "instead of recording a figure that is not a finite number")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@
         --json-out rejudged.json
 
 For a run that died before pytest-html wrote its report, runs merged later, a comparison with an
-earlier run, or a verdict under other thresholds. Exit status: 0 when the (re-judged) verdict is
-accept, 1 when reject, 2 when an input cannot be used.
+earlier run, or a verdict under other thresholds. The file must match clustergate/results.schema.json;
+the verdict is computed again from its tests by the rule the run used (clustergate.verdict.decide),
+never taken on trust. Exit status: 0 when that verdict is accept, 1 otherwise, 2 when an input
+cannot be used.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from clustergate import baseline as baseline_mod
+from clustergate.report import baseline as baseline_mod
 from clustergate.results import write_json
 
 
@@ -46,8 +48,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Load, re-judge and compare as asked; raises ValueError with what to fix."""
-    results = baseline_mod.load(args.results)
-    results.pop("_source", None)
+    from clustergate.report import resultsfile
+    from clustergate.report.rejudge import verdict
+
+    results = resultsfile.read(args.results)
+    recorded, results["verdict"] = results.get("verdict"), verdict(results)
+    if recorded != results["verdict"]:
+        print(f"clustergate.report: the recorded verdict {recorded!r} is not what its tests say: "
+              f"{results['verdict']!r} (computed again by the run's rule)", file=sys.stderr)
     tolerance = args.tolerance
     if args.thresholds is not None or args.profile is not None:
         from clustergate.report.rejudge import rejudge
@@ -67,13 +75,14 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(results_path: Path, results: dict[str, Any], output: Path) -> int:
     """Run the replay session; pytest-html writes ``output``. Returns pytest's exit status."""
-    from clustergate import htmlreport
+    from clustergate.report import hooks
     from clustergate.report.replay import ReplayPlugin
 
+    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks.
     args = [str(results_path), "--rootdir", str(results_path.parent), "-c", os.devnull, "--noconftest",
-            "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
+            "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
             "--html", str(output), "--self-contained-html"]
-    return int(pytest.main(args, plugins=[htmlreport, ReplayPlugin(results_path, results)]))
+    return int(pytest.main(args, plugins=[hooks, ReplayPlugin(results_path, results)]))
 
 
 def main(argv: list[str] | None = None) -> int:

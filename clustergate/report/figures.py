@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
-from clustergate.report.model import cell_state, gpu_label, rank_index, short_test_name
+from clustergate.report.model import gpu_label, rank_index, short_test_name
+from clustergate.report.tables import cell_state
 
 MAX_SERIES = 12
 """Series drawn in one curve figure; more would be unreadable (the JSON still has them all)."""
@@ -301,7 +302,7 @@ def gpu_bars(results: dict[str, Any]) -> list[BarFigure]:
                 continue
             values = [float(p["value"]) for p in per]
             crit = m.get("criterion") or {}
-            states = tuple(cell_state(v, p.get("passed", True), values, crit) or "ok"
+            states = tuple(cell_state(v, p.get("passed", True), values, crit, bool(p.get("warned"))) or "ok"
                            for p, v in zip(per, values, strict=True))
             lines = [(f"{k} {crit[k]:g}", float(crit[k])) for k in ("min", "max") if k in crit]
             if len(values) > 1:

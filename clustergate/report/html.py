@@ -11,7 +11,7 @@ from functools import lru_cache
 from html import escape
 from typing import Any
 
-from clustergate.report import figures, model
+from clustergate.report import figures, model, tables
 
 MAX_MESSAGE_CHARS = 20_000
 """A failure message longer than this is cut in the summary (the test's row keeps it whole)."""
@@ -37,6 +37,8 @@ table.cg-table td { padding: 3px 8px; border-bottom: 1px solid #eee; vertical-al
 table.cg-table td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .cg-fail { background: #fde0dc; color: #8a1c13; font-weight: bold; }
 .cg-outlier { background: #fff1c2; color: #6b4e00; }
+.cg-warn { background: #ffd8a8; color: #7a3e00; font-weight: bold; }
+.cg-source { color: #666; font-size: 11px; }
 .cg-pass { color: #1e7b34; font-weight: bold; } .cg-muted { color: #888; }
 .cg-figures { display: flex; flex-wrap: wrap; gap: 10px; }
 .cg-figures figure { margin: 0; border: 1px solid #ddd; padding: 4px; background: #fff; }
@@ -100,6 +102,10 @@ def banner(results: dict[str, Any]) -> str:
     if failing:
         why.append(f"{len(failing)} metric{'s' if len(failing) > 1 else ''} missed: "
                    + ", ".join(sorted({r.metric for r in failing})))
+    warnings = results.get("warnings") or []
+    if warnings:
+        why.append(f"{len(warnings)} warning{'s' if len(warnings) > 1 else ''} (a warn criterion missed; the verdict "
+                   "does not use them): " + ", ".join(sorted({w["metric"] for w in warnings})))
     if verdict == "accept":
         why.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no tests")
     base = results.get("baseline")
@@ -131,16 +137,19 @@ def criteria_table(results: dict[str, Any]) -> str:
         return '<p class="cg-muted">No metric was recorded.</p>'
     cells, classes = [], []
     for r in rows:
-        result = ("PASS", "cg-pass") if r.passed and r.judged else ("FAIL", "cg-fail") if not r.passed \
-            else ("not judged", "cg-muted")
+        missed = "cg-fail" if not r.passed else "cg-warn" if r.warned else ""
         margin = model.fmt_margin(r.margin_pct)
         cells.append([_td(r.metric, title=r.description), _td(model.short_test_name(r.test), title=r.test),
                       _td(r.scope), _td(model.fmt(r.value, r.unit), "num"), _td(r.criterion),
-                      _td(margin, "num " + ("cg-fail" if r.margin_pct is not None and r.margin_pct < 0 else "")),
-                      _td(result[0], result[1]), _td(r.where)])
-        classes.append("cg-row-fail" if not r.passed else "")
-    return _table(["metric", "test", "scope", "measured", "criterion", "margin", "result", "where"], cells,
+                      _td(r.source, "cg-source"),
+                      _td(margin, "num " + (missed if r.margin_pct is not None and r.margin_pct < 0 else "")),
+                      _td(r.result, RESULT_CLASS[r.result]), _td(r.where)])
+        classes.append("cg-row-fail" if not r.passed else "cg-row-warn" if r.warned else "")
+    return _table(["metric", "test", "scope", "measured", "criterion", "source", "margin", "result", "where"], cells,
                   "cg-table cg-criteria", classes)
+
+
+RESULT_CLASS = {"PASS": "cg-pass", "FAIL": "cg-fail", "WARN": "cg-warn", "not judged": "cg-muted"}
 
 
 def failures_section(results: dict[str, Any]) -> str:
@@ -159,12 +168,22 @@ def failures_section(results: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _cell_td(cell: model.Cell) -> str:
-    cls = {"fail": "cg-fail", "outlier": "cg-outlier"}.get(cell.state, "")
+def warnings_table(warnings: list[dict[str, Any]]) -> str:
+    """Every part that missed a warn criterion (results.json ``warnings``): amber, never a failure."""
+    rows = [[_td(w.get("metric", "")), _td(model.short_test_name(w.get("test", "")), title=w.get("test", "")),
+             _td(model.fmt(w.get("value")), "num cg-warn"), _td(w.get("criterion", "")), _td(w.get("where", ""))]
+            for w in warnings]
+    note = ('<p class="cg-muted">A warn criterion is an estimate not yet measured, or a figure that informs: '
+            "a miss is shown, and the verdict stands.</p>")
+    return note + _table(["metric", "test", "measured", "criterion", "where"], rows)
+
+
+def _cell_td(cell: tables.Cell) -> str:
+    cls = {"fail": "cg-fail", "warn": "cg-warn", "outlier": "cg-outlier"}.get(cell.state, "")
     return _td(cell.text, cls, cell.title)
 
 
-def grid_table(table: model.Table) -> str:
+def grid_table(table: tables.Table) -> str:
     return _table(table.columns, [[_cell_td(c) for c in row] for row in table.rows])
 
 
@@ -218,7 +237,8 @@ def figures_section(results: dict[str, Any]) -> str:
 
 
 LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed its criterion</span>'
-          f'<span class="cg-outlier">more than {model.OUTLIER_DEVIATION:.0%} worse than the median of its peers'
+          '<span class="cg-warn">missed a warn criterion (the verdict stands)</span>'
+          f'<span class="cg-outlier">more than {tables.OUTLIER_DEVIATION:.0%} worse than the median of its peers'
           "</span></p>")
 
 
@@ -228,12 +248,14 @@ def summary(results: dict[str, Any]) -> str:
     fails = failures_section(results)
     if fails:
         parts += ["<h3>Failures</h3>", fails]
+    if results.get("warnings"):
+        parts += ["<h3>Warnings</h3>", warnings_table(results["warnings"])]
     if results.get("baseline"):
         parts += ["<h3>Against the baseline</h3>", baseline_section(results)]
-    gpu = model.gpu_table(results)
+    gpu = tables.gpu_table(results)
     if len(gpu.columns) > 5 or any(c.state for row in gpu.rows for c in row):
         parts += ["<h3>Per GPU</h3>", LEGEND, grid_table(gpu)]
-    parts += ["<h3>Per node</h3>", grid_table(model.node_table(results))]
+    parts += ["<h3>Per node</h3>", grid_table(tables.node_table(results))]
     parts += ["<h3>Figures</h3>", figures_section(results), "<h3>Tests</h3></div>"]
     return "".join(parts)
 
@@ -248,15 +270,13 @@ def test_extra(test: dict[str, Any], results: dict[str, Any]) -> str:
         spread = f"{model.fmt(values[0])} / {model.fmt(values[len(values) // 2])} / {model.fmt(values[-1])}" \
             if len(values) > 1 else ""
         rows.append([_td(r.metric, title=r.description), _td(r.scope), _td(model.fmt(r.value, r.unit), "num"),
-                     _td(spread, "num"), _td(r.criterion),
-                     _td(model.fmt_margin(r.margin_pct), "num"),
-                     _td("PASS" if r.passed and r.judged else "FAIL" if not r.passed else "not judged",
-                         "cg-pass" if r.passed and r.judged else "cg-fail" if not r.passed else "cg-muted"),
+                     _td(spread, "num"), _td(r.criterion), _td(r.source, "cg-source"),
+                     _td(model.fmt_margin(r.margin_pct), "num"), _td(r.result, RESULT_CLASS[r.result]),
                      _td(r.where)])
     parts = ['<div class="cg-extra">']
     if rows:
-        parts.append(_table(["metric", "scope", "measured", "min / median / max", "criterion", "margin", "result",
-                             "where"], rows))
+        parts.append(_table(["metric", "scope", "measured", "min / median / max", "criterion", "source", "margin",
+                             "result", "where"], rows))
     details = test.get("details") or {}
     tables = details.get("tables") if isinstance(details, dict) else None
     if isinstance(tables, dict):

@@ -1,18 +1,15 @@
 """What the report says, derived from the results.json dict: pure functions, no HTML, no pytest.
 
-The terminal summary (``clustergate.summary``), the HTML report and the re-render command all
+The terminal summary (``clustergate.report.summary``), the HTML report and the re-render command all
 read the run through these, so they agree on every figure, margin and highlight.
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-OUTLIER_DEVIATION = 0.10
-"""A GPU more than this fraction worse than the median of its peers is highlighted as an outlier
-(highlighting only: judging uses the profile's ``outlier_fraction``)."""
+from clustergate.criteria import Criterion
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +29,15 @@ class CriterionRow:
     where: str
     """The part the measured figure comes from (the worst GPU/node), or how many parts."""
     description: str = ""
+    warned: bool = False
+    """A part missed a ``warn`` criterion: shown amber, the verdict stands."""
+    source: str = ""
+    """Where the criterion's figures come from: ``spec``, ``measured (tool, machine, date, n=...)``, ``estimate``."""
+
+    @property
+    def result(self) -> str:
+        """FAIL, WARN, PASS or ``not judged``: the word the terminal and the report show."""
+        return "FAIL" if not self.passed else "WARN" if self.warned else "PASS" if self.judged else "not judged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +47,6 @@ class Failure:
     ranks: tuple[str, ...]
     """Each failing rank with host, GPU index and serial."""
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    text: str
-    state: str = ""
-    """``fail`` | ``outlier`` | ``""``: drives the highlight."""
-    title: str = ""
-
-
-@dataclass(slots=True)
-class Table:
-    columns: list[str]
-    rows: list[list[Cell]] = field(default_factory=list)
 
 
 def short_test_name(nodeid: str) -> str:
@@ -97,42 +89,6 @@ def gpu_label(where: dict[str, Any], short: bool = False) -> str:
     return f"rank {rank} {host}{gpu}{serial}"
 
 
-def higher_is_better(criterion: dict[str, Any]) -> bool | None:
-    """True for a floor (min, outlier_fraction), False for a limit (max only), None when unjudged."""
-    if "min" in criterion or "outlier_fraction" in criterion:
-        return True
-    if "max" in criterion:
-        return False
-    return None
-
-
-def criterion_text(criterion: dict[str, Any]) -> str:
-    parts = []
-    if "min" in criterion:
-        parts.append(f">= {criterion['min']:g}")
-    if "max" in criterion:
-        parts.append(f"<= {criterion['max']:g}")
-    if "ceiling" in criterion:
-        parts.append(f"ceiling {criterion['ceiling']:g}")
-    if "outlier_fraction" in criterion:
-        parts.append(f">= {criterion['outlier_fraction']:.0%} of peers' median")
-    return ", ".join(parts) or "not judged"
-
-
-def margin_pct(value: float, criterion: dict[str, Any]) -> float | None:
-    """Headroom against the tightest of min/max in % (negative: missed); None without a bound."""
-    margins = []
-    if criterion.get("min"):
-        margins.append((value - criterion["min"]) / abs(criterion["min"]) * 100)
-    if criterion.get("max"):
-        margins.append((criterion["max"] - value) / abs(criterion["max"]) * 100)
-    return min(margins) if margins else None
-
-
-def _judged(criterion: dict[str, Any]) -> bool:
-    return any(k in criterion for k in ("min", "max", "ceiling", "outlier_fraction"))
-
-
 def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     per = metric.get("per_rank") or []
     if not per:
@@ -141,14 +97,16 @@ def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     if scope == "world":
         return "whole job"
     parts = f"{len(per)} {'GPU' if scope == 'gpu' else 'node'}{'s' if len(per) > 1 else ''}"
-    if not _judged(metric.get("criterion") or {}):
+    if not Criterion.from_json(metric.get("criterion")).judged:
         return f"median of {parts}" if len(per) > 1 else _label(per[0], scope, ranks)
-    failing = [p for p in per if not p.get("passed", True)]
+    failing, word = [p for p in per if not p.get("passed", True)], "fail"
+    if not failing:
+        failing, word = [p for p in per if p.get("warned")], "warn"
     # The judge's figure is the worst part's value: name that part.
     worst = min(failing or per, key=lambda p: abs(p["value"] - metric["value"]))
     label = _label(worst, scope, ranks)
     if failing:
-        return f"{len(failing)}/{parts} fail; worst {label}"
+        return f"{len(failing)}/{parts} {word}; worst {label}"
     return f"{parts}; worst {label}" if len(per) > 1 else label
 
 
@@ -163,14 +121,15 @@ def criteria_rows(results: dict[str, Any]) -> list[CriterionRow]:
     rows = []
     for test in results.get("tests", []):
         for m in test.get("metrics", []):
-            crit = m.get("criterion") or {}
+            crit = Criterion.from_json(m.get("criterion"))
             rows.append(CriterionRow(
                 test=test["nodeid"], metric=m["name"], scope=m.get("scope", "gpu"), value=float(m["value"]),
-                unit=m.get("unit", ""), criterion=criterion_text(crit), margin_pct=margin_pct(float(m["value"]), crit),
-                passed=bool(m.get("passed")), judged=_judged(crit), where=_where(m, ranks),
-                description=m.get("description", ""),
+                unit=m.get("unit", ""), criterion=crit.text(), margin_pct=crit.margin_pct(float(m["value"])),
+                passed=bool(m.get("passed")), judged=crit.judged, where=_where(m, ranks),
+                description=m.get("description", ""), warned=bool(m.get("warned")), source=crit.source_text(),
             ))
-    return sorted(rows, key=lambda r: (r.passed, not r.judged, r.margin_pct if r.margin_pct is not None else 1e9))
+    return sorted(rows, key=lambda r: (r.passed, not r.warned, not r.judged,
+                                       r.margin_pct if r.margin_pct is not None else 1e9))
 
 
 def failures(results: dict[str, Any]) -> list[Failure]:
@@ -183,116 +142,6 @@ def failures(results: dict[str, Any]) -> list[Failure]:
         named = tuple(gpu_label(ranks.get(r, {"rank": r})) for r in test.get("failed_ranks", []))
         out.append(Failure(test["nodeid"], test["outcome"], named, test.get("message", "")))
     return out
-
-
-def _gpu_metrics(results: dict[str, Any], scope: str) -> list[tuple[str, dict[str, Any]]]:
-    """(column name, metric) for every metric of ``scope`` with per-rank values, in test order."""
-    seen: dict[str, int] = {}
-    out = []
-    for test in results.get("tests", []):
-        for m in test.get("metrics", []):
-            if m.get("scope") == scope and m.get("per_rank"):
-                n = seen[m["name"]] = seen.get(m["name"], 0) + 1
-                name = m["name"] if n == 1 else f"{m['name']} ({short_test_name(test['nodeid'])})"
-                out.append((name, m))
-    return out
-
-
-def cell_state(value: float, passed: bool, peers: list[float], criterion: dict[str, Any]) -> str:
-    """``fail`` if judged failed; ``outlier`` if more than OUTLIER_DEVIATION worse than the peers'
-    median (either way when the criterion gives no direction, and then only among 3 or more)."""
-    if not passed:
-        return "fail"
-    up = higher_is_better(criterion)
-    if len(peers) < (2 if up is not None else 3):
-        return ""
-    med = statistics.median(peers)
-    if not med:
-        return ""
-    change = (value - med) / abs(med)
-    worse = abs(change) > OUTLIER_DEVIATION if up is None else \
-        (change < -OUTLIER_DEVIATION if up else change > OUTLIER_DEVIATION)
-    return "outlier" if worse else ""
-
-
-def _metric_cell(p: dict[str, Any], m: dict[str, Any]) -> Cell:
-    peers = [q["value"] for q in m["per_rank"]]
-    state = cell_state(p["value"], p.get("passed", True), peers, m.get("criterion") or {})
-    return Cell(fmt(p["value"], m.get("unit", "")), state)
-
-
-def _failed_tests_by_rank(results: dict[str, Any]) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for test in results.get("tests", []):
-        for r in test.get("failed_ranks", []):
-            out.setdefault(r, []).append(short_test_name(test["nodeid"]))
-    return out
-
-
-def gpu_table(results: dict[str, Any]) -> Table:
-    """One row per rank (host, GPU index, serial), one column per gpu-scope metric."""
-    ranks = rank_index(results)
-    metrics = _gpu_metrics(results, "gpu")
-    failed = _failed_tests_by_rank(results)
-    table = Table(["rank", "host", "gpu", "serial", *(n for n, _ in metrics), "failed tests"])
-    for rank in sorted(ranks):
-        ident = ranks[rank]
-        index = "" if ident["gpu_index"] is None else str(ident["gpu_index"])
-        row = [Cell(str(rank)), Cell(ident["host"]), Cell(index),
-               Cell(ident["gpu_serial"] or "", title=ident["gpu_uuid"] or "")]
-        for _, m in metrics:
-            per = {p["rank"]: p for p in m["per_rank"]}
-            p = per.get(rank)
-            if p is None:
-                row.append(Cell(""))
-                continue
-            row.append(_metric_cell(p, m))
-        tests = failed.get(rank, [])
-        row.append(Cell(", ".join(tests), "fail" if tests else ""))
-        table.rows.append(row)
-    return table
-
-
-def node_table(results: dict[str, Any]) -> Table:
-    """One column per node; rows: host facts, node-scope metrics, the worst GPU of each gpu-scope
-    metric, failed ranks (transposed: a cluster has fewer nodes than a run has metrics)."""
-    ranks = rank_index(results)
-    nodes = results.get("nodes", [])
-    failed = _failed_tests_by_rank(results)
-    table = Table(["", *(f"node {n.get('node_rank', 0)}" for n in nodes)])
-    table.rows.append([Cell("host"), *(Cell(n.get("host", "?")) for n in nodes)])
-    table.rows.append([Cell("ranks"), *(Cell(str(len(n.get("ranks", [])))) for n in nodes)])
-    models = [sorted({g.get("name") or "?" for g in n.get("gpus", [])}) for n in nodes]
-    table.rows.append([Cell("GPUs"), *(Cell(f"{len(n.get('gpus', []))}" + (f" x {', '.join(m)}" if m else ""))
-                                       for n, m in zip(nodes, models, strict=True))])
-
-    def node_of(p: dict[str, Any]) -> Any:
-        return ranks.get(p["rank"], {}).get("node_rank", p.get("node_rank"))
-
-    for name, m in _gpu_metrics(results, "node"):
-        row = [Cell(name)]
-        for n in nodes:
-            mine = [p for p in m["per_rank"] if node_of(p) == n.get("node_rank", 0)]
-            row.append(_metric_cell(mine[0], m) if mine else Cell(""))
-        table.rows.append(row)
-    for name, m in _gpu_metrics(results, "gpu"):
-        row = [Cell(f"{name} (worst GPU)")]
-        up = higher_is_better(m.get("criterion") or {})
-        for n in nodes:
-            mine = [p for p in m["per_rank"] if node_of(p) == n.get("node_rank", 0)]
-            if not mine:
-                row.append(Cell(""))
-                continue
-            worst = min(mine, key=lambda p: p["value"]) if up in (True, None) else max(mine, key=lambda p: p["value"])
-            bad = [p for p in mine if not p.get("passed", True)]
-            state = "fail" if bad else _metric_cell(worst, m).state
-            label = gpu_label({**ranks.get(worst["rank"], {}), **worst}, short=True)
-            row.append(Cell(f"{fmt(worst['value'], m.get('unit', ''))} ({label})", state,
-                            title=f"{len(bad)} of {len(mine)} GPUs fail" if bad else ""))
-        table.rows.append(row)
-    bad_ranks = [sorted(r for r in n.get("ranks", []) if r in failed) for n in nodes]
-    table.rows.append([Cell("failed ranks"), *(Cell(", ".join(map(str, b)), "fail" if b else "") for b in bad_ranks)])
-    return table
 
 
 def facts(results: dict[str, Any]) -> dict[str, str]:

@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter
 from clustergate.report.figures import BarFigure, CurveFigure, MatrixFigure
 from clustergate.report.figures import Figure as Spec
 
-STATE_COLOURS = {"ok": "#4c72b0", "outlier": "#e69f00", "fail": "#d62728"}
+STATE_COLOURS = {"ok": "#4c72b0", "outlier": "#e69f00", "warn": "#ff8c00", "fail": "#d62728"}
 DPI = 100
 
 

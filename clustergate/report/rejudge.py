@@ -1,38 +1,21 @@
 """Judge a recorded run again under other thresholds: the per-rank values are kept, the verdict is new.
 
-A test's recorded failure is kept when something other than its metrics failed (a rank raised, a
-declared metric was never recorded); a failure that was only metric checks is replaced by the new
-judgement, so a test can pass or fail anew.
+A test's recorded failure is kept when something other than its metrics failed: its ``problems``
+(a rank raised, a declared metric was never recorded, the run ended in it); a failure that was
+only metric checks is replaced by the new judgement, so a test can pass or fail anew. The message
+is rebuilt from the recorded problems and the new metric failures: nothing is parsed out of text.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Any
 
-from clustergate.judge import Record, Where, judge
+from clustergate.judge import Record, Where, judge, warnings
+from clustergate.outcomes import metric_block
 from clustergate.thresholds import Profile
 from clustergate.verdict import decide
-
-METRIC_HEADER = re.compile(r"^(\[call\] )?\d+ metric checks? failed:$")
-"""The line ``clustergate.outcomes.merge`` puts above its metric failures (indented below it)."""
-
-
-def strip_metric_failures(message: str) -> str:
-    """The message without its metric-failure block(s)."""
-    out: list[str] = []
-    skipping = False
-    for line in message.splitlines():
-        if METRIC_HEADER.match(line.strip()):
-            skipping = True
-            continue
-        if skipping and line.startswith("  "):
-            continue
-        skipping = False
-        out.append(line)
-    return "\n".join(out).strip()
 
 
 def _records(metric: dict[str, Any], nodes: list[dict[str, Any]]) -> list[Record]:
@@ -48,36 +31,42 @@ def _records(metric: dict[str, Any], nodes: list[dict[str, Any]]) -> list[Record
             for p in per]
 
 
+def _older_problems(test: dict[str, Any]) -> list[str]:
+    """A results.json written before tests kept their ``problems``: a failure is kept whole (it may
+    be more than metric checks, and its text is not parsed), so it never turns into a pass."""
+    failed = test.get("outcome") in ("failed", "error") and test.get("message")
+    return [test["message"]] if failed else []
+
+
 def verdict(results: dict[str, Any]) -> str:
-    """The verdict of a finished run's record, by the rule the run itself used."""
+    """The verdict of a run's record, by the rule the run itself used. A record that still says
+    "running" is a run that never finished: never accepted, whatever its tests say so far."""
     outcomes = [str(t.get("outcome")) for t in results.get("tests", [])]
-    return decide(outcomes, error=results.get("error"), finished=True).verdict
+    error = results.get("error")
+    if error is None and results.get("verdict") == "running":
+        error = "the run did not finish: its results.json still says running"
+    return decide(outcomes, error=error, finished=True).verdict
 
 
 def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
     """A copy of ``results`` judged under ``profile``; ``"rejudged"`` records what was done."""
     out = copy.deepcopy(results)
     for test in out.get("tests", []):
-        if not test.get("metrics"):
+        if not test.get("metrics") or test.get("outcome") == "skipped":
             continue
         records = [r for m in test["metrics"] for r in _records(m, out.get("nodes", []))]
         judged = judge(records, profile)
         test["metrics"] = [j.as_json() for j in judged]
-        problems = [f for j in judged for f in j.failures]
-        rest = strip_metric_failures(test.get("message", ""))
-        metric_only = test.get("outcome") == "passed" or (test.get("outcome") == "failed" and not rest)
-        if metric_only:
-            test["outcome"] = "failed" if problems else "passed"
+        missed = [f for j in judged for f in j.failures]
+        problems = list(test["problems"]) if "problems" in test else _older_problems(test)
+        if test.get("outcome") == "passed" or (test.get("outcome") == "failed" and not problems):
+            test["outcome"] = "failed" if missed else "passed"
             test["failed_ranks"] = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})
-        if problems:
-            block = f"[call] {len(problems)} metric check{'s' if len(problems) > 1 else ''} failed:\n" + \
-                "\n".join(f"  {p}" for p in problems)
-            test["message"] = f"{rest}\n{block}".strip()
-        else:
-            test["message"] = rest
+        test["message"] = "\n".join([*problems, *([f"[call] {metric_block(missed)}"] if missed else [])])
     out["rejudged"] = {"thresholds": str(Path(profile.source)), "profile": profile.name,
                        "original_profile": results.get("profile"), "original_verdict": results.get("verdict")}
     out["profile"] = profile.name
     out["sign_off"] = profile.sign_off
+    out["warnings"] = warnings(out["tests"])
     out["verdict"] = verdict(out)
     return out

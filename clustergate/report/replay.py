@@ -1,7 +1,7 @@
 """Replay a results.json as a pytest session, so pytest-html renders the recorded run.
 
 Each recorded test becomes an item under its original node id whose report reproduces the recorded
-outcome, message, duration and user properties; ``clustergate.htmlreport`` then draws the report
+outcome, message, duration and user properties; ``clustergate.report.hooks`` then draws the report
 from the results dict exactly as in a live run (after pytest-xdist's controller, which replays
 workers' reports through pytest's own hooks).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.htmlreport import REPLAYED
+from clustergate.report.hooks import REPLAYED
 
 
 class Replayed(Exception):

@@ -3,14 +3,14 @@
 A model is either built here from a config (no download) or loaded from a local Hugging Face
 directory, checked to be a decoder-only LM of a family these workloads know. Data is packed
 function-calling text (``function_calling_data``). Every setup step that can fail on one rank
-runs through ``agree``, so a bad path fails every rank at once instead of leaving peers waiting
-in a collective.
+runs through ``workloads.common.agree_on`` with ``SETUP_ERRORS``, so a bad path fails every rank
+at once instead of leaving peers waiting in a collective.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +25,8 @@ ARCHITECTURES = ("qwen2", "qwen3", "llama", "mistral")
 """config.model_type values accepted for a local model: decoder-only LMs with q/k/v/o_proj layers."""
 
 
-def agree(fn: Callable[[], Any]) -> Any:
-    """Run a setup step on every rank; if it fails on any rank, fail on every rank with its message."""
-    error, value = None, None
-    try:
-        value = fn()
-    except (WorkloadError, fcd.DataFormatError, OSError, ValueError) as exc:
-        error = str(exc)
-    errors: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    bad = [(r, e) for r, e in enumerate(errors) if e]
-    if bad:
-        more = f" (and {len(bad) - 1} more ranks)" if len(bad) > 1 else ""
-        raise WorkloadError(f"rank {bad[0][0]}: {bad[0][1]}{more}")
-    return value
+SETUP_ERRORS = (WorkloadError, fcd.DataFormatError, OSError, ValueError)
+"""What a setup step (model, tokenizer, data) raises on a bad input: agreed across ranks (``agree_on``)."""
 
 
 def records(data_path: str | None, train: int, held_out: int, seed: int) -> tuple[list[dict], list[dict]]:

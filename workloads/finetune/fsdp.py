@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from workloads.common import place
+from workloads.common import agree_on, place
 from workloads.finetune import _common as fc
 from workloads.finetune import full as ff
 from workloads.result import Result, WorkloadError
@@ -54,7 +54,7 @@ def _run(cfg: Config) -> Result:
 
     here = place()
     device = torch.device(cfg.device)
-    model, ids, held = fc.agree(lambda: _setup(cfg, device))
+    model, ids, held = agree_on(lambda: _setup(cfg, device), "FSDP fine-tune setup failed", fc.SETUP_ERRORS)
     try:
         mesh = init_device_mesh(device.type, (here.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import torch
-import torch.distributed as dist
 
-from workloads.common import check_level, distributed, place, summarize, time_runs
+from workloads.common import check_level, distributed, gather_numbers, place, summarize, time_runs
 from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
@@ -126,10 +125,8 @@ def same_batch_spread(loss_of: Callable[[torch.Tensor], torch.Tensor], held: Any
     """Every rank's loss on the same held-out batch, and their relative spread."""
     x = held[: cfg.batch_size].to(device)
     with torch.no_grad():
-        loss = loss_of(x).detach().double()
-    everyone = [torch.zeros_like(loss) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, loss)
-    values = [float(v) for v in everyone]
+        loss = float(loss_of(x).detach().double())
+    values = [v for (v,) in gather_numbers([loss])]
     return (max(values) - min(values)) / max(abs(max(values)), 1e-12), values
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, distributed, place, summarize, time_runs
+from workloads.common import agree_on, check_level, distributed, place, summarize, time_runs
 from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
@@ -118,7 +118,8 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     phases: dict[str, float] = {}
     start = time.perf_counter()
-    model, tokenizer, (ids, assistant), (eval_ids, eval_assistant) = fc.agree(lambda: _setup(cfg, device))
+    model, tokenizer, (ids, assistant), (eval_ids, eval_assistant) = agree_on(
+        lambda: _setup(cfg, device), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
     phases["setup"] = time.perf_counter() - start
     labels = ids if cfg.loss_on == "all" else ids.masked_fill(~assistant, -100)
     eval_labels = eval_ids if cfg.loss_on == "all" else eval_ids.masked_fill(~eval_assistant, -100)

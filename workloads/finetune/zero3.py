@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from workloads.common import place
+from workloads.common import agree_on, place
 from workloads.finetune import _common as fc
 from workloads.finetune import full as ff
 from workloads.result import Result
@@ -101,7 +101,8 @@ def _run(cfg: Config) -> Result:
     # DeepSpeed reads LOCAL_RANK itself; torchrun sets it, a run in one process (world of one) may not.
     os.environ.setdefault("LOCAL_RANK", str(here.local_rank))
     deepspeed.init_distributed(dist_backend=dist.get_backend())  # adopts the existing default group
-    model, ids, held = fc.agree(lambda: ff.setup(cfg, "qwen2", torch.bfloat16 if cfg.bf16 else torch.float32))
+    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    model, ids, held = agree_on(lambda: ff.setup(cfg, "qwen2", dtype), "ZeRO-3 fine-tune setup failed", fc.SETUP_ERRORS)
     params = sum(p.numel() for p in model.parameters())
     config = ds_config(cfg, here.world_size, model.config.hidden_size)
     engine = None

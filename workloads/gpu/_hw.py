@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from workloads.clocks import ClockSampler
 from workloads.common import place, time_runs
-from workloads.gpu.inventory import ClockSampler
 
 T = TypeVar("T")
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from workloads.clocks import ClockSampler
 from workloads.common import check_level, distributed, place, synchronize
 from workloads.gpu import _hw as hw
-from workloads.gpu.inventory import ClockSampler
 from workloads.gpu.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
 from workloads.result import Metric, Result, WorkloadError
 

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from workloads.gpu.inventory import BAD_CLOCK_EVENTS, reason_names
+from workloads.clocks import BAD_CLOCK_EVENTS, reason_names
 
 Status = Literal["ok", "fail", "unsupported"]
 

@@ -25,11 +25,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, distributed, synchronize, time_batches, time_runs
+from workloads.common import agree, check_level, distributed, gather_objects, synchronize, time_batches, time_runs
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect._data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
 from workloads.interconnect.nccl_log import nccl_environment
 from workloads.result import Metric, Result, WorkloadError
+
+# torch 2.13 renamed the one-tensor collectives (the old names now warn, FutureWarning); the torch
+# builds GPU nodes carry (>= 2.4) may have only the old names. The same NCCL/gloo call either way.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 _BASE = {"all_reduce": "allreduce_busbw_gbps", "all_gather": "allgather_busbw_gbps",
@@ -148,12 +153,12 @@ def unsupported_reason(collective: str) -> str | None:
         n = dist.get_world_size()
         try:
             x = torch.ones(2 * n)
-            {"all_gather": lambda: dist.all_gather_into_tensor(torch.empty(2 * n), x[:2]),
-             "reduce_scatter": lambda: dist.reduce_scatter_tensor(torch.empty(2), x),
+            {"all_gather": lambda: ALL_GATHER(torch.empty(2 * n), x[:2]),
+             "reduce_scatter": lambda: REDUCE_SCATTER(torch.empty(2), x),
              "all_to_all": lambda: dist.all_to_all_single(torch.empty(2 * n), x)}.get(collective, lambda: None)()
         except (RuntimeError, NotImplementedError, ValueError) as exc:
             problem = f"{dist.get_backend()} in torch {torch.__version__} cannot run {collective}: {exc}"
-    reasons = [p for p in cgroups.gather(problem) if p]
+    reasons = [p for p in gather_objects(problem) if p]
     return reasons[0] if reasons else None
 
 
@@ -164,9 +169,9 @@ def _operation(cfg: Config, comm: cgroups.ScopeComm, send: torch.Tensor, out: to
     if cfg.collective == "all_reduce":
         return lambda: dist.all_reduce(send, group=g)
     if cfg.collective == "all_gather":
-        return lambda: dist.all_gather_into_tensor(out, send, group=g)
+        return lambda: ALL_GATHER(out, send, group=g)
     if cfg.collective == "reduce_scatter":
-        return lambda: dist.reduce_scatter_tensor(out, send, group=g)
+        return lambda: REDUCE_SCATTER(out, send, group=g)
     if cfg.collective == "all_to_all":
         return lambda: dist.all_to_all_single(out, send, group=g)
     if cfg.collective == "broadcast":
@@ -195,7 +200,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
                 fn = _operation(cfg, comm, send, out)
             except (torch.OutOfMemoryError, WorkloadError) as exc:
                 problem = f"{where}: {exc}"
-        cgroups.agree(problem, f"{cfg.collective} ({cfg.scope}): preparing {size} B")
+        agree(problem, f"{cfg.collective} ({cfg.scope}): preparing {size} B failed")
         algo = ""
         if fn is not None and out is not None:
             seen = len(comm.log.algorithms)
@@ -206,7 +211,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
             problem = f"{where}: {bad} (rank {dist.get_rank()}); a wrong result is data corruption on a link " \
                       "or in NCCL: check dmesg for Xid errors, rerun with NCCL_ALGO=Ring NCCL_PROTO=Simple" \
                       if bad else None
-        cgroups.agree(problem, f"{cfg.collective} ({cfg.scope}): correctness at {size} B")
+        agree(problem, f"{cfg.collective} ({cfg.scope}): correctness at {size} B failed")
         if fn is not None:
             # Small messages: rounds of back-to-back calls (nccl-tests), so host launch jitter between
             # an event and its call does not count; large ones: each call on its own.
@@ -235,7 +240,7 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     comm = cgroups.scope_comm(cfg.scope, "" if cfg.latency else cfg.nccl_algo)
     rows = _sweep(cfg, comm, device)
-    gathered = cgroups.gather((comm.label, rows) if comm.active and comm.group_rank == 0 else None)
+    gathered = gather_objects((comm.label, rows) if comm.active and comm.group_rank == 0 else None)
     curves = dict(x for x in gathered if x is not None)
     details: dict[str, Any] = {
         "collective": cfg.collective, "scope": cfg.scope, "group": comm.label, "ranks": comm.size,

@@ -24,10 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import place, synchronize
+from workloads.common import backend_device, gather_objects, synchronize
 from workloads.interconnect.nccl_log import Capture, NcclLog
 from workloads.node.name import node_name
-from workloads.result import WorkloadError
 
 SCOPES = ("node", "world", "net")
 
@@ -82,17 +81,11 @@ def is_nccl() -> bool:
     return "nccl" in str(dist.get_backend())
 
 
-def backend_device() -> torch.device:
-    """Where tensors of the default group live: the rank's GPU under NCCL, the CPU under gloo."""
-    return place().device if is_nccl() else torch.device("cpu")
-
-
 def layout() -> Layout:
     """The job's layout, exchanged once over the default group (every rank must call it)."""
     if not _LAYOUT:
         mine = (int(os.environ.get("GROUP_RANK", "0")), node_name())
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+        everyone = gather_objects(mine)
         # Node indices as torchrun numbers them; nodes compacted to 0..N-1 in that order.
         order = {node: i for i, node in enumerate(sorted({n for n, _ in everyone}))}
         _LAYOUT.append(Layout(node_of=tuple(order[n] for n, _ in everyone), host_of=tuple(h for _, h in everyone)))
@@ -166,29 +159,3 @@ def scope_comm(scope: str, nccl_algo: str = "") -> ScopeComm:
         comm.capture["algo_pin"] = f"NCCL did not log 'NCCL_ALGO set by environment to {nccl_algo}'"
     _COMMS[key] = comm
     return comm
-
-
-def agree(problem: str | None, what: str) -> None:
-    """Raise the same WorkloadError on every rank if any rank has a problem (a collective: all ranks call).
-
-    A workload must never raise on a subset of ranks while the others wait in a collective.
-    """
-    device = backend_device()
-    flag = torch.tensor([1 if problem else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if int(flag.item()) == 0:
-        return
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, problem)
-    lay = layout()
-    bad = [(r, p) for r, p in enumerate(everyone) if p]
-    first_rank, first = bad[0]
-    raise WorkloadError(f"{what}: failed on {len(bad)}/{len(everyone)} ranks; first rank {first_rank} "
-                        f"({lay.host_of[first_rank]}, node {lay.node_of[first_rank]}): {first}")
-
-
-def gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` on every rank, over the default group."""
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, distributed, time_runs
+from workloads.common import agree, check_level, distributed, gather_objects, time_runs
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect._data import make_tile, mismatch, offset
 from workloads.result import Metric, Result, WorkloadError
@@ -122,13 +122,13 @@ def _round(cfg: Config, comm: cgroups.ScopeComm, k: int, peer: int | None, devic
             recv = send.clone()
         except torch.OutOfMemoryError as exc:
             problem = f"{count * 4} B buffers for rank {me}: {exc}"
-    cgroups.agree(problem, f"{cfg.kind} pairs, round {k}: preparing")
+    agree(problem, f"{cfg.kind} pairs, round {k}: preparing failed")
     if peer is not None and send is not None and recv is not None:
         with comm.window():
             _exchange(send, recv, peer, comm.group)
         bad = mismatch(recv, torch.roll(base, -offset(peer, tile))[None])
         problem = f"rank {me} received from rank {peer}: {bad}; data corrupted on the link" if bad else None
-    cgroups.agree(problem, f"{cfg.kind} pairs, round {k}: correctness")
+    agree(problem, f"{cfg.kind} pairs, round {k}: correctness failed")
     if peer is None or send is None or recv is None:
         return []
     return time_runs(lambda: _exchange(send, recv, peer, comm.group), device, cfg.warmup, cfg.repeats)
@@ -153,7 +153,7 @@ def run(cfg: Config) -> Result:
         if times:
             mine.append((k, peer, statistics.median(times), min(times), max(times)))
     medians: dict[tuple[int, int], float] = {}
-    for rank, entries in enumerate(cgroups.gather(mine)):
+    for rank, entries in enumerate(gather_objects(mine)):
         for _, peer, med, _, _ in entries:
             key = (min(rank, peer), max(rank, peer))
             medians[key] = max(medians.get(key, 0.0), med)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import distributed
+from workloads.common import backend_device, distributed, gather_objects
 from workloads.interconnect import comm_groups as cgroups
 from workloads.interconnect.nccl_log import nccl_environment, transport_problems
 from workloads.result import Result
@@ -47,7 +47,7 @@ class Config:
 
 def _probe(comm: cgroups.ScopeComm, probe_bytes: int) -> None:
     """Collectives that make NCCL connect (and log) every channel kind the sweeps will use."""
-    device = cgroups.backend_device()
+    device = backend_device()
     g, m, n, me = comm.group, comm.members, comm.size, comm.group_rank
     with comm.window():
         for count in (2, 256 * 1024, max(2, probe_bytes // 4)):
@@ -69,7 +69,7 @@ def run(cfg: Config) -> Result:
             _probe(comm, cfg.probe_bytes)
         mine[scope] = {"group": comm.label, "active": comm.active, "log": comm.log.summary(),
                        "capture": comm.capture}
-    everyone = cgroups.gather({"scopes": mine, "env": nccl_environment()})
+    everyone = gather_objects({"scopes": mine, "env": nccl_environment()})
     details: dict[str, Any] = {"required_transport": cfg.required, "nccl_algo": cfg.nccl_algo or "NCCL's choice"}
     if torch.cuda.is_available() and cgroups.is_nccl():
         details["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))

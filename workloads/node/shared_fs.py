@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import check_level, distributed, place
+from workloads.common import agree, check_level, distributed, gather_objects, place
 from workloads.node.name import node_name
 from workloads.result import Metric, Result, WorkloadError
 
@@ -91,29 +91,6 @@ def directory_problem(directory: str) -> str | None:
 def _block(token: str, node: int, size: int) -> bytes:
     """The random block node ``node`` writes: any rank can regenerate it to check the read-back."""
     return random.Random(f"{token}/{node}").randbytes(size)
-
-
-def _gather(obj: Any) -> list[Any]:
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _raise_if_any(everyone: list[tuple[int, str, int, str | None]], what: str, hint: str = "") -> None:
-    """Raise on every rank (the data is the same everywhere) when any rank reported a problem.
-
-    One line per node and problem, naming the node, its host and the ranks that saw it.
-    """
-    bad: dict[tuple[int, str, str], list[int]] = {}
-    for rank, host, node, problem in everyone:
-        if problem:
-            bad.setdefault((node, host, problem), []).append(rank)
-    if bad:
-        count = sum(len(r) for r in bad.values())
-        lines = [f"{what} on {count}/{len(everyone)} ranks{' (' + hint + ')' if hint else ''}:"]
-        lines += [f"  node {node} ({host}) rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {problem}"
-                  for (node, host, problem), ranks in sorted(bad.items())[:32]]
-        raise WorkloadError("\n".join(lines))
 
 
 def _write(path: Path, cfg: Config, block: bytes) -> float:
@@ -192,21 +169,22 @@ def _token_phase(cfg: Config, here: Any, host: str) -> tuple[Path, str, dict[str
                    "the directory is not shared with rank 0's node (a local disk mounted at the same path?)")
     elif seen != token:
         problem = f"{workdir}/token reads {seen[:40]!r}, rank 0 wrote {token!r}: a stale or different filesystem"
-    everyone = _gather((here.rank, host, here.node_rank, problem))
-    if here.rank == 0 and any(p for *_, p in everyone):
-        shutil.rmtree(workdir, ignore_errors=True)  # every rank has looked (the gather): clean up, then fail
-    _raise_if_any(everyone, f"the shared directory {cfg.directory} is not shared")
-    return workdir, token, {"token_read_by_ranks": len(everyone), "token_visible_after_s": round(waited, 3)}
+    try:
+        agree(problem, f"the shared directory {cfg.directory} is not shared")
+    except WorkloadError:
+        if here.rank == 0:  # every rank has looked (the agreement): clean up, then fail
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return workdir, token, {"token_read_by_ranks": here.world_size, "token_visible_after_s": round(waited, 3)}
 
 
 def run(cfg: Config) -> Result:
     """Check the directory on every rank, the token on every rank, then throughput per node."""
     here = place()
     host = node_name()
-    everyone = _gather((here.rank, host, here.node_rank, directory_problem(cfg.directory)))
-    _raise_if_any(everyone, f"the shared directory {cfg.directory} is unusable",
-                  "mount it on every node, or point the test at one that is")
-    nodes = sorted({node for _, _, node, _ in everyone})
+    agree(directory_problem(cfg.directory), f"the shared directory {cfg.directory} is unusable",
+          "mount it on every node, or point the test at one that is")
+    nodes = sorted(set(gather_objects(here.node_rank)))
     workdir, token, details = _token_phase(cfg, here, host)
     try:
         figures: dict[str, Any] | None = None
@@ -218,23 +196,23 @@ def run(cfg: Config) -> Result:
                                  _block(token, here.node_rank, cfg.block_bytes))
                 figures = {"node": here.node_rank, "host": host, "write_gbps": cfg.size_bytes / write_s / GB,
                            "mount": filesystem_of(cfg.directory)}
-            except Exception as exc:  # re-raised below on every rank, after the gather
+            except Exception as exc:  # raised below on every rank, once all agree
                 problem = f"writing {cfg.size_bytes} bytes under {workdir}: {exc}"
-        _raise_if_any(_gather((here.rank, host, here.node_rank, problem)), "the shared-directory write failed")
+        agree(problem, "the shared-directory write failed")
         if leader and figures is not None:
             source = nodes[(nodes.index(here.node_rank) + 1) % len(nodes)]
             try:
                 read_s = _read(workdir / f"node-{source}.bin", cfg, _block(token, source, cfg.block_bytes))
                 figures.update(read_gbps=cfg.size_bytes / read_s / GB, read_from_node=source)
-            except Exception as exc:  # re-raised below on every rank, after the gather
+            except Exception as exc:  # raised below on every rank, once all agree
                 problem = f"reading node {source}'s file: {exc}"
-        results = _gather((here.rank, host, here.node_rank, problem, figures))
-        _raise_if_any([r[:4] for r in results], "the shared-directory read-back failed")
+        agree(problem, "the shared-directory read-back failed")
+        results = gather_objects(figures)
     finally:
         dist.barrier()  # nobody may still be reading when rank 0 removes the files
         if here.rank == 0:
             shutil.rmtree(workdir, ignore_errors=True)
-    per_node = {f["node"]: f for *_, f in results if f is not None}
+    per_node = {f["node"]: f for f in results if f is not None}
     mine = per_node[here.node_rank]
     metrics = (
         Metric("shared_fs_write_gbps", mine["write_gbps"], "GB/s", "node",

@@ -31,8 +31,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, distributed
-from workloads.result import Result, WorkloadError
+from workloads.common import agree, check_level, distributed
+from workloads.result import Result
 from workloads.training import gpt
 
 
@@ -81,36 +81,27 @@ def mismatches(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     return sorted(bad)
 
 
-def _all_sum(value: int, device: torch.device, group: dist.ProcessGroup | None) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, group=group)
-    return int(t.item())
-
-
 def _shared_path(cfg: Config, device: torch.device, group: dist.ProcessGroup | None) -> Path:
     """A fresh directory under cfg.directory, named by rank 0, that every rank can see."""
     token = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=device)  # never a torch seed's
     dist.broadcast(token, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
     path = Path(cfg.directory) / f"clustergate-checkpoint-{int(token.item()):016x}"
     probe = path / "visible-to-every-rank"
-    why = ""
+    problem = None
     if dist.get_rank(group) == 0:
         try:
             path.mkdir(parents=True)
             probe.write_text("written by rank 0\n")
         except OSError as exc:
-            why = f" ({exc})"
-    if _all_sum(1 if why else 0, device, group):
-        raise WorkloadError(f"rank 0 cannot create {path}{why}; choose a writable directory "
-                            "(settings.shared_dir in thresholds.yaml)")
+            problem = f"cannot create {path} ({exc})"
+    agree(problem, "the checkpoint directory could not be made", "choose a writable directory: settings.shared_dir "
+          "in thresholds.yaml", group)
     deadline = time.monotonic() + 5  # network filesystems may show a new file a little late
     while not probe.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    missing = _all_sum(0 if probe.exists() else 1, device, group)
-    if missing:
-        raise WorkloadError(f"{missing} of {dist.get_world_size(group)} ranks cannot see {probe}, which rank 0 "
-                            f"wrote{'' if probe.exists() else ' (this rank among them)'}: {cfg.directory} is not "
-                            "shared by every node; set settings.shared_dir to a directory every node mounts")
+    agree(None if probe.exists() else f"cannot see {probe}, which rank 0 wrote",
+          f"{cfg.directory} is not shared by every node", "set settings.shared_dir to a directory every node mounts",
+          group)
     return path
 
 
@@ -142,17 +133,16 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
     set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     after = get_state_dict(fresh, fresh_opt)
     bad = mismatches(expected, flatten({"model": after[0], "optim": after[1]}))
-    total_bad = _all_sum(len(bad), device, group)
-    untested = _all_sum(0 if differed else 1, device, group)
+    problem = None
+    if bad:
+        problem = f"{len(bad)} of {len(expected)} entries differ (e.g. {bad[:5]})"
+    elif not differed:
+        problem = "the fresh model already equalled the saved one: nothing was tested"
     files = sorted(p.name for p in path.iterdir())
     size = sum(p.stat().st_size for p in path.iterdir())
     ranks = dist.get_world_size(group)
-    if total_bad or untested:
-        why = (f"{len(bad)} of {len(expected)} entries differ here (e.g. {bad[:5]}), {total_bad} over all "
-               f"{ranks} ranks" if total_bad else
-               f"on {untested} ranks the fresh model already equalled the saved one: nothing was tested")
-        raise WorkloadError(f"checkpoint round trip through {path} failed: {why}. The checkpoint is left there; "
-                            "check free space and that every node sees the same files")
+    agree(problem, f"checkpoint round trip through {path} failed", "the checkpoint is left there; check free space "
+          "and that every node sees the same files", group)
     dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
     if dist.get_rank(group) == 0 and not cfg.keep:
         shutil.rmtree(path, ignore_errors=True)

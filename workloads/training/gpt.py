@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import check_level, distributed, summarize, synchronize, time_runs
-from workloads.gpu.inventory import ClockSampler
+from workloads.clocks import ClockSampler
+from workloads.common import check_level, distributed, gather_numbers, reduce_int, summarize, synchronize, time_runs
 from workloads.result import Metric, Result, WorkloadError
 from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, mfu
 from workloads.training.sampler import SyntheticTokens, loader
@@ -171,19 +171,6 @@ def _probe(cfg: Config, mode: str, batch: tuple[torch.Tensor, torch.Tensor]) -> 
         return (COMPILE_FAILED if mode != "off" else FAILED), f"{type(exc).__name__}: {exc}"[:500], None
 
 
-def _vote(code: int, device: torch.device, group: dist.ProcessGroup | None) -> int:
-    worst = torch.tensor([code], dtype=torch.int64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return int(worst.item())
-
-
-def _gather(values: list[float], device: torch.device, group: dist.ProcessGroup | None) -> list[list[float]]:
-    mine = torch.tensor(values, dtype=torch.float64, device=device)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, mine, group=group)
-    return [t.tolist() for t in out]
-
-
 def measured_peak_tflops(device: torch.device) -> float:
     """Best dense matmul TFLOPS of this device in the training dtype: the MFU denominator where the
     profile gives no datasheet peak (so MFU there is relative to what a matmul reaches here)."""
@@ -215,11 +202,11 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
     first = next(batches)
     mode, note = cfg.compile, ""
     code, message, built = _probe(cfg, mode, first)
-    if _vote(code, device, group) == COMPILE_FAILED:
+    if reduce_int(code, "max", group) == COMPILE_FAILED:
         note = f"torch.compile({mode}) failed, eager on every rank" + (f"; here: {message}" if message else "")
         mode = "off"
         code, message, built = _probe(cfg, mode, first)
-    if (worst := _vote(code, device, group)) != OK:
+    if (worst := reduce_int(code, "max", group)) != OK:
         hint = ("lower batch_size or seq_len" if worst == OUT_OF_MEMORY else "see the failing rank's message")
         raise WorkloadError(f"GPT step ({cfg.preset}, batch {cfg.batch_size} x seq {cfg.seq_len}, compile "
                             f"{mode}) failed on at least one of {world} ranks ({hint}); here: {message or 'ok'}")
@@ -232,7 +219,7 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
                                device, cfg.warmup, cfg.steps)
     loss = torch.stack(losses).float()
     checksum = sum(p.detach().double().sum() for p in model.parameters())  # DDP replicas stay bitwise equal
-    stats = _gather([float((~torch.isfinite(loss)).sum()), float(loss[0]), float(checksum)], device, group)
+    stats = gather_numbers([float((~torch.isfinite(loss)).sum()), float(loss[0]), float(checksum)], group)
     problems = [f"rank {ranks[r]}: {int(s[0])} of {len(loss)} losses NaN/inf" for r, s in enumerate(stats) if s[0]]
     ln_v = math.log(cfg.vocab_size)
     problems += [f"rank {ranks[r]}: first loss {s[1]:.3f}, expected near ln(vocab) = {ln_v:.2f} on random tokens"
@@ -247,8 +234,8 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
                             device, 1, cfg.local_steps)
     sync_s, local_s = summarize(sync_times), summarize(local_times)
     clock = clocks.summary()
-    per_rank = _gather([sync_s["median_s"], local_s["median_s"],
-                        clock.get("sm_clock_mhz", {}).get("median", math.nan)], device, group)
+    per_rank = gather_numbers([sync_s["median_s"], local_s["median_s"],
+                               clock.get("sm_clock_mhz", {}).get("median", math.nan)], group)
     tokens = cfg.batch_size * cfg.seq_len
     peak, source = cfg.peak_tflops, "profile peak_bf16_tflops"
     if peak is None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import distributed, place
+from workloads.common import distributed, gather_numbers, place
 from workloads.result import Metric, Result
 from workloads.training import gpt
 
@@ -35,14 +35,11 @@ class Config:
         return cls(gpt=gpt.Config.for_level(level, device, None, peak_tflops, **overrides))
 
 
-def node_members(node_rank: int, device: torch.device) -> list[list[int]]:
+def node_members(node_rank: int) -> list[list[int]]:
     """The global ranks of each node, by node, from every rank's node rank (torchrun's GROUP_RANK)."""
-    mine = torch.tensor([node_rank], dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
     nodes: dict[int, list[int]] = {}
-    for rank, node in enumerate(int(t.item()) for t in every):
-        nodes.setdefault(node, []).append(rank)
+    for rank, (node,) in enumerate(gather_numbers([node_rank])):
+        nodes.setdefault(int(node), []).append(rank)
     return [nodes[n] for n in sorted(nodes)]
 
 
@@ -52,18 +49,15 @@ def efficiency(together: list[float], alone: list[float]) -> float:
 
 
 def run(cfg: Config) -> Result:
-    device = torch.device(cfg.gpt.device)
     here = place()
-    members = node_members(here.node_rank, device)
+    members = node_members(here.node_rank)
     node_group, _ = dist.new_subgroups_by_enumeration(members)  # every rank creates every node's group
     alone = gpt.run(cfg.gpt, group=node_group)
     dist.destroy_process_group(node_group)  # free its communicator before the whole job trains
     together = gpt.run(cfg.gpt)
     name = "train_tokens_per_s_per_gpu"
-    mine = torch.tensor([alone.metric(name).value, together.metric(name).value], dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    alone_tps, together_tps = [float(t[0]) for t in every], [float(t[1]) for t in every]
+    every = gather_numbers([alone.metric(name).value, together.metric(name).value])
+    alone_tps, together_tps = [t[0] for t in every], [t[1] for t in every]
     value = efficiency(together_tps, alone_tps)
     per_node = [{"ranks": ranks, "alone_tokens_per_s_per_gpu": statistics.median(alone_tps[r] for r in ranks),
                  "together_tokens_per_s_per_gpu": statistics.median(together_tps[r] for r in ranks)}

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clustergate.report.model import gpu_label, higher_is_better, rank_index
+from clustergate.criteria import Criterion
+from clustergate.report.model import gpu_label, rank_index
 
 DEFAULT_TOLERANCE = 0.05
 
@@ -49,7 +50,7 @@ def direction(change: float | None, criterion: dict[str, Any]) -> str:
     """``better`` / ``worse`` by the criterion's sense, ``changed`` when it has none, ``same``."""
     if change == 0:
         return "same"
-    up = higher_is_better(criterion)
+    up = Criterion.from_json(criterion).higher_is_better
     if up is None or change is None:
         return "changed"
     return "better" if (change > 0) == up else "worse"

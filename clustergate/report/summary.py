@@ -8,6 +8,8 @@ from clustergate.report import model
 
 MESSAGE_LINES = 3
 """Lines of each failing test's message printed (the report and results.json have all of it)."""
+MAX_WARNINGS = 10
+"""Warnings listed one per line; the rest are counted."""
 MAX_ROWS = 40
 """Criteria rows printed; failures come first, so a long run still shows every one that matters."""
 
@@ -30,15 +32,23 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     rows = model.criteria_rows(results)
     if rows:
         width = max(6, *(len(r.metric) for r in rows))
-        lines.append(f"  {'metric':<{width}}  {'scope':<5}  {'measured':>18}  {'criterion':<28}  {'margin':>8}  result")
+        lines.append(f"  {'metric':<{width}}  {'scope':<5}  {'measured':>18}  {'criterion':<28}  {'source':<9}  "
+                     f"{'margin':>8}  result")
         for r in rows[:MAX_ROWS]:
             margin = model.fmt_margin(r.margin_pct)
-            result = "FAIL" if not r.passed else "ok" if r.judged else "-"
+            result = {"PASS": "ok", "not judged": "-"}.get(r.result, r.result)
             lines.append(f"  {r.metric:<{width}}  {r.scope:<5}  {_cut(model.fmt(r.value, r.unit), 18):>18}  "
-                         f"{_cut(r.criterion, 28):<28}  {margin:>8}  {result}"
-                         + (f"  {_cut(r.where, 60)}" if not r.passed else ""))
+                         f"{_cut(r.criterion, 28):<28}  {r.source.split(' ')[0]:<9}  {margin:>8}  {result}"
+                         + (f"  {_cut(r.where, 60)}" if not r.passed or r.warned else ""))
         if len(rows) > MAX_ROWS:
             lines.append(f"  ... {len(rows) - MAX_ROWS} more rows passed (see report.html / results.json)")
+    warnings = results.get("warnings") or []
+    if warnings:
+        lines.append(f"warnings: {len(warnings)} (a warn criterion missed; the verdict does not use them)")
+        lines += [f"  WARN {w['metric']} = {model.fmt(w['value'])} ({w['criterion']}) at {_cut(str(w['where']), 60)}"
+                  for w in warnings[:MAX_WARNINGS]]
+        if len(warnings) > MAX_WARNINGS:
+            lines.append(f"  ... {len(warnings) - MAX_WARNINGS} more (see report.html / results.json)")
     counts = model.test_counts(results)
     lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none ran"))
     for fail in model.failures(results):

@@ -1,6 +1,6 @@
 """The sign-off report through pytest-html's hooks, the terminal summary, and ``--baseline``.
 
-Enabled beside ``clustergate.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.htmlreport"]``).
+Enabled beside ``clustergate.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
 Only rank 0 writes a report (the plugin switches pytest-html off elsewhere), so every hook here
 does its work where pytest-html is active and leaves other ranks alone.
 
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from clustergate import baseline as baseline_mod
+from clustergate.report import baseline as baseline_mod
 from clustergate.report import figures, html, model
 from clustergate.report.redact import Scrubber, redact_mapping, shown_environment
-from clustergate.summary import summary_lines
+from clustergate.report.summary import summary_lines
 
 REPLAYED = pytest.StashKey[dict[str, Any]]()
 """The results dict of a re-render session (``python -m clustergate.report``); none in a live run."""
@@ -238,7 +238,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     accept = results.get("verdict") == "accept"
     tr.write_line(lines[0], green=accept, red=not accept, bold=True)
     for line in lines[1:]:
-        tr.write_line(line, red=" FAIL" in line or line.startswith("run error"))
+        warn = " WARN" in line or line.startswith("warnings:")
+        tr.write_line(line, red=" FAIL" in line or line.startswith("run error"), yellow=warn and " FAIL" not in line)
     gate = _gate(config)
     if gate is not None:
         tr.write_line(f"results: {gate.results_path}")

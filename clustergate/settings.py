@@ -1,0 +1,82 @@
+"""The settings a profile may give (``settings:`` in thresholds.yaml): each name, type, range and meaning.
+
+A profile's settings must use these names: a typo is an error, not a silently ignored value; a
+number outside its range (a negative GPU count, a zero timeout) is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Check = Callable[[Any], "str | None"]
+
+
+def at_least(low: int) -> Check:
+    """A count: ``low`` or more."""
+    return lambda v: None if v >= low else f"must be >= {low}, got {v!r}"
+
+
+def positive(v: float) -> str | None:
+    """A duration, rate or peak: finite and above zero."""
+    return None if math.isfinite(v) and v > 0 else f"must be a finite number > 0, got {v!r}"
+
+
+def fraction(v: float) -> str | None:
+    """A share of something: in (0, 1]."""
+    return None if math.isfinite(v) and 0 < v <= 1 else f"must lie in (0, 1], got {v!r}"
+
+
+def anything(v: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    types: tuple[type, ...]
+    help: str
+    check: Check = anything
+
+
+NUMBER = (int, float)
+SETTINGS: dict[str, Setting] = {
+    "gpus_per_node": Setting((int,), "GPUs (and torchrun ranks) expected on every node; 0 means CPU ranks",
+                             at_least(0)),
+    "gpu_name": Setting((str,), "substring the NVML GPU name must contain"),
+    "test_timeout_s": Setting(NUMBER, "default per-test time limit; a test past it ends the run", positive),
+    "collective_timeout_s": Setting(NUMBER, "default timeout of the workloads' process group", positive),
+    "peak_bf16_tflops": Setting(NUMBER, "dense bf16 peak of one device, for MFU", positive),
+    "baseline_tolerance": Setting(NUMBER, "relative change against --baseline that is flagged", fraction),
+    "peak_tf32_tflops": Setting(NUMBER, "dense tf32 peak of one device", positive),
+    "peak_fp16_tflops": Setting(NUMBER, "dense fp16 peak of one device", positive),
+    "peak_fp8_tflops": Setting(NUMBER, "dense fp8 peak of one device", positive),
+    "nvlinks_per_gpu": Setting((int,), "NVLink links that must be active on every GPU (18 on H100/H200 SXM)",
+                               at_least(1)),
+    "mig_mode": Setting((str,), "required MIG mode: 'disabled' or 'enabled'"),
+    "min_driver_version": Setting((str,), "lowest acceptable NVIDIA driver version, e.g. '550.54'"),
+    "pcie_generation": Setting((int,), "PCIe link generation every GPU must train at", at_least(1)),
+    "pcie_width": Setting((int,), "PCIe link width every GPU must train at", at_least(1)),
+    "collective_judge_bytes": Setting((int,), "message size (bytes) at which collective busbw is judged",
+                                      at_least(1)),
+    "collective_max_bytes": Setting((int,), "largest message size (bytes) swept at --level standard", at_least(1)),
+    "required_transport": Setting((str,), "NCCL transport cross-node traffic must use: 'NET/IB' or 'any'"),
+    "ib_ports_per_node": Setting((int,), "active InfiniBand ports every node must have (0: none required)",
+                                 at_least(0)),
+    "ib_rate_gbps": Setting(NUMBER, "link rate (Gb/s) every required InfiniBand port must run at", positive),
+    "collective_dtype": Setting((str,), "element type of the collective sweeps: 'fp32' (nccl-tests' default) "
+                                        "or 'bf16'"),
+    "nccl_algo": Setting((str,), "NCCL_ALGO while the bandwidth sweeps' communicators are created: 'Ring' for "
+                                 "fabric tests, '' for NCCL's own choice"),
+    "burn_in_s": Setting(NUMBER, "seconds of sustained matmul at --level extended", positive),
+    "shared_dir": Setting((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
+}
+
+
+def setting_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be setting ``name`` (its type or its range); None when it can."""
+    spec = SETTINGS[name]
+    if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
+        return f"must be {' or '.join(t.__name__ for t in spec.types)}, got {value!r}"
+    return spec.check(value)
