@@ -24,7 +24,11 @@ CRITERION_KEYS = {
     "(on its node, and across the cluster); only for gpu-scope metrics where higher is better",
     "unit": "the unit the metric must be recorded in",
     "description": "what the figure means, for the report",
+    "source": "where the figure comes from: spec (datasheet or the original criteria), measured, or estimate",
+    "severity": "fail (default) or warn: a missed warn is reported, never rejects",
 }
+SOURCES = ("spec", "measured", "estimate")
+SEVERITIES = ("fail", "warn")
 
 # Settings the code consults. Each name, its accepted types, and what it means. A profile's
 # settings must use these names: a typo is an error, not a silently ignored value.
@@ -77,6 +81,8 @@ class Criterion:
     outlier_fraction: float | None = None
     unit: str | None = None
     description: str = ""
+    source: str | None = None
+    severity: str = "fail"
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in (
@@ -179,7 +185,11 @@ def _criterion(path: Path, where: str, raw: Any) -> Criterion:
     for key in ("unit", "description"):
         if key in raw and not isinstance(raw[key], str):
             raise _fail(path, f"{where}.{key}", f"must be a string, got {raw[key]!r}")
-    return Criterion(**numbers, unit=raw.get("unit"), description=raw.get("description", ""))
+    for key, allowed in (("source", SOURCES), ("severity", SEVERITIES)):
+        if key in raw and raw[key] not in allowed:
+            raise _fail(path, f"{where}.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
+    return Criterion(**numbers, unit=raw.get("unit"), description=raw.get("description", ""),
+                     source=raw.get("source"), severity=raw.get("severity", "fail"))
 
 
 def _settings(path: Path, where: str, raw: Any) -> dict[str, Any]:
