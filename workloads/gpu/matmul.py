@@ -38,16 +38,16 @@ RTOL = {"bf16": 1e-2, "fp16": 5e-3, "tf32": 2e-3, "fp8": 1e-2}
 bf16/fp16/fp8 (bf16 output): output rounding 2^-9 / 2^-11. tf32: the tensor cores round or
 truncate fp32 inputs to 10 mantissa bits, up to ~1e-3 here. A wrong result is O(1)."""
 
-QUICK = ((4096, 4096, 8192), (8192, 8192, 8192))
-"""The best bf16/fp16 shape of H200 sweeps (4096x4096x8192) and the 8192 cube."""
-STANDARD = QUICK + ((4096, 4096, 4096), (4096, 4096, 16384), (8192, 8192, 4096), (8192, 8192, 16384),
-                    (16384, 16384, 16384))
-GPU_SHAPES: dict[str, tuple[Shape, ...]] = {
-    "quick": QUICK,
-    "standard": STANDARD,
-    "extended": QUICK + tuple(s for s in ((m, n, k) for m in (4096, 8192, 16384) for n in (4096, 8192, 16384)
-                                           for k in (4096, 8192, 12288, 16384)) if s not in QUICK),
+SWEEPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {
+    "quick": ((4096, 8192), (4096, 8192), (8192,)),
+    "standard": ((4096, 8192), (4096, 8192), (4096, 8192, 16384)),
+    "extended": ((4096, 8192, 12288, 16384),) * 3,
 }
+"""(M values, N values, K values) per level: every combination is swept, as mamf-finder's --m/--n/--k do,
+so it can run the very same shapes. Each holds 4096x4096x8192 (the best bf16/fp16 shape of H200 sweeps)
+and the 8192 cube."""
+GPU_SHAPES: dict[str, tuple[Shape, ...]] = {
+    level: tuple((m, n, k) for m in ms for n in ns for k in ks) for level, (ms, ns, ks) in SWEEPS.items()}
 FP8_SHAPES = ((1024, 9216, 14336),)  # best fp8 shape of ml-engineering's MAMF table (~1400 TFLOPS on H100)
 CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
     "quick": ((256, 256, 256), (512, 512, 512)),
