@@ -116,9 +116,10 @@ class Config:
             raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.latency and self.collective != "all_reduce":
             raise ValueError("latency is measured with all_reduce only")
-        if not self.sizes or self.repeats < 1 or self.warmup < 0 or not 1 <= self.rounds <= self.repeats:
+        bad_rounds = self.latency and not 1 <= self.rounds <= self.repeats
+        if not self.sizes or self.repeats < 1 or self.warmup < 0 or bad_rounds:
             raise ValueError(f"sizes={self.sizes}, repeats={self.repeats}, warmup={self.warmup}, rounds={self.rounds}: "
-                             "need sizes, repeats >= 1, warmup >= 0, 1 <= rounds <= repeats")
+                             "need sizes, repeats >= 1, warmup >= 0, and in latency mode 1 <= rounds <= repeats")
 
     @classmethod
     def for_level(cls, level: str, device: torch.device, *, collective: str, scope: str, judge_bytes: int,
