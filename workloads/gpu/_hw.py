@@ -30,8 +30,9 @@ DEFAULT_L2_BYTES = 64 << 20
 def start_together() -> None:
     """One barrier so every rank measures at the same time.
 
-    It is the workload's only collective, at its very start: after it a rank may raise without
-    leaving its peers blocked in a collective.
+    At the workload's very start: after it a rank may raise without leaving its peers blocked in a
+    collective (a workload that exchanges figures afterwards, as the host link's per-node figure does,
+    exchanges its errors too and raises after).
     """
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
