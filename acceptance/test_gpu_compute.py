@@ -1,9 +1,11 @@
-"""Per-GPU compute, memory and host-link figures, every GPU of a node at once, judged per GPU.
+"""Per-GPU compute, memory and host-link figures, judged per GPU.
 
 Each figure is judged against the profile's minimum and, through ``outlier_fraction``, against
 the median of the node's and the cluster's GPUs, so a slow GPU is named even above the minimum.
-Under the cpu profile these run for real on the CPU with small sizes (fp8 skips: no fp8 units).
-Under a GPU profile a rank without a GPU fails, saying so.
+Compute and memory run on every GPU of a node at once; the host link is judged on each GPU alone
+and reported for the node with every GPU copying at once. Under the cpu profile these run for real
+on the CPU with small sizes (fp8 and power skip: no fp8 units, no power sensor). Under a GPU profile
+a rank without a GPU fails, saying so.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ from clustergate.recorder import Recorder
 from workloads.gpu import burn_in, hbm, hostlink, matmul
 
 BURN_IN_LIMIT_S = 3600
-"""The burn-in test's own time limit; the profile's burn_in_s must leave it a margin."""
+"""The sustained test's own time limit; the profile's burn_in_s must leave it a margin."""
 
 MATMUL_DTYPES = [pytest.param(d, id=d, marks=pytest.mark.metrics(f"matmul_{d}_tflops")) for d in matmul.DTYPES]
+SUSTAINED_DTYPE = "bf16"
 
 
 @pytest.mark.parametrize("dtype", MATMUL_DTYPES)
 def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
-    """Dense matmul TFLOPS per GPU (best of a small shape sweep), checked against float64 first."""
+    """Dense matmul TFLOPS per GPU the MAMF way (best shape's median), checked against float64 first."""
     require_device(cg)
     if dtype == "fp8":
         if not expects_gpu(cg):
@@ -33,6 +36,32 @@ def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
     measure(cg, lambda: matmul.run(cfg))
 
 
+@pytest.mark.metrics(burn_in.metric_name(SUSTAINED_DTYPE))
+@pytest.mark.time_limit(BURN_IN_LIMIT_S)
+def test_sustained_matmul(cg: Recorder) -> None:
+    """The best matmul shape held (the profile's burn_in_s at --level extended, seconds below it): the
+    sustained TFLOPS per GPU, every product compared with the first."""
+    require_device(cg)
+    seconds = float(cg.setting("burn_in_s"))
+    if cg.level == "extended" and seconds > BURN_IN_LIMIT_S - 300:
+        pytest.fail(f"profile burn_in_s={seconds:g} leaves under 300 s of the sustained test's "
+                    f"{BURN_IN_LIMIT_S} s limit; lower it", pytrace=False)
+    cfg = burn_in.Config.for_level(cg.level, cg.device, seconds, SUSTAINED_DTYPE,
+                                   best=matmul.best_shape(cg.device, SUSTAINED_DTYPE))
+    measure(cg, lambda: burn_in.run(cfg))
+
+
+@pytest.mark.metrics("sustained_power_w", "sustained_power_fraction", "sustained_sm_clock_mhz")
+def test_power_under_load(cg: Recorder) -> None:
+    """Power draw against the enforced limit, SM clock and clock event reasons through the sustained matmul:
+    a software power cap is expected at full load; hardware slowdown, thermal slowdown or power brake fail."""
+    require_device(cg, gpu_only=True)
+    run = burn_in.last_run(cg.device)
+    cg.skip_unless_everywhere(run is not None, "the sustained matmul did not finish on every rank")
+    assert run is not None
+    measure(cg, lambda: burn_in.power_result(run, on_gpu=cg.device.type == "cuda"))
+
+
 @pytest.mark.metrics("hbm_bandwidth_tbps")
 def test_hbm_bandwidth(cg: Recorder) -> None:
     """Device-to-device copy bandwidth per GPU (bytes read + written), copy checked exactly."""
@@ -41,32 +70,25 @@ def test_hbm_bandwidth(cg: Recorder) -> None:
     measure(cg, lambda: hbm.run(cfg))
 
 
-@pytest.mark.metrics("h2d_bandwidth_gbps")
-def test_host_to_device_bandwidth(cg: Recorder) -> None:
-    """Pinned host to GPU bandwidth, every GPU at once (a shared switch or wrong NUMA node shows)."""
+HOST_LINK = [pytest.param(d, id=d, marks=pytest.mark.metrics(hostlink.metric_name(d, "alone")))
+             for d in hostlink.DIRECTIONS]
+HOST_LINK_ALL = [pytest.param(d, id=d, marks=pytest.mark.metrics(hostlink.metric_name(d, "together")))
+                 for d in hostlink.DIRECTIONS]
+
+
+@pytest.mark.parametrize("direction", HOST_LINK)
+def test_host_link(cg: Recorder, direction: str) -> None:
+    """Pinned host memory to the GPU and back, each GPU alone (one per node at a time, the others waiting):
+    a downtrained link or a GPU on the wrong NUMA node is named."""
     require_device(cg)
-    cfg = hostlink.Config.for_level(cg.level, cg.device, "h2d")
+    cfg = hostlink.Config.for_level(cg.level, cg.device, direction, "alone")
     measure(cg, lambda: hostlink.run(cfg))
 
 
-@pytest.mark.metrics("d2h_bandwidth_gbps")
-def test_device_to_host_bandwidth(cg: Recorder) -> None:
-    """GPU to pinned host bandwidth, every GPU at once."""
+@pytest.mark.parametrize("direction", HOST_LINK_ALL)
+def test_host_link_all_gpus(cg: Recorder, direction: str) -> None:
+    """The same copies on every GPU of a node at once (per node: its slowest GPU): what a shared PCIe
+    switch, socket or virtualised host leaves each GPU when all load at once."""
     require_device(cg)
-    cfg = hostlink.Config.for_level(cg.level, cg.device, "d2h")
+    cfg = hostlink.Config.for_level(cg.level, cg.device, direction, "together")
     measure(cg, lambda: hostlink.run(cfg))
-
-
-@pytest.mark.metrics("burn_in_tflops")
-@pytest.mark.time_limit(BURN_IN_LIMIT_S)
-def test_burn_in(cg: Recorder) -> None:
-    """Sustained matmul for the profile's burn_in_s: every product compared, no slowdown (extended only)."""
-    if cg.level != "extended":
-        pytest.skip(f"burn-in runs at --level extended only (this run: {cg.level})")
-    require_device(cg)
-    seconds = float(cg.setting("burn_in_s"))
-    if seconds > BURN_IN_LIMIT_S - 300:
-        pytest.fail(f"profile burn_in_s={seconds:g} leaves under 300 s of the burn-in test's "
-                    f"{BURN_IN_LIMIT_S} s limit; lower it", pytrace=False)
-    cfg = burn_in.Config.for_level(cg.level, cg.device, seconds)
-    measure(cg, lambda: burn_in.run(cfg))

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from workloads.gpu import _hw as hw
 from workloads.gpu import burn_in, hbm, hostlink, matmul
 from workloads.result import WorkloadError
+
+from torchrun_job import job_env
 
 CPU = torch.device("cpu")
 
@@ -21,26 +28,44 @@ def test_flop_and_byte_arithmetic() -> None:
     assert hostlink.gbps(1 << 30, 0.02) == pytest.approx(53.69, rel=1e-3)
 
 
-def test_rotation_passes_the_cache() -> None:
-    l2 = 50 << 20
-    # 4096^3 bf16: A, B, C are 32 MiB each: two sets pass 3x L2 (150 MiB)
-    assert matmul.sets_needed((4096, 4096, 4096), "bf16", 3 * l2) == 2
-    assert matmul.sets_needed((16384, 16384, 16384), "bf16", 3 * l2) == 1
-    assert matmul.sets_needed((2048, 2048, 13312), "fp8", 3 * l2) == 3
+def test_gpu_sweeps_are_mamf_sweeps() -> None:
+    for level, shapes in matmul.GPU_SHAPES.items():
+        assert {(4096, 4096, 8192), (8192, 8192, 8192)} <= set(shapes), level  # H200's best, the 8192 cube
+        assert all(4096 <= d <= 16384 for s in shapes for d in s), level
+        assert len(set(shapes)) == len(shapes), level
+    assert matmul.GPU_CALLS["standard"][1] == 100  # MAMF: the median of about 100 timed calls
+    assert matmul.FLUSH_BYTES >= 4 * (60 << 20)  # several times H200's 60 MB L2, as mamf-finder's 256 MiB
+    assert set(matmul.GPU_SHAPES["standard"]) <= set(matmul.GPU_SHAPES["extended"])
 
 
 def test_config_for_levels() -> None:
-    gpu_like = matmul.Config(dtype="bf16", shapes=matmul.GPU_SHAPES["standard"])
-    assert (8192, 8192, 8192) in gpu_like.shapes and any(len(set(s)) > 1 for s in gpu_like.shapes)
-    assert len(matmul.wide_sweep()) == 144 and set(matmul.GPU_SHAPES["standard"]) <= set(matmul.wide_sweep()) | set(
-        matmul.LONG_K)
     cpu = matmul.Config.for_level("standard", CPU, "tf32", peak_tflops=1.0)
-    assert max(max(s) for s in cpu.shapes) <= 512 and cpu.tolerance == 2e-3
+    assert max(max(s) for s in cpu.shapes) <= 512 and cpu.tolerance == 2e-3 and cpu.settle_s == 0
     with pytest.raises(ValueError, match="multiple of 16"):
         matmul.Config(dtype="fp8", shapes=((100, 128, 128),))
     with pytest.raises(ValueError, match="dtype"):
         matmul.Config(dtype="int8")
+    with pytest.raises(ValueError, match="calls"):
+        matmul.Config(calls=0)
     assert "not a CPU" in (matmul.fp8_unsupported(CPU) or "")
+
+
+def test_each_call_is_timed_alone_and_the_refresh_is_not_timed() -> None:
+    calls: list[str] = []
+    times = hw.time_calls(lambda: (calls.append("call"), time.sleep(0.002)), CPU, 5,
+                          before=lambda: (calls.append("before"), time.sleep(0.02)))
+    assert calls == ["before", "call"] * 5
+    assert len(times) == 5 and all(0.002 <= t < 0.015 for t in times)  # 20 ms refresh never counted
+
+
+def test_settle_waits_for_the_throughput_to_stop_drifting() -> None:
+    falling = iter([900, 880, 860, 840, 820, 800, 780, 760] + [700] * 100)  # boost, then the power cap
+    out = hw.settle(lambda: float(next(falling)), most_s=5.0, least_s=0.0, window=4, tolerance=0.01)
+    assert out["settled"] and out["bursts"] == 15 and out["first"] == 900 and out["last"] == 700
+    drifting = iter(range(1000, 0, -10))
+    out = hw.settle(lambda: (time.sleep(0.01), float(next(drifting)))[1], most_s=0.3, least_s=0.0, window=2)
+    assert not out["settled"] and out["seconds"] >= 0.3
+    assert hw.settle(lambda: 1.0, most_s=0.0, least_s=0.0)["bursts"] == 0  # CPU: nothing to settle
 
 
 def _set(dtype: str, shape: tuple[int, int, int] = (96, 80, 64)) -> list[torch.Tensor]:
@@ -79,15 +104,31 @@ def test_planted_matmul_errors_are_caught(corrupt: str) -> None:
 
 
 def test_matmul_run_on_cpu_records_best_and_median() -> None:
-    cfg = matmul.Config(dtype="bf16", shapes=((64, 64, 64), (96, 64, 128)), seconds_per_shape=0.02,
-                        warmup_s=0.0, rotate_bytes=1 << 20, peak_tflops=1.0)
+    cfg = matmul.Config(dtype="bf16", shapes=((64, 64, 64), (96, 64, 128)), calls=5, warmup_calls=1,
+                        flush_bytes=1 << 20, peak_tflops=1.0)
     result = matmul.run(cfg)
     metric = result.metric("matmul_bf16_tflops")
     d = result.details
     assert metric.unit == "TFLOPS" and metric.scope == "gpu" and metric.value == d["best_tflops"] > 0
     assert d["median_over_shapes_tflops"] <= d["best_tflops"] and d["efficiency"] == pytest.approx(metric.value)
-    assert all(s["tflops_min"] <= s["tflops"] <= s["tflops_max"] for s in d["shapes"])
+    assert all(s["tflops_min"] <= s["tflops"] <= s["tflops_max"] and s["calls"] == 5 for s in d["shapes"])
+    assert "MAMF" in d["method"] and "MAMF" in metric.description
+    assert matmul.best_shape(CPU, "bf16") == tuple(d["best_shape"])  # what the sustained test holds
     json.dumps(d)
+
+
+def test_a_wrong_product_during_the_timed_calls_fails_the_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = matmul.Bench((64, 64, 64), matmul.Config(calls=3, warmup_calls=0), CPU, torch.Generator().manual_seed(1),
+                         torch.empty(1024, dtype=torch.int32))
+    real_times = bench.times
+
+    def corrupting(calls: int) -> list[float]:
+        out = real_times(calls)
+        bench.set[2][5, 5] += 10  # the last timed product came out wrong
+        return out
+    monkeypatch.setattr(bench, "times", corrupting)
+    with pytest.raises(WorkloadError, match="after the timed calls: wrong result"):
+        matmul.measure_shape(bench)
 
 
 def test_fp8_run_refuses_cpu() -> None:
@@ -114,37 +155,113 @@ def test_hbm_run_on_cpu() -> None:
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
-def test_hostlink_run_on_cpu_is_a_labelled_stand_in(direction: str) -> None:
-    cfg = hostlink.Config(direction=direction, sizes=(1 << 20,), seconds_per_size=0.01, warmup=1)
-    m = hostlink.run(cfg).metric(f"{direction}_bandwidth_gbps")
+@pytest.mark.parametrize("mode", ["alone", "together"])
+def test_hostlink_run_on_cpu_is_a_labelled_stand_in(direction: str, mode: str) -> None:
+    cfg = hostlink.Config(direction=direction, mode=mode, sizes=(1 << 20,), seconds_per_size=0.01, warmup=1)
+    result = hostlink.run(cfg)
+    m = result.metric(hostlink.metric_name(direction, mode))
     assert m.unit == "GB/s" and "stand-in" in m.description and m.value > 0
+    assert m.scope == ("gpu" if mode == "alone" else "node")
+    assert hostlink.metric_name(direction, "alone") == f"{direction}_bandwidth_gbps"
+    if mode == "together":
+        assert result.details["gpus_on_node"] == 1 and result.details["node_sum_gbps"] == pytest.approx(m.value)
     with pytest.raises(ValueError, match="direction"):
         hostlink.Config(direction="p2p")
+    with pytest.raises(ValueError, match="mode"):
+        hostlink.Config(mode="sometimes")
 
 
-def test_burn_in_short_run_on_cpu() -> None:
+def test_sustained_short_run_on_cpu() -> None:
     cfg = burn_in.Config(duration_s=0.5, shape=(64, 64, 64), interval_s=0.1, outputs=2)
     result = burn_in.run(cfg)
     d = result.details
-    assert d["wrong_elements"] == 0 and d["products"] > 0 and result.metric("burn_in_tflops").value > 0
-    assert d["comparison"] == "bitwise" and len(d["intervals"]) >= 2
+    assert d["wrong_elements"] == 0 and d["products"] > 0 and result.metric("matmul_bf16_sustained_tflops").value > 0
+    assert d["comparison"] == "bitwise" and len(d["intervals"]) >= 2 and all(0 < w["duty"] <= 1 for w in d["intervals"])
+    assert burn_in.last_run(CPU)["windows"] == len(d["intervals"])
 
 
-def _details(**over: object) -> dict:
-    base = {"wrong_elements": 0, "wrong_intervals": [], "comparison": "bitwise",
-            "clocks": {"status": "sampled", "samples": 10, "clock_event_reasons": {"sw_power_cap": 1.0},
-                       "bad_clock_events": [], "temperature_c": {"max": 70}}}
-    base.update(over)
-    return base
+def test_sustained_holds_the_sweeps_best_shape() -> None:
+    best = burn_in.Config.for_level("standard", CPU, 10, best=(96, 64, 128))
+    assert best.shape == (96, 64, 128) and "best bf16 MAMF shape" in best.shape_source and best.duration_s == 2
+    assert burn_in.Config.for_level("extended", CPU, 10).duration_s == 10  # the profile's burn_in_s
+    assert burn_in.Config.for_level("quick", CPU, 0.5).duration_s == 0.5  # never longer than burn_in_s
 
 
-def test_burn_in_problems() -> None:
-    assert burn_in.burn_in_problems(_details(), on_gpu=True) == []
-    wrong = burn_in.burn_in_problems(_details(wrong_elements=12, wrong_intervals=[3]), on_gpu=True)
-    assert "12 wrong elements" in wrong[0] and "[3]" in wrong[0]
-    hot = _details(clocks={"status": "sampled", "clock_event_reasons": {"hw_thermal_slowdown": 0.4},
-                           "bad_clock_events": ["hw_thermal_slowdown"], "temperature_c": {"max": 92}})
-    assert "hw_thermal_slowdown" in burn_in.burn_in_problems(hot, on_gpu=True)[0]
-    blind = _details(clocks={"status": "NVML unavailable: x"})
-    assert "could not be watched" in burn_in.burn_in_problems(blind, on_gpu=True)[0]
-    assert burn_in.burn_in_problems(_details(clocks={"status": "not applicable: CPU device"}), on_gpu=False) == []
+def _run(reasons: dict[str, float], status: str = "sampled") -> dict:
+    bad = [r for r in reasons if r in ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                       "hw_power_brake_slowdown")]
+    clocks = {"status": status, "samples": 200, "clock_event_reasons": reasons, "bad_clock_events": bad,
+              "temperature_c": {"max": 71}, "power_w": {"min": 650.0, "median": 690.0, "max": 701.0},
+              "sm_clock_mhz": {"min": 1260, "median": 1395, "max": 1515}}
+    return {"what": "sustained bf16 4096x4096x8192 on cuda:3", "clocks": clocks, "windows": 20,
+            "power": burn_in.power_summary(clocks, 700.0)}
+
+
+def test_power_cap_at_full_load_is_shown_not_failed() -> None:
+    result = burn_in.power_result(_run({"sw_power_cap": 0.97}), on_gpu=True)
+    assert result.metric("sustained_power_w").value == 690.0
+    assert result.metric("sustained_power_fraction").value == pytest.approx(690 / 700)
+    assert result.metric("sustained_sm_clock_mhz").value == 1395
+    assert result.details["power"]["sw_power_cap_share"] == 0.97
+
+
+@pytest.mark.parametrize("reason", ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                    "hw_power_brake_slowdown"])
+def test_hardware_thermal_and_power_brake_slowdowns_fail(reason: str) -> None:
+    with pytest.raises(WorkloadError, match=f"cuda:3: clock slowdown under sustained load.*{reason}"):
+        burn_in.power_result(_run({"sw_power_cap": 0.5, reason: 0.1}), on_gpu=True)
+
+
+def test_power_nobody_could_watch_fails_on_a_gpu() -> None:
+    blind = _run({}, status="NVML unavailable: x")
+    with pytest.raises(WorkloadError, match="could not be watched"):
+        burn_in.power_result(blind, on_gpu=True)
+
+
+TURNS_JOB = """
+import json, os, sys, time
+import torch.distributed as dist
+from workloads.common import distributed
+from workloads.gpu import _hw as hw, hostlink
+
+def window():
+    start = time.time()
+    time.sleep(0.3)
+    return (start, time.time())
+
+def fail_on_rank_1():
+    if dist.get_rank() == 1:
+        raise RuntimeError("planted")
+    return "ok"
+
+with distributed() as here:
+    spans = [None] * dist.get_world_size()
+    dist.all_gather_object(spans, hw.in_turns(window))
+    try:
+        planted = hw.in_turns(fail_on_rank_1)
+    except RuntimeError as exc:
+        planted = str(exc)
+    both = hostlink.run(hostlink.Config(direction="h2d", mode="together", sizes=(1 << 20,), seconds_per_size=0.01))
+    out = {"spans": spans, "planted": planted, "node": {k: both.details[k] for k in ("gpus_on_node", "node_sum_gbps")},
+           "value": both.metrics[0].value, "mine": both.details["gbps_this_gpu"]}
+with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_host_link_turns_run_one_gpu_at_a_time_and_an_error_waits_for_the_last_turn(tmp_path: Path) -> None:
+    """Two CPU ranks under torchrun: each turn's window must not overlap the other's; a rank that fails
+    its turn raises only after both turns, so its peer is not left waiting; the node figure is the
+    slowest rank's."""
+    script = tmp_path / "job.py"
+    script.write_text(TURNS_JOB)
+    # Bound: two CPU ranks start and take two 0.3 s turns in about 10 s idle; 240 s leaves room for a busy machine.
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script), str(tmp_path)], env=job_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    (a0, a1), (b0, b1) = ranks[0]["spans"]
+    assert a1 <= b0 or b1 <= a0, ranks[0]["spans"]  # one GPU at a time
+    assert [r["planted"] for r in ranks] == ["ok", "planted"]
+    assert all(r["node"]["gpus_on_node"] == 2 for r in ranks)
+    assert ranks[0]["value"] == ranks[1]["value"] == min(r["mine"] for r in ranks)

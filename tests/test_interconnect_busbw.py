@@ -88,11 +88,14 @@ def test_levels_sweep_to_the_profile_maximum_and_include_the_judged_size() -> No
     assert cpu.sizes == (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB)
     lat = collectives.Config.for_latency("standard", gpu, scope="node")
     assert lat.sizes[0] == 8 and lat.sizes[-1] == 64 * KiB and lat.latency and lat.nccl_algo == ""
+    assert (lat.rounds, lat.repeats // lat.rounds) == (10, 20)  # rounds of nccl-tests' 20 back-to-back calls
+    assert collectives.Config(repeats=2).rounds == 5  # rounds mean nothing outside latency mode
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"collective": "all_reduce_v"}, "collective="), ({"scope": "rack"}, "scope="), ({"dtype": "fp8"}, "dtype="),
-    ({"collective": "broadcast", "latency": True}, "latency"), ({"repeats": 0}, "repeats")])
+    ({"collective": "broadcast", "latency": True}, "latency"), ({"repeats": 0}, "repeats"),
+    ({"latency": True, "repeats": 4, "rounds": 5}, "rounds")])
 def test_bad_configs_name_the_field(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         collectives.Config(**kwargs)

@@ -8,13 +8,14 @@ re-reads NCCL_DEBUG at its first log call after a reset, as libnccl does (src/de
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from workloads.interconnect import collectives, comm_groups, nccl_log
+from workloads.interconnect import collectives, comm_groups, latency, nccl_log
 
 
 class FakeNccl:
@@ -54,17 +55,18 @@ def test_timed_calls_run_with_the_log_off_and_alike_in_both_scopes(gloo_world: N
     monkeypatch.setattr(comm_groups, "is_nccl", lambda: True)
     monkeypatch.setattr(comm_groups, "Capture", CountingCapture)
     monkeypatch.setattr(collectives, "mismatch", lambda *a: None)  # one process stands for two ranks
-    real = collectives.time_batches  # latency sweeps time rounds of back-to-back calls
+    real = latency.time_rounds  # latency sweeps time rounds of back-to-back calls
     seen: list[dict[str, Any]] = []
 
-    def spy(fn: Any, device: torch.device, warmup: int, calls: int, rounds: int) -> list[float]:
+    def spy(fn: Any, device: torch.device, warmup: int, calls: int, rounds: int,
+            agree: Any) -> dict[str, list[float]]:
         nccl.log()  # NCCL logs a TUNING line on every call: it must find INFO off
         seen.append({"scope": scope, "code": fn.__code__, "names": fn.__code__.co_names, "warmup": warmup,
                      "repeats": (calls, rounds), "open": CountingCapture.open,
                      "debug": os.environ.get("NCCL_DEBUG"), "level": nccl.level, "written": nccl.written})
-        return real(fn, device, warmup, calls, rounds)
+        return real(fn, device, warmup, calls, rounds, warmup_s=0.0, agree=agree)
 
-    monkeypatch.setattr(collectives, "time_batches", spy)
+    monkeypatch.setattr(latency, "time_rounds", spy)
     for scope in ("node", "world"):
         comm = comm_groups.ScopeComm(scope=scope, nccl_algo="", group=dist.group.WORLD, members=(0, 1),
                                      label="test", all_members=[[0, 1]])
@@ -72,6 +74,39 @@ def test_timed_calls_run_with_the_log_off_and_alike_in_both_scopes(gloo_world: N
         assert len(collectives._sweep(cfg, comm, torch.device("cpu"))) == len(collectives.LATENCY_SIZES)
     assert all(s["open"] == 0 and s["debug"] is None and s["level"] == "NONE" and s["written"] == 0 for s in seen)
     assert len(seen) == 2 * len(collectives.LATENCY_SIZES)
-    # One bare call, nothing else per call (no allocation, no group lookup), the same in both scopes.
+    # One bare launch, nothing else per call (no allocation, no group lookup, no wait), the same in both scopes.
     assert {s["names"] for s in seen} == {("dist", "all_reduce")}
     assert len({(s["code"], s["warmup"], s["repeats"]) for s in seen}) == 1
+
+
+def test_latency_rounds_launch_back_to_back_wait_once_and_warm_up_for_a_time() -> None:
+    """nccl-tests' timing: no wait between the launches of a round, one at its end; the warm-up lasts
+    at least its seconds whatever its count (an idle GPU's clocks, NCCL's lazy connections)."""
+    events: list[str] = []
+
+    class Work:
+        def wait(self) -> None:
+            events.append("wait")
+
+    def issue() -> Work:
+        events.append("launch")
+        time.sleep(0.001)
+        return Work()
+
+    agreed: list[int] = []
+
+    def agree(n: int) -> int:  # another rank needs 7 more warm-up calls than this one
+        agreed.append(n)
+        return max(n, 7)
+
+    t0 = time.monotonic()
+    times = latency.time_rounds(issue, torch.device("cpu"), warmup=2, calls=5, rounds=3, warmup_s=0.1, agree=agree)
+    assert time.monotonic() - t0 >= 0.1
+    timed = events[-18:]  # 3 rounds of 5 launches and one wait
+    assert timed == (["launch"] * 5 + ["wait"]) * 3
+    warm = events[:-18]
+    assert warm == ["launch", "wait"] * (len(warm) // 2)  # warm-up calls complete one by one
+    # 2 counted, then ~0.1 s worth at about 1 ms a call (>= 10 even when sleeps run long on a busy machine), agreed
+    assert len(warm) // 2 == 2 + max(agreed[0], 7) and agreed[0] >= 10
+    assert len(times["host"]) == 3 and all(0.001 <= t < 0.01 for t in times["host"])
+    assert latency.summary_us(times)["host_us"] >= 1000

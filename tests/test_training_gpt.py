@@ -61,6 +61,7 @@ def test_presets_and_levels() -> None:
     cuda = gpt.Config.for_level("standard", torch.device("cuda", 3), peak_tflops=989)
     assert (cuda.preset, cuda.seq_len, cuda.compile, cuda.bf16, cuda.device) == ("gpt2-124m", 1024, "model",
                                                                                  True, "cuda:3")
+    assert cuda.batch_size == 64  # where the minimal model reaches MFU 0.46 on one H100 (measurement.md)
     orig = gpt.Config.for_level("extended", torch.device("cuda"), "original")
     assert (orig.n_layer, orig.d_model, orig.seq_len, orig.batch_size, orig.compile) == (12, 768, 512, 8, "off")
     assert gpt.Config.for_level("quick", torch.device("cpu"), batch_size=2).batch_size == 2

@@ -237,35 +237,6 @@ def time_runs(fn: Callable[[], object], device: torch.device, warmup: int, repea
     return times
 
 
-def time_batches(fn: Callable[[], object], device: torch.device, warmup: int, calls: int,
-                 rounds: int) -> list[float]:
-    """Seconds per call, one figure per round of ``calls`` back-to-back calls timed together.
-
-    This is nccl-tests' convention for small messages: events around each single call would also
-    time the host's gap between recording the event and launching the work, which in a VM moves by
-    tens of microseconds from one test to the next.
-    """
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    out: list[float] = []
-    for _ in range(rounds):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3 / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) / calls)
-    return out
-
-
 def summarize(times: Sequence[float]) -> dict[str, float]:
     """Median, min and max of a list of timings (seconds)."""
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}

@@ -1,10 +1,16 @@
-"""Burn-in: sustained matmul for a set time, every product compared with a reference (gpu-burn style).
+"""Sustained matmul: the best shape held for a set time, every product compared (gpu-burn style).
 
-One product C_ref = A @ B is checked against float64 first; then the same product is computed
-into several output buffers again and again, and every one is compared with C_ref. A GEMM with the
-same inputs on the same GPU repeats bit for bit (cuBLAS's reproducibility guarantee on one stream),
-so any difference is a computing fault. Clocks and clock event reasons are sampled throughout:
-a thermal, power-brake or hardware slowdown under sustained load fails the burn-in too.
+The figure beside the achievable one (workloads.gpu.matmul): the same product back to back for
+``duration_s``, reported per ~1 s window, with power draw, SM/memory clocks and clock event
+("throttle") reasons sampled alongside. A 700 W H100/H200 settles at its power limit within a
+second, so software power capping (NVML reason 0x4) at full load is normal and only shown; hardware
+slowdown, thermal slowdown or power brake under load is a failure (``power_problems``).
+
+One product C_ref = A @ B is checked against float64 first; then the same product is computed into
+several output buffers again and again, and every one is compared with C_ref. A GEMM with the same
+inputs on the same GPU repeats bit for bit (cuBLAS's reproducibility guarantee on one stream), so
+any difference is a computing fault. The comparisons run between the timed products (a few per
+cent of the device's time, in ``duty``); the throughput counts the products' own time.
 
 Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.burn_in --seconds 60
 """
@@ -19,23 +25,30 @@ from typing import Any
 
 import torch
 
-from workloads.clocks import ClockSampler
+from workloads.clocks import BAD_CLOCK_EVENTS, ClockSampler, reason_names
 from workloads.common import check_level, distributed, place, synchronize
 from workloads.gpu import _hw as hw
 from workloads.gpu.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
 from workloads.result import Metric, Result, WorkloadError
 
+DEFAULT_SHAPE: Shape = (4096, 4096, 8192)
+"""Held when no sweep ran in this process: the best bf16/fp16 MAMF shape on H200 (measurement.md)."""
+SECONDS = {"cuda": {"quick": 5.0, "standard": 20.0}, "cpu": {"quick": 1.0, "standard": 2.0}}
+"""Seconds held below --level extended (never more than the profile's burn_in_s); extended: burn_in_s."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Config:
     duration_s: float = 10.0
-    """Seconds of sustained matmul (the profile's burn_in_s)."""
+    """Seconds of sustained matmul."""
     dtype: str = "bf16"
     shape: Shape = (256, 256, 256)
+    shape_source: str = "given"
+    """Where the shape comes from (the best shape of this run's sweep, or the default)."""
     outputs: int = 4
-    """Output buffers per iteration; every product is compared with the reference."""
+    """Output buffers per burst; every product is compared with the reference."""
     interval_s: float = 1.0
-    """Seconds per reported interval (throughput curve, error counts read back)."""
+    """Seconds per reported window (throughput, power and clocks, errors read back)."""
     exact: bool = True
     """Compare bit for bit (deterministic GEMM); False: count elements beyond the dtype's RTOL."""
     device: str = "cpu"
@@ -45,14 +58,25 @@ class Config:
         if self.duration_s <= 0 or self.outputs < 1 or self.interval_s <= 0:
             raise ValueError(f"duration_s, outputs and interval_s must be positive, got {self}")
         if self.dtype not in RTOL or self.dtype == "fp8":
-            raise ValueError(f"burn-in dtype must be bf16, fp16 or tf32, got {self.dtype!r}")
+            raise ValueError(f"sustained matmul dtype must be bf16, fp16 or tf32, got {self.dtype!r}")
 
     @classmethod
-    def for_level(cls, level: str, device: torch.device, duration_s: float, dtype: str = "bf16") -> Config:
-        """The suite runs it at extended only; the level sets nothing else (duration_s is the profile's)."""
+    def for_level(cls, level: str, device: torch.device, burn_in_s: float, dtype: str = "bf16",
+                  best: Shape | None = None) -> Config:
+        """``burn_in_s`` (the profile's) at extended, a short hold below it; ``best``: the sweep's best shape."""
         check_level(level)
-        shape = (8192, 8192, 8192) if device.type == "cuda" else (256, 256, 256)
-        return cls(duration_s=float(duration_s), dtype=dtype, shape=shape, device=str(device))
+        kind = "cuda" if device.type == "cuda" else "cpu"
+        seconds = float(burn_in_s) if level == "extended" else min(SECONDS[kind][level], float(burn_in_s))
+        if best is not None:
+            shape, source = best, f"best {dtype} MAMF shape of this run"
+        else:
+            shape, source = (DEFAULT_SHAPE, "default (no sweep ran here)") if kind == "cuda" else \
+                ((256, 256, 256), "CPU size")
+        return cls(duration_s=seconds, dtype=dtype, shape=shape, shape_source=source, device=str(device))
+
+
+def metric_name(dtype: str) -> str:
+    return f"matmul_{dtype}_sustained_tflops"
 
 
 def _counter(cfg: Config, ref: torch.Tensor) -> Any:
@@ -64,10 +88,20 @@ def _counter(cfg: Config, ref: torch.Tensor) -> Any:
     return lambda c: torch.count_nonzero((c.float() - ref_f).abs() > limit)
 
 
+_LAST: dict[str, dict[str, Any]] = {}
+
+
+def last_run(device: torch.device) -> dict[str, Any] | None:
+    """Power, clocks and windows of the last sustained run in this process on ``device`` (None before one):
+    what the power-under-load check judges."""
+    return _LAST.get(str(device))
+
+
 def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed + place().rank)
-    what = f"burn-in {cfg.dtype} {'x'.join(map(str, cfg.shape))} on {device} ({hw.device_name(device)})"
+    what = f"sustained {cfg.dtype} {'x'.join(map(str, cfg.shape))} on {device} ({hw.device_name(device)})"
+    _LAST.pop(str(device), None)
     hw.start_together()
     try:
         with precision(cfg.dtype):
@@ -80,39 +114,46 @@ def run(cfg: Config) -> Result:
             check_error(sample_error(a, b_t, ref, rows, cols), RTOL[cfg.dtype], what)
             outs = [torch.empty_like(ref) for _ in range(cfg.outputs)]
             count = _counter(cfg, ref)
+            limit_w = hw.power_limit_w(device)
             with ClockSampler(device) as clocks:
-                intervals = _sustain(cfg, device, a, b_t, outs, product, count)
+                windows = _sustain(cfg, device, a, b_t, outs, product, count, clocks)
     finally:
         hw.release(device)
-    summary = clocks.summary()
-    rates = [i["tflops"] for i in intervals]
-    details = {"dtype": cfg.dtype, "shape": list(cfg.shape), "device": hw.device_name(device),
-               "duration_s": cfg.duration_s, "products": sum(i["products"] for i in intervals),
-               "wrong_elements": sum(i["wrong_elements"] for i in intervals),
-               "wrong_intervals": [k for k, i in enumerate(intervals) if i["wrong_elements"]][:20],
+    rates = [w["tflops"] for w in windows]
+    details = {"dtype": cfg.dtype, "shape": list(cfg.shape), "shape_source": cfg.shape_source,
+               "device": hw.device_name(device), "duration_s": cfg.duration_s,
+               "products": sum(w["products"] for w in windows),
+               "wrong_elements": sum(w["wrong_elements"] for w in windows),
+               "wrong_windows": [k for k, w in enumerate(windows) if w["wrong_elements"]][:20],
                "comparison": "bitwise" if cfg.exact else f"rtol {RTOL[cfg.dtype]}",
-               "tflops_min": min(rates), "tflops_max": max(rates), "intervals": intervals, "clocks": summary}
-    problems = burn_in_problems(details, device.type == "cuda")
-    if problems:
-        raise WorkloadError(f"{what}: " + "; ".join(problems) + f" (over {details['products']} products, "
-                            f"{cfg.duration_s:.0f} s)")
-    desc = f"sustained {cfg.dtype} matmul {'x'.join(map(str, cfg.shape))}, median over {len(intervals)} intervals"
-    return Result(metrics=(Metric("burn_in_tflops", statistics.median(rates), "TFLOPS", "gpu", desc),),
+               "tflops_min": min(rates), "tflops_max": max(rates), "power_limit_w": limit_w,
+               "power": power_summary(clocks.summary(), limit_w), "clocks": clocks.summary(), "intervals": windows}
+    _LAST[str(device)] = {"what": what, "power": details["power"], "clocks": details["clocks"],
+                          "windows": len(windows)}
+    if details["wrong_elements"]:
+        raise WorkloadError(f"{what}: {details['wrong_elements']} wrong elements ({details['comparison']} against "
+                            f"the reference) in windows {details['wrong_windows']} over {details['products']} "
+                            f"products, {cfg.duration_s:.0f} s: the GPU computes wrong results under load; drain it "
+                            "and run dcgmi diag -r 3 / field diagnostics")
+    desc = (f"sustained {cfg.dtype} matmul {'x'.join(map(str, cfg.shape))} ({cfg.shape_source}) for "
+            f"{cfg.duration_s:g} s: median of {len(windows)} windows of ~{cfg.interval_s:g} s, every product checked")
+    return Result(metrics=(Metric(metric_name(cfg.dtype), statistics.median(rates), "TFLOPS", "gpu", desc),),
                   details=details)
 
 
 def _sustain(cfg: Config, device: torch.device, a: torch.Tensor, b_t: torch.Tensor, outs: list[torch.Tensor],
-             product: Any, count: Any) -> list[dict[str, Any]]:
-    """Run for cfg.duration_s; per interval the matmul-only throughput and wrong elements found."""
+             product: Any, count: Any, clocks: ClockSampler) -> list[dict[str, Any]]:
+    """Run for cfg.duration_s; per window the products' throughput, wrong elements, power and clocks."""
     cuda = device.type == "cuda"
     wrong = torch.zeros((), dtype=torch.int64, device=device)
     t0 = time.monotonic()
-    per_interval = 1
-    intervals: list[dict[str, Any]] = []
+    per_window = 1
+    windows: list[dict[str, Any]] = []
     while time.monotonic() - t0 < cfg.duration_s:
+        start_s, first_sample = time.monotonic(), len(clocks.samples)
         marks: list[Any] = []
         busy = 0.0
-        for _ in range(per_interval):
+        for _ in range(per_window):
             start = _mark(cuda)
             for c in outs:
                 product([a, b_t, c])
@@ -125,12 +166,14 @@ def _sustain(cfg: Config, device: torch.device, a: torch.Tensor, b_t: torch.Tens
                 wrong += count(c)
         synchronize(device)
         busy += sum(s.elapsed_time(e) / 1e3 for s, e in marks)
-        products = per_interval * len(outs)
-        intervals.append({"t_s": round(time.monotonic() - t0, 2), "products": products,
-                          "tflops": tflops(cfg.shape, busy, products), "wrong_elements": int(wrong)})
+        wall = time.monotonic() - start_s
+        products = per_window * len(outs)
+        windows.append({"t_s": round(time.monotonic() - t0, 2), "products": products,
+                        "tflops": tflops(cfg.shape, busy, products), "duty": round(min(1.0, busy / wall), 3),
+                        "wrong_elements": int(wrong), **window_clocks(clocks.samples[first_sample:])})
         wrong.zero_()
-        per_interval = max(1, round(cfg.interval_s / (busy / per_interval)))
-    return intervals
+        per_window = max(1, round(cfg.interval_s / (busy / per_window)))
+    return windows
 
 
 def _mark(cuda: bool) -> Any:
@@ -141,33 +184,78 @@ def _mark(cuda: bool) -> Any:
     return time.perf_counter()
 
 
-def burn_in_problems(details: dict[str, Any], on_gpu: bool) -> list[str]:
-    """What makes a burn-in fail: wrong products, slowdowns, or clocks nobody could watch on a GPU."""
-    problems: list[str] = []
-    if details["wrong_elements"]:
-        problems.append(f"{details['wrong_elements']} wrong elements ({details['comparison']} against the "
-                        f"reference) in intervals {details['wrong_intervals']}: the GPU computes wrong results "
-                        "under load; drain it and run dcgmi diag -r 3 / field diagnostics")
-    clocks = details["clocks"]
-    if clocks.get("bad_clock_events"):
-        seen = {k: clocks["clock_event_reasons"][k] for k in clocks["bad_clock_events"]}
-        problems.append(f"clock slowdown under sustained load: {seen} (share of samples); max temperature "
-                        f"{clocks['temperature_c']['max']} C: check cooling and power delivery")
-    if on_gpu and clocks.get("status") != "sampled":
-        problems.append(f"clocks could not be watched ({clocks.get('status')}): install nvidia-ml-py")
-    return problems
+def window_clocks(samples: list[dict[str, float]]) -> dict[str, Any]:
+    """Median power and clocks of one window's samples and every clock event reason seen in it."""
+    if not samples:
+        return {}
+    med = {k: statistics.median(s[k] for s in samples) for k in ("power_w", "sm_clock_mhz", "mem_clock_mhz")}
+    mask = 0
+    for s in samples:
+        mask |= int(s["reasons"])
+    return {**med, "reasons": reason_names(mask)}
+
+
+def power_summary(clocks: dict[str, Any], limit_w: float | None) -> dict[str, Any]:
+    """Power draw against the enforced limit, from a ClockSampler summary."""
+    if clocks.get("status") != "sampled" or "power_w" not in clocks:
+        return {"status": clocks.get("status")}
+    draw = clocks["power_w"]["median"]
+    return {"status": "sampled", "median_w": draw, "max_w": clocks["power_w"]["max"], "limit_w": limit_w,
+            "fraction_of_limit": draw / limit_w if limit_w else None,
+            "sw_power_cap_share": clocks["clock_event_reasons"].get("sw_power_cap", 0.0)}
+
+
+def power_problems(run: dict[str, Any], on_gpu: bool) -> list[str]:
+    """What fails power under load: a hardware, thermal or power-brake slowdown, or clocks nobody could watch."""
+    clocks = run["clocks"]
+    if clocks.get("status") != "sampled":
+        return [f"clocks and power could not be watched ({clocks.get('status')}): install nvidia-ml-py"] \
+            if on_gpu else []
+    bad = list(clocks.get("bad_clock_events", []))
+    if not bad:
+        return []
+    seen = {k: clocks["clock_event_reasons"][k] for k in bad}
+    return [f"{run['what']}: clock slowdown under sustained load: {seen} (share of samples; reasons 0x"
+            f"{BAD_CLOCK_EVENTS:x} fail, a software power cap does not); max temperature "
+            f"{clocks['temperature_c']['max']} C, median power {clocks['power_w']['median']:.0f} W: check cooling, "
+            "the power supply and the board (nvidia-smi -q -d PERFORMANCE)"]
+
+
+def power_result(run: dict[str, Any], on_gpu: bool) -> Result:
+    """Power under load as metrics (median draw, draw / enforced limit, SM clock), or the failure."""
+    problems = power_problems(run, on_gpu)
+    if problems:
+        raise WorkloadError("; ".join(problems))
+    power, clocks = run["power"], run["clocks"]
+    details = {"power": power, "clocks": clocks, "windows": run["windows"]}
+    if power.get("status") != "sampled":
+        raise WorkloadError(f"{run['what']}: no power samples ({power.get('status')})")
+    metrics = [Metric("sustained_power_w", power["median_w"], "W", "gpu",
+                      "median power draw during the sustained matmul (NVML, 0.1 s samples)"),
+               Metric("sustained_sm_clock_mhz", clocks["sm_clock_mhz"]["median"], "MHz", "gpu",
+                      "median SM clock during the sustained matmul")]
+    if power["fraction_of_limit"] is not None:
+        metrics.append(Metric("sustained_power_fraction", power["fraction_of_limit"], "fraction", "gpu",
+                              "median power draw / enforced power limit during the sustained matmul; software "
+                              "power capping at full load is expected"))
+    return Result(metrics=tuple(metrics), details=details)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "tf32"))
+    parser.add_argument("--shape", default=None, metavar="MxNxK", help=f"default {'x'.join(map(str, DEFAULT_SHAPE))}")
     args = parser.parse_args()
     with distributed() as here:
-        result = run(Config.for_level("extended", here.device, args.seconds, args.dtype))
+        best = tuple(int(d) for d in args.shape.lower().split("x")) if args.shape else None
+        result = run(Config.for_level("extended", here.device, args.seconds, args.dtype, best))  # type: ignore[arg-type]
         d = result.details
+        for w in d["intervals"]:
+            print(f"rank {here.rank} t={w['t_s']:6.1f}s {w['tflops']:7.1f} TFLOPS duty {w['duty']:.2f} "
+                  f"{w.get('power_w', 0):6.0f} W SM {w.get('sm_clock_mhz', 0):5.0f} MHz {w.get('reasons', '')}")
         print(f"rank {here.rank}: {d['products']} products, no wrong element, {result.metrics[0].value:.4g} TFLOPS "
-              f"sustained (min {d['tflops_min']:.4g}), clocks {d['clocks']}")
+              f"sustained (min {d['tflops_min']:.4g}); power {d['power']}")
 
 
 if __name__ == "__main__":

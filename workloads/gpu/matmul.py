@@ -1,9 +1,16 @@
-"""Dense matmul TFLOPS per device: a small shape sweep, correctness against float64 first.
+"""Dense matmul TFLOPS per device, the MAMF way; correctness against float64 first.
 
-TFLOPS = 2*M*N*K / t at the median time of each shape; the metric is the best shape (the median
-over shapes is kept in details). B is stored (N, K) and used transposed, as nn.Linear does (and as
-fp8's torch._scaled_mm requires). Operand sets rotate so their total is past the L2 cache; clocks
-and clock event reasons are sampled during the run. Every rank measures at once.
+MAMF (Maximum Achievable Matmul FLOPS, stas00/ml-engineering's mamf-finder): for each shape of a
+sweep, warm-up calls, then about 100 calls, each timed on its own with CUDA events, each preceded,
+untimed, by a write of a buffer past the L2 cache (A and B then come from HBM, as in training) and a
+fresh copy into C (the output really changes). A shape's figure is 2*M*N*K / its median call time;
+the metric is the best shape's figure, the shape recorded. Before the sweep the device runs the first
+shape until its throughput stops drifting (clocks settled at the power limit). B is stored (N, K) and
+used transposed, as nn.Linear does (and as fp8's torch._scaled_mm requires). Every rank measures at once.
+
+Why per call with a flush between, not batches of back-to-back products: that is what the field's
+figure means. Back to back, a 700 W H100/H200 sits at its power cap and its clocks drop, and the
+figure is a sustained one, 3-6% lower (the sustained figure is measured apart, workloads.gpu.burn_in).
 
 Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.matmul --dtype bf16 [--sweep wide]
 """
@@ -20,7 +27,7 @@ from typing import Any
 
 import torch
 
-from workloads.common import check_level, distributed, time_runs
+from workloads.common import check_level, distributed
 from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
@@ -31,25 +38,33 @@ RTOL = {"bf16": 1e-2, "fp16": 5e-3, "tf32": 2e-3, "fp8": 1e-2}
 bf16/fp16/fp8 (bf16 output): output rounding 2^-9 / 2^-11. tf32: the tensor cores round or
 truncate fp32 inputs to 10 mantissa bits, up to ~1e-3 here. A wrong result is O(1)."""
 
-SQUARE = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384))
-# Long-K shapes: where wide sweeps find H100's best bf16 (ml-engineering MAMF table, ~795 TFLOPS).
-LONG_K = ((2048, 2048, 13312), (6144, 2816, 17920))
-GPU_SHAPES: dict[str, tuple[Shape, ...]] = {
-    "quick": ((8192, 8192, 8192), (2048, 2048, 13312)),
-    "standard": SQUARE + LONG_K,
-    "extended": SQUARE + LONG_K + ((8192, 8192, 16384), (16384, 8192, 4096), (1024, 15360, 4096)),
+SWEEPS: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {
+    "quick": ((4096, 8192), (4096, 8192), (8192,)),
+    "standard": ((4096, 8192), (4096, 8192), (4096, 8192, 16384)),
+    "extended": ((4096, 8192, 12288, 16384),) * 3,
 }
-FP8_SHAPES = ((1024, 9216, 14336),)  # best fp8 shape of the same table (~1400 TFLOPS on H100)
+"""(M values, N values, K values) per level: every combination is swept, as mamf-finder's --m/--n/--k do,
+so it can run the very same shapes. Each holds 4096x4096x8192 (the best bf16/fp16 shape of H200 sweeps)
+and the 8192 cube."""
+GPU_SHAPES: dict[str, tuple[Shape, ...]] = {
+    level: tuple((m, n, k) for m in ms for n in ns for k in ks) for level, (ms, ns, ks) in SWEEPS.items()}
+FP8_SHAPES = ((1024, 9216, 14336),)  # best fp8 shape of ml-engineering's MAMF table (~1400 TFLOPS on H100)
 CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
     "quick": ((256, 256, 256), (512, 512, 512)),
     "standard": ((256, 256, 256), (512, 512, 512), (384, 512, 256)),
     "extended": ((256, 256, 256), (512, 512, 512), (384, 512, 256), (768, 768, 768)),
 }
+GPU_CALLS = {"quick": (10, 30, 2.0), "standard": (20, 100, 5.0), "extended": (50, 200, 45.0)}
+"""Per level: warm-up calls per shape, timed calls per shape, most seconds to settle the device."""
+CPU_CALLS = {"quick": (1, 5, 0.0), "standard": (2, 10, 0.0), "extended": (2, 30, 0.0)}
+FLUSH_BYTES = 256 << 20
+"""Written before every call on a GPU: mamf-finder's 256 MiB (4x H200's L2), so the gap between calls
+(and with it the power the GPU draws) is the same as in the figure this one is compared with."""
 WIDE_SIDES, WIDE_K = (1024, 2048, 4096, 6144, 8192, 16384), (4096, 8192, 13312, 16384)
 
 
 def wide_sweep() -> tuple[Shape, ...]:
-    """The fidelity reference: 144 shapes, to compare the standard sweep's best with."""
+    """A wider reference: 144 shapes, to compare the level's sweep's best with."""
     return tuple((m, n, k) for m in WIDE_SIDES for n in WIDE_SIDES for k in WIDE_K)
 
 
@@ -58,12 +73,15 @@ class Config:
     dtype: str = "bf16"
     """bf16 | fp16 | tf32 (fp32 inputs on tensor cores; plain fp32 on CPU) | fp8 (e4m3, bf16 out)."""
     shapes: tuple[Shape, ...] = CPU_SHAPES["standard"]
-    """(M, N, K) triples to sweep."""
-    seconds_per_shape: float = 0.3
-    """Timed seconds per shape (after warm-up): sets the number of timed runs."""
-    warmup_s: float = 0.1
-    rotate_bytes: int = 3 * hw.DEFAULT_L2_BYTES
-    """Operand sets rotate until their total passes this (3x L2), so L2 never holds the inputs."""
+    """(M, N, K) triples to sweep; the device settles on the first."""
+    calls: int = 10
+    """Timed calls per shape; a shape's figure is their median (MAMF: 100)."""
+    warmup_calls: int = 2
+    """Untimed calls per shape before its timed calls (cuBLAS picks and loads its kernel)."""
+    settle_s: float = 0.0
+    """Most seconds the device runs the first shape before the sweep, until its throughput stops drifting."""
+    flush_bytes: int = 8 << 20
+    """Bytes written before every call to evict the inputs from the cache (GPU: FLUSH_BYTES)."""
     sample: int = 64
     """Rows and columns of C checked against the float64 reference (before and after timing)."""
     rtol: float | None = None
@@ -81,6 +99,8 @@ class Config:
             raise ValueError(f"shapes must be non-empty (M, N, K) triples of positive ints, got {self.shapes}")
         if self.dtype == "fp8" and any(d % 16 for s in self.shapes for d in s):
             raise ValueError(f"fp8 (torch._scaled_mm) needs every dimension a multiple of 16, got {self.shapes}")
+        if self.calls < 1 or self.warmup_calls < 0 or self.settle_s < 0 or self.flush_bytes < 4:
+            raise ValueError(f"calls >= 1, warmup_calls >= 0, settle_s >= 0 and flush_bytes >= 4 needed, got {self}")
 
     @property
     def tolerance(self) -> float:
@@ -91,14 +111,14 @@ class Config:
                   peak_tflops: float | None = None) -> Config:
         check_level(level)
         if device.type == "cpu":
-            # Past the per-core L2 (the L3 would need hundreds of sets of these small shapes).
+            warmup, calls, settle_s = CPU_CALLS[level]
             return cls(dtype=dtype, shapes=CPU_SHAPES[level], device=str(device), peak_tflops=peak_tflops,
-                       seconds_per_shape={"quick": 0.1, "standard": 0.2, "extended": 1.0}[level], warmup_s=0.05,
-                       rotate_bytes=8 << 20)
+                       calls=calls, warmup_calls=warmup, settle_s=settle_s)
+        warmup, calls, settle_s = GPU_CALLS[level]
         shapes = GPU_SHAPES[level] + (FP8_SHAPES if dtype == "fp8" else ())
-        return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops,
-                   seconds_per_shape={"quick": 0.5, "standard": 1.0, "extended": 3.0}[level],
-                   warmup_s=0.3, rotate_bytes=3 * hw.l2_cache_bytes(device))
+        return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops, calls=calls,
+                   warmup_calls=warmup, settle_s=settle_s,
+                   flush_bytes=max(FLUSH_BYTES, 2 * hw.l2_cache_bytes(device)))
 
 
 def flops(shape: Shape) -> int:
@@ -108,18 +128,6 @@ def flops(shape: Shape) -> int:
 
 def tflops(shape: Shape, seconds: float, products: int = 1) -> float:
     return flops(shape) * products / seconds / 1e12
-
-
-def element_bytes(dtype: str) -> tuple[int, int]:
-    """(input, output) bytes per element."""
-    return {"bf16": (2, 2), "fp16": (2, 2), "tf32": (4, 4), "fp8": (1, 2)}[dtype]
-
-
-def sets_needed(shape: Shape, dtype: str, rotate_bytes: int) -> int:
-    """Operand sets (A, B, C) whose total passes ``rotate_bytes``."""
-    m, n, k = shape
-    inp, out = element_bytes(dtype)
-    return max(1, math.ceil(rotate_bytes / ((m * k + n * k) * inp + m * n * out)))
 
 
 def fp8_unsupported(device: torch.device) -> str | None:
@@ -191,57 +199,101 @@ def precision(dtype: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def measure_shape(shape: Shape, cfg: Config, device: torch.device, gen: torch.Generator) -> dict[str, Any]:
-    """Check, warm up and time one shape; the figures of its timed runs."""
-    sets = [operands(shape, cfg.dtype, device, gen) for _ in range(sets_needed(shape, cfg.dtype, cfg.rotate_bytes))]
-    product = product_fn(cfg.dtype, device)
-    m, n, _ = shape
-    rows = torch.randperm(m, device=device, generator=gen)[: cfg.sample]
-    cols = torch.randperm(n, device=device, generator=gen)[: cfg.sample]
-    what = f"{cfg.dtype} matmul {m}x{n}x{shape[2]} on {device} ({hw.device_name(device)})"
-    product(sets[0])
-    before = sample_error(*sets[0], rows, cols)
-    check_error(before, cfg.tolerance, what)
+class Bench:
+    """One shape's operands and the MAMF call pattern: ``refresh()`` untimed before each ``call()``."""
 
-    def one_pass() -> None:
-        for s in sets:
-            product(s)
-    t_pass = min(time_runs(one_pass, device, warmup=1, repeats=2))
-    inner = max(1, round(0.02 / t_pass))  # ~20 ms per timed run: event overhead negligible
+    def __init__(self, shape: Shape, cfg: Config, device: torch.device, gen: torch.Generator,
+                 flush: torch.Tensor) -> None:
+        self.shape, self.cfg, self.flush = shape, cfg, flush
+        self.set = operands(shape, cfg.dtype, device, gen)
+        self.fresh = torch.randn(self.set[2].shape, device=device, generator=gen).to(self.set[2].dtype)
+        self.product = product_fn(cfg.dtype, device)
+        m, n, k = shape
+        self.rows = torch.randperm(m, device=device, generator=gen)[: cfg.sample]
+        self.cols = torch.randperm(n, device=device, generator=gen)[: cfg.sample]
+        self.what = f"{cfg.dtype} matmul {m}x{n}x{k} on {device} ({hw.device_name(device)})"
+        self.device = device
 
-    def timed() -> None:
-        for _ in range(inner):
-            one_pass()
-    t_run = inner * t_pass
-    times = time_runs(timed, device, warmup=max(1, math.ceil(cfg.warmup_s / t_run)),
-                      repeats=min(1000, max(3, round(cfg.seconds_per_shape / t_run))))
-    after = sample_error(*sets[-1], rows, cols)  # a product from the end of the timed runs
-    check_error(after, cfg.tolerance, what + " after the timed runs")
-    products = inner * len(sets)
-    return {"shape": list(shape), "tflops": tflops(shape, statistics.median(times), products),
-            "tflops_min": tflops(shape, max(times), products), "tflops_max": tflops(shape, min(times), products),
-            "runs": len(times), "products_per_run": products, "operand_sets": len(sets),
-            "max_rel_err": max(before["max_rel_err"], after["max_rel_err"])}
+    def refresh(self) -> None:
+        """Evict the cache (the inputs come from memory) and give C new contents (its write really changes it)."""
+        self.flush.zero_()
+        self.set[2].copy_(self.fresh)
+
+    def call(self) -> None:
+        self.product(self.set)
+
+    def check(self, when: str) -> float:
+        """The product in C against float64 (raises when wrong); its largest relative error."""
+        err = sample_error(*self.set, self.rows, self.cols)
+        check_error(err, self.cfg.tolerance, self.what + when)
+        return err["max_rel_err"]
+
+    def times(self, calls: int) -> list[float]:
+        return hw.time_calls(self.call, self.device, calls, before=self.refresh)
+
+    def burst_tflops(self, seconds: float = 0.2) -> float:
+        """TFLOPS of one ~``seconds`` burst in the measured pattern (for settling the device)."""
+        one = statistics.median(self.times(3))
+        return tflops(self.shape, statistics.median(self.times(max(3, math.ceil(seconds / one)))))
+
+
+def measure_shape(bench: Bench) -> dict[str, Any]:
+    """Check, warm up and time one shape; the figures of its timed calls."""
+    cfg = bench.cfg
+    bench.refresh()
+    bench.call()
+    err_before = bench.check("")
+    for _ in range(cfg.warmup_calls):
+        bench.refresh()
+        bench.call()
+    times = bench.times(cfg.calls)
+    err_after = bench.check(" after the timed calls")  # C holds the last timed product
+    shape = bench.shape
+    return {"shape": list(shape), "tflops": tflops(shape, statistics.median(times)),
+            "tflops_min": tflops(shape, max(times)), "tflops_max": tflops(shape, min(times)),
+            "tflops_mean": tflops(shape, statistics.fmean(times)), "calls": len(times),
+            "max_rel_err": max(err_before, err_after)}
+
+
+_BEST: dict[tuple[str, str], Shape] = {}
+
+
+def best_shape(device: torch.device, dtype: str) -> Shape | None:
+    """The best shape the last sweep in this process found for ``dtype`` on ``device`` (None before one):
+    the shape the sustained measurement holds."""
+    return _BEST.get((str(device), dtype))
 
 
 def run(cfg: Config) -> Result:
-    """Sweep the shapes on this rank's device (every rank at once); the best shape is the metric."""
+    """Sweep the shapes on this rank's device (every rank at once); the best shape's median is the metric."""
     device = torch.device(cfg.device)
     if cfg.dtype == "fp8" and (why := fp8_unsupported(device)):
         raise WorkloadError(f"fp8 matmul cannot run: {why}")
+    flush = torch.empty(cfg.flush_bytes // 4, dtype=torch.int32, device=device)
+    settled: dict[str, Any] = {}
+
+    def measure(shape: Shape, gen: torch.Generator) -> dict[str, Any]:
+        bench = Bench(shape, cfg, device, gen, flush)
+        if not settled:  # the first shape settles the device before anything is timed
+            settled.update(hw.settle(bench.burst_tflops, cfg.settle_s, least_s=min(cfg.settle_s, 2.0)))
+        return measure_shape(bench)
+
     with precision(cfg.dtype):
-        shapes, clocks = hw.each_at_once(cfg.shapes, lambda s, gen: measure_shape(s, cfg, device, gen), device,
-                                         cfg.seed)
+        shapes, clocks = hw.each_at_once(cfg.shapes, measure, device, cfg.seed)
     best = max(shapes, key=lambda s: s["tflops"])
+    _BEST[(str(device), cfg.dtype)] = tuple(best["shape"])  # type: ignore[assignment]
     median = statistics.median(s["tflops"] for s in shapes)
     details: dict[str, Any] = {
-        "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance, "shapes": shapes,
-        "best_shape": best["shape"], "best_tflops": best["tflops"], "median_over_shapes_tflops": median,
-        "clocks": clocks,
+        "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance,
+        "method": f"MAMF: per shape {cfg.warmup_calls} warm-up calls, then the median of {cfg.calls} calls each "
+                  f"timed alone, a {cfg.flush_bytes >> 20} MiB cache flush and a fresh C before each (untimed)",
+        "settle": settled, "shapes": shapes, "best_shape": best["shape"], "best_tflops": best["tflops"],
+        "median_over_shapes_tflops": median, "clocks": clocks,
     }
     if cfg.peak_tflops:
         details["efficiency"] = best["tflops"] / cfg.peak_tflops
-    desc = (f"{cfg.dtype} matmul, best of {len(shapes)} shapes (2*M*N*K / median time), every device at once"
+    desc = (f"{cfg.dtype} matmul, MAMF: best of {len(shapes)} shapes, 2*M*N*K / median of {cfg.calls} calls "
+            "(cache flushed before each), every device at once"
             + (" (tf32 is plain fp32 on CPU)" if cfg.dtype == "tf32" and device.type == "cpu" else ""))
     return Result(metrics=(Metric(f"matmul_{cfg.dtype}_tflops", best["tflops"], "TFLOPS", "gpu", desc),),
                   details=details)
@@ -253,20 +305,26 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--sweep", default="level", choices=("level", "wide"),
                         help="wide: 144 shapes, the reference the level's sweep is compared with")
-    parser.add_argument("--seconds-per-shape", type=float, default=None)
+    parser.add_argument("--shapes", nargs="*", default=None, metavar="MxNxK", help="shapes to sweep instead")
+    parser.add_argument("--calls", type=int, default=None, help="timed calls per shape")
     args = parser.parse_args()
     with distributed() as here:
         cfg = Config.for_level(args.level, here.device, args.dtype)
-        if args.sweep == "wide" or args.seconds_per_shape:
-            shapes = wide_sweep() if args.sweep == "wide" and here.device.type == "cuda" else cfg.shapes
-            seconds = args.seconds_per_shape or (0.3 if args.sweep == "wide" else cfg.seconds_per_shape)
-            cfg = Config(dtype=cfg.dtype, shapes=shapes, device=cfg.device, warmup_s=cfg.warmup_s,
-                         seconds_per_shape=seconds, rotate_bytes=cfg.rotate_bytes)
+        shapes = cfg.shapes
+        if args.shapes:
+            shapes = tuple(tuple(int(d) for d in s.lower().split("x")) for s in args.shapes)  # type: ignore[misc]
+        elif args.sweep == "wide" and here.device.type == "cuda":
+            shapes = wide_sweep()
+        cfg = Config(dtype=cfg.dtype, shapes=shapes, calls=args.calls or cfg.calls, warmup_calls=cfg.warmup_calls,
+                     settle_s=cfg.settle_s, flush_bytes=cfg.flush_bytes, device=cfg.device)
         result = run(cfg)
         d = result.details
+        for s in d["shapes"]:
+            print(f"rank {here.rank} {cfg.dtype} {'x'.join(map(str, s['shape'])):>18}: median {s['tflops']:7.1f} "
+                  f"max {s['tflops_max']:7.1f} mean {s['tflops_mean']:7.1f} TFLOPS")
         print(f"rank {here.rank} {d['device']}: {cfg.dtype} best {d['best_tflops']:.4g} TFLOPS at "
               f"{'x'.join(map(str, d['best_shape']))}, median over {len(d['shapes'])} shapes "
-              f"{d['median_over_shapes_tflops']:.4g}; clocks {d['clocks']}")
+              f"{d['median_over_shapes_tflops']:.4g}; settle {d['settle']}; clocks {d['clocks']}")
 
 
 if __name__ == "__main__":

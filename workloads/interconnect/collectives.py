@@ -6,7 +6,10 @@ Definitions (nccl-tests doc/PERFORMANCE.md; S = bytes of the size column, t = ti
   all peers together); 1 for broadcast and send/recv (each rank sends S to the next, ring-wise).
 Time: each rank times every call with CUDA events; t = the largest per-rank median (a collective
 ends when its slowest rank does). nccl-tests averages, over ranks, the mean of a back-to-back batch:
-that figure is kept too (``busbw_mean_gbps`` in the curve).
+that figure is kept too (``busbw_mean_gbps`` in the curve). Small-message latency is timed as
+nccl-tests times it (``workloads.interconnect.latency``): rounds of back-to-back launches on the
+host's clock, on a communicator created with NCCL's own algorithm choice (never the bandwidth
+sweeps' pinned NCCL_ALGO).
 Correctness first: the first call of every size is checked, element by element on every rank,
 against exact integer data (random non-zero integers whose partial sums stay exact in the dtype);
 a wrong element fails the run on every rank before any timing counts.
@@ -25,8 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import agree, check_level, distributed, gather_objects, synchronize, time_batches, time_runs
+from workloads.common import agree, check_level, distributed, gather_objects, reduce_int, synchronize, time_runs
 from workloads.interconnect import comm_groups as cgroups
+from workloads.interconnect import latency as lat
 from workloads.interconnect._data import amplitude, chunked, expected, inputs, make_tile, mismatch, shape, size_bytes
 from workloads.interconnect.nccl_log import nccl_environment
 from workloads.result import Metric, Result, WorkloadError
@@ -45,6 +49,8 @@ _METRIC_SCOPE = {"node": "node", "world": "world", "net": "gpu"}
 """A node's figure is judged per node; a rail's (net scope) per rank, so a slow rail names its GPUs."""
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LATENCY_SIZES = (8, 64, 512, 4096, 32768, 65536)
+LATENCY_ROUNDS = {"quick": (3, 20, 100), "standard": (10, 20, 100), "extended": (20, 50, 100)}
+"""Latency mode per level: rounds, back-to-back calls a round (nccl-tests' -n 20), warm-up calls (and WARMUP_S)."""
 KiB, MiB = 1 << 10, 1 << 20
 
 
@@ -99,6 +105,8 @@ class Config:
     """The metric is the curve at the largest swept size not above this (the smallest if none is)."""
     latency: bool = False
     """Record the time of the smallest size (allreduce_latency_us) instead of busbw."""
+    rounds: int = 5
+    """Latency mode: the timed calls are ``rounds`` rounds of repeats // rounds back-to-back calls."""
     nccl_algo: str = ""
     """NCCL_ALGO while the scope's communicator is created ('Ring' for fabric tests); '' = NCCL's choice."""
     device: str = "cpu"
@@ -113,9 +121,10 @@ class Config:
             raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.latency and self.collective != "all_reduce":
             raise ValueError("latency is measured with all_reduce only")
-        if not self.sizes or self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"sizes={self.sizes}, repeats={self.repeats}, warmup={self.warmup}: need sizes, "
-                             "repeats >= 1, warmup >= 0")
+        bad_rounds = self.latency and not 1 <= self.rounds <= self.repeats
+        if not self.sizes or self.repeats < 1 or self.warmup < 0 or bad_rounds:
+            raise ValueError(f"sizes={self.sizes}, repeats={self.repeats}, warmup={self.warmup}, rounds={self.rounds}: "
+                             "need sizes, repeats >= 1, warmup >= 0, and in latency mode 1 <= rounds <= repeats")
 
     @classmethod
     def for_level(cls, level: str, device: torch.device, *, collective: str, scope: str, judge_bytes: int,
@@ -137,12 +146,12 @@ class Config:
 
     @classmethod
     def for_latency(cls, level: str, device: torch.device, *, scope: str, dtype: str = "fp32") -> Config:
-        """all_reduce of 8 B..64 KiB, many repeats; NCCL's own algorithm choice (what users get)."""
+        """all_reduce of 8 B..64 KiB in rounds of back-to-back calls; NCCL's own algorithm choice (what users get)."""
         check_level(level)
-        warmup, repeats = (5, 30) if device.type == "cpu" else {"quick": (10, 50), "standard": (20, 100),
-                                                                 "extended": (50, 500)}[level]
+        rounds, calls, warmup = (3, 10, 5) if device.type == "cpu" else LATENCY_ROUNDS[level]
         return cls(collective="all_reduce", scope=scope, sizes=LATENCY_SIZES, dtype=dtype, warmup=warmup,
-                   repeats=repeats, judge_bytes=LATENCY_SIZES[0], latency=True, device=str(device))
+                   repeats=rounds * calls, rounds=rounds, judge_bytes=LATENCY_SIZES[0], latency=True,
+                   device=str(device))
 
 
 def unsupported_reason(collective: str) -> str | None:
@@ -212,24 +221,31 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
                       "or in NCCL: check dmesg for Xid errors, rerun with NCCL_ALGO=Ring NCCL_PROTO=Simple" \
                       if bad else None
         agree(problem, f"{cfg.collective} ({cfg.scope}): correctness at {size} B failed")
-        if fn is not None:
-            # Small messages: rounds of back-to-back calls (nccl-tests), so host launch jitter between
-            # an event and its call does not count; large ones: each call on its own.
-            times = time_batches(fn, device, cfg.warmup, cfg.repeats // 5, 5) if cfg.latency \
-                else time_runs(fn, device, cfg.warmup, cfg.repeats)
-            stats.append([statistics.median(times), max(times), -min(times), statistics.fmean(times)])
+        if fn is not None and send is not None:
+            # Small messages: rounds of back-to-back launches on the host clock (nccl-tests); large ones:
+            # each call on its own, CUDA events.
+            if cfg.latency:
+                rounds = lat.time_rounds(lat.issue_all_reduce(send, comm.group), device, cfg.warmup,
+                                         cfg.repeats // cfg.rounds, cfg.rounds,
+                                         agree=lambda n: reduce_int(n, "max", comm.group))
+                times, span = rounds["host"], statistics.median(rounds["device"])
+            else:
+                times = time_runs(fn, device, cfg.warmup, cfg.repeats)
+                span = statistics.median(times)
+            stats.append([statistics.median(times), max(times), -min(times), span, statistics.fmean(times)])
             rows.append({"bytes": size_bytes(cfg.collective, unit, n, elt), "requested_bytes": size, "algo": algo})
         del fn, out, send  # free this size's buffers before the next, larger one
     if not comm.active:
         return []
     t = torch.tensor(stats, dtype=torch.float64, device=device)
-    worst = t[:, :3].clone()
+    worst = t[:, :4].clone()
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=comm.group)
-    mean = t[:, 3].clone()
+    mean = t[:, 4].clone()
     dist.all_reduce(mean, group=comm.group)
-    for row, (med, mx, neg_min), avg in zip(rows, worst.tolist(), (mean / n).tolist(), strict=True):
+    for row, (med, mx, neg_min, span), avg in zip(rows, worst.tolist(), (mean / n).tolist(), strict=True):
         algbw, busbw = bandwidth(cfg.collective, row["bytes"], med, n)
         row.update(time_us=med * 1e6, time_min_us=-neg_min * 1e6, time_max_us=mx * 1e6, time_mean_us=avg * 1e6,
+                   device_time_us=span * 1e6,
                    algbw_gbps=algbw, busbw_gbps=busbw,
                    busbw_mean_gbps=bandwidth(cfg.collective, row["bytes"], avg, n)[1])
     return rows
@@ -245,7 +261,8 @@ def run(cfg: Config) -> Result:
     details: dict[str, Any] = {
         "collective": cfg.collective, "scope": cfg.scope, "group": comm.label, "ranks": comm.size,
         "dtype": cfg.dtype, "nccl_algo": cfg.nccl_algo or "NCCL's choice", "curves": curves,
-        "timing": (f"t = slowest rank's median of 5 rounds of {cfg.repeats // 5} back-to-back calls"
+        "timing": (f"t = slowest rank's median of {cfg.rounds} rounds of {cfg.repeats // cfg.rounds} back-to-back "
+                   "async calls on the host clock (nccl-tests); device_time_us: the same rounds by CUDA events"
                    if cfg.latency else f"t = slowest rank's median of {cfg.repeats} calls")
                   + f" after {cfg.warmup} warm-up, {'CUDA events' if device.type == 'cuda' else 'host clock'}; "
                   "busbw_mean_gbps: mean over ranks of each rank's mean (nccl-tests' convention)",
@@ -260,8 +277,9 @@ def run(cfg: Config) -> Result:
     scope = _METRIC_SCOPE[cfg.scope]
     if cfg.latency:
         metric = Metric(latency_metric(cfg.scope), row["time_us"], "us", scope=scope,
-                        description=f"all_reduce of {row['bytes']} B, {comm.size} ranks ({comm.label}): slowest "
-                                    f"rank's median of {cfg.repeats}")
+                        description=f"all_reduce of {row['bytes']} B, {comm.size} ranks ({comm.label}): host time "
+                                    f"per call over rounds of {cfg.repeats // cfg.rounds} back-to-back calls, as "
+                                    "nccl-tests; slowest rank's median round")
     else:
         factor = {"all_reduce": "2(n-1)/n", "broadcast": "1", "sendrecv": "1"}.get(cfg.collective, "(n-1)/n")
         metric = Metric(metric_name(cfg.collective, cfg.scope), row["busbw_gbps"], "GB/s", scope=scope,
@@ -285,18 +303,16 @@ def main() -> None:
         max_bytes = args.max_bytes or (4 << 30 if here.device.type == "cuda" else 4 * MiB)
         todo = COLLECTIVES if args.collective == "all" else (args.collective,)
         for coll in ("all_reduce",) if args.latency else todo:
-            if args.latency:
-                cfg = Config.for_latency(args.level, here.device, scope=args.scope, dtype=args.dtype)
-            else:
-                cfg = Config.for_level(args.level, here.device, collective=coll, scope=args.scope, dtype=args.dtype,
-                                       judge_bytes=args.judge_bytes, max_bytes=max_bytes, nccl_algo=args.nccl_algo)
+            cfg = Config.for_latency(args.level, here.device, scope=args.scope, dtype=args.dtype) if args.latency \
+                else Config.for_level(args.level, here.device, collective=coll, scope=args.scope, dtype=args.dtype,
+                                      judge_bytes=args.judge_bytes, max_bytes=max_bytes, nccl_algo=args.nccl_algo)
             result = run(cfg)
             synchronize(here.device)
             if here.rank == 0:
                 print(f"# {coll} ({args.scope}, {args.dtype}) {result.details['group']}")
                 for r in result.details["curves"].get(result.details["group"], []):
-                    print(f"{r['bytes']:>12} B {r['time_us']:>11.1f} us  algbw {r['algbw_gbps']:8.2f}  busbw "
-                          f"{r['busbw_gbps']:8.2f} GB/s  {r['algo']}")
+                    print(f"{r['bytes']:>12} B {r['time_us']:>11.1f} us (device {r['device_time_us']:.1f})  algbw "
+                          f"{r['algbw_gbps']:8.2f}  busbw {r['busbw_gbps']:8.2f} GB/s  {r['algo']}")
                 for m in result.metrics:
                     print(f"{m.name} = {m.value:.4g} {m.unit}")
 

@@ -1,0 +1,235 @@
+"""Where the time of an 8-byte all_reduce goes: every communicator and call mode side by side, on GPUs.
+
+Run on 2+ GPUs of one node (the lead's GPU session runs it; nccl-tests' all_reduce_perf -b 8 -e 8 in
+the same session is the reference):
+
+    torchrun --nproc-per-node=gpu benchmarks/latency_diag.py --out latency_diag.json
+
+Variants (each timed twice, in opposite orders, so an order or warm-up effect shows as a difference):
+- communicators: the default group; a new_group of every rank; the suite's node and world scopes;
+  groups created with NCCL_PROTO=LL, NCCL_PROTO=Simple and NCCL_ALGO=Ring;
+- call modes: ``sync`` (dist.all_reduce call after call, host clock), ``events`` (the suite's old
+  timing: CUDA events around rounds of sync calls), ``async`` (the suite's timing now: back-to-back
+  async_op=True launches, one wait a round, host clock as nccl-tests), ``graph`` (20 calls captured in
+  a CUDA graph and replayed: device time alone, as nccl-tests -G);
+- ``bare``: NCCL called directly through ctypes on torch's stream (no c10d at all): what one process
+  per GPU gets from NCCL itself, the multi-process counterpart of nccl-tests' -g N.
+For each: host us a call, device us a call (CUDA events), launch-only us a call (the host's cost of
+issuing, nothing waited), median SM clock. Run it again with TORCH_NCCL_TRACE_BUFFER_SIZE=0 to see
+the flight recorder's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workloads.common import distributed  # noqa: E402
+from workloads.gpu.inventory import ClockSampler  # noqa: E402
+from workloads.interconnect import collectives, comm_groups  # noqa: E402
+from workloads.interconnect import latency as lat  # noqa: E402
+from workloads.interconnect.nccl_log import Capture, _loaded_nccl_paths  # noqa: E402
+
+CALLS, ROUNDS = 20, 10
+NCCL_FLOAT32, NCCL_SUM = 7, 0  # ncclDataType_t / ncclRedOp_t values of nccl.h
+
+
+def env_group(env: dict[str, str]) -> Any:
+    """A group of every rank whose NCCL communicator is created (and warmed) with ``env`` set."""
+    with Capture(enabled=False, env=env):
+        group = dist.new_group(list(range(dist.get_world_size())))
+        dist.all_reduce(torch.ones(1, device="cuda"), group=group)
+        torch.cuda.synchronize()
+    return group
+
+
+def launch_us(issue: Callable[[], Any], calls: int = CALLS) -> float:
+    """Host microseconds to launch ``calls`` calls, nothing waited (the host's share of a call)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        issue()
+    cost = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return cost
+
+
+def events_rounds(fn: Callable[[], Any], device: torch.device) -> float:
+    """The suite's old timing: CUDA events around rounds of synchronous calls; median us a call."""
+    out = []
+    for _ in range(ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(out)
+
+
+def graph_us(tensor: torch.Tensor, group: Any) -> float:
+    """CUDA graph of CALLS all_reduces replayed: device microseconds a call (nccl-tests -G)."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dist.all_reduce(tensor, group=group)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            dist.all_reduce(tensor, group=group)
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(out)
+
+
+def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(issue, close): an 8 B fp32 ncclAllReduce on torch's current stream through a communicator of
+    every rank made with ncclCommInitRank, the unique id sent over the default group."""
+    paths = _loaded_nccl_paths()
+    if not paths:
+        raise RuntimeError("no libnccl mapped into this process")
+    lib = ctypes.CDLL(paths[0])
+
+    class UniqueId(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    uid = UniqueId()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:  # every rank learns rank 0's return code before anyone raises
+        rc = lib.ncclGetUniqueId(ctypes.byref(uid))
+        box = [(rc, ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid)))]
+    dist.broadcast_object_list(box, src=0)
+    if box[0][0] != 0:
+        raise RuntimeError(f"ncclGetUniqueId returned {box[0][0]}")
+    ctypes.memmove(ctypes.addressof(uid), box[0][1], ctypes.sizeof(uid))
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p]
+    lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    comm = ctypes.c_void_p()
+    rc = lib.ncclCommInitRank(ctypes.byref(comm), dist.get_world_size(), uid, dist.get_rank())
+    if rc != 0:
+        raise RuntimeError(f"ncclCommInitRank returned {rc}")
+    buf = torch.ones(2, device=device)
+    ptr, stream = ctypes.c_void_p(buf.data_ptr()), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    count = ctypes.c_size_t(2)
+
+    def issue() -> None:
+        lib.ncclAllReduce(ptr, ptr, count, NCCL_FLOAT32, NCCL_SUM, comm, stream)
+
+    return issue, lambda: lib.ncclCommDestroy(comm)
+
+
+def measure(name: str, group: Any, device: torch.device, tensor: torch.Tensor) -> dict[str, Any]:
+    """Every call mode on one communicator."""
+    row: dict[str, Any] = {"comm": name}
+    agree = lat.agree_max(None, device)
+    with ClockSampler(device) as clocks:
+        sync = lat.time_rounds(lambda: dist.all_reduce(tensor, group=group), device, 100, CALLS, ROUNDS, agree=agree)
+        row["sync_host_us"] = lat.summary_us(sync)["host_us"]
+        row["events_us"] = events_rounds(lambda: dist.all_reduce(tensor, group=group), device)
+        issue = lat.issue_all_reduce(tensor, group)
+        row.update({f"async_{k}": v for k, v in lat.summary_us(
+            lat.time_rounds(issue, device, 100, CALLS, ROUNDS, agree=agree)).items()})
+        row["async_launch_us"] = launch_us(issue)
+        try:
+            row["graph_us"] = graph_us(tensor, group)
+        except Exception as exc:  # noqa: BLE001 - reported, the other modes stand
+            row["graph_us"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    row["sm_clock_mhz"] = clocks.summary().get("sm_clock_mhz", {}).get("median")
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="latency_diag.json")
+    args = parser.parse_args()
+    with distributed() as here:
+        if here.device.type != "cuda" or here.world_size < 2:
+            print("latency_diag: needs 2+ GPU ranks under torchrun (nothing to measure)")
+            return
+        device = here.device
+        tensor = torch.ones(2, device=device)
+        groups: dict[str, Any] = {"default": None}
+        groups["new_group"] = env_group({})
+        groups["suite-node"] = comm_groups.scope_comm("node").group
+        groups["suite-world"] = comm_groups.scope_comm("world").group
+        groups["proto-LL"] = env_group({"NCCL_PROTO": "LL"})
+        groups["proto-Simple"] = env_group({"NCCL_PROTO": "Simple"})
+        groups["algo-Ring"] = env_group({"NCCL_ALGO": "Ring"})
+        rows: list[dict[str, Any]] = []
+        for sweep, order in (("A", list(groups)), ("B", list(reversed(groups)))):
+            for name in order:
+                rows.append({"pass": sweep, **measure(name, groups[name], device, tensor)})
+        try:
+            issue, close = bare_nccl(device)
+            agree = lat.agree_max(None, device)
+            bare = lat.summary_us(lat.time_rounds(issue, device, 100, CALLS, ROUNDS, agree=agree))
+            rows.append({"pass": "A", "comm": "bare NCCL (ctypes)", **{f"async_{k}": v for k, v in bare.items()},
+                         "async_launch_us": launch_us(issue)})
+            torch.cuda.synchronize()
+            close()
+        except Exception as exc:  # noqa: BLE001 - the rest of the table stands
+            rows.append({"pass": "A", "comm": "bare NCCL (ctypes)", "error": f"{type(exc).__name__}: {exc}"})
+        suite = []
+        for scope in ("node", "world", "node"):
+            result = collectives.run(collectives.Config.for_latency("standard", device, scope=scope))
+            curve = result.details["curves"].get(result.details["group"], [{}])[0]
+            suite.append({"scope": scope, "time_us": curve.get("time_us"),
+                          "device_time_us": curve.get("device_time_us"), "algo": curve.get("algo")})
+        gathered: list[Any] = [None] * here.world_size
+        dist.all_gather_object(gathered, {"rows": rows, "suite": suite})
+        if here.rank == 0:
+            report(gathered, args.out, here.world_size)
+
+
+def report(gathered: list[Any], out: str, world: int) -> None:
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_", "CUDA_"))}
+    with open(out, "w") as f:
+        json.dump({"world_size": world, "env": env, "torch": torch.__version__,
+                   "nccl": ".".join(map(str, torch.cuda.nccl.version())), "ranks": gathered}, f, indent=1)
+    cols = ("sync_host_us", "events_us", "async_host_us", "async_device_us", "async_launch_us", "graph_us",
+            "sm_clock_mhz")
+    print(f"8 B all_reduce, {world} ranks, torch {torch.__version__}; slowest rank per cell (us a call)")
+    print(f"{'pass':4} {'communicator':20} " + " ".join(f"{c:>16}" for c in cols))
+    for i, row in enumerate(gathered[0]["rows"]):
+        cells = []
+        for c in cols:
+            vals = [g["rows"][i].get(c) for g in gathered]
+            nums = [v for v in vals if isinstance(v, (int, float))]
+            cells.append(f"{max(nums):16.1f}" if nums else f"{str(vals[0] or row.get('error', ''))[:16]:>16}")
+        print(f"{row['pass']:4} {row['comm']:20} " + " ".join(cells))
+    for i, s in enumerate(gathered[0]["suite"]):
+        print(f"suite run {i + 1} ({s['scope']}): {s['time_us']:.1f} us host, {s['device_time_us']:.1f} us device, "
+              f"algo {s['algo'] or '?'}")
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    main()

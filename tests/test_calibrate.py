@@ -1,0 +1,260 @@
+"""clustergate.calibrate on fixture results: robust to a bad GPU, one model and one node shape, clear errors.
+
+The fixtures are results.json files as a run writes them (validated against results.schema.json), with
+figures of the size H200s measure: matmul around 727 TFLOPS, 2-GPU all_reduce around 330 GB/s, an 8 B
+latency around 20 us.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from clustergate import calibrate, fleet
+from clustergate.thresholds import ThresholdsError, load
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "clustergate" / "results.schema.json").read_text())
+H200 = "NVIDIA H200"
+BASE = """
+schema: 1
+fallback_profile: generic
+cpu_profile: cpu
+profiles:
+  h200:
+    match: ["H200"]
+    settings: {gpus_per_node: 8, peak_bf16_tflops: 989}
+    metrics:
+      gpu_count: {min: 8, max: 8, unit: GPUs}
+      gpu_memory_gib: {min: 139, unit: GiB, source: spec}
+      matmul_bf16_tflops: {min: 700, ceiling: 989, outlier_fraction: 0.9, unit: TFLOPS, source: spec}
+      matmul_fp16_tflops: {min: 700, ceiling: 989, outlier_fraction: 0.9, unit: TFLOPS, source: estimate,
+                           severity: warn}
+      intranode_allreduce_busbw_gbps: {min: 350, ceiling: 480, unit: GB/s, source: spec}
+      intranode_allreduce_latency_us: {max: 50, unit: us, source: estimate, severity: warn}
+      lora_loss_drop: {min: 0.2, unit: fraction}
+      train_mfu: {min: 0.4, ceiling: 1.0, unit: fraction}
+  generic: {sign_off: false, metrics: {}}
+  cpu: {settings: {gpus_per_node: 0}, metrics: {}}
+"""
+
+
+def _per_rank(values: list[float], host: str) -> list[dict[str, Any]]:
+    return [{"rank": r, "host": host, "node_rank": 0, "gpu_index": r, "gpu_serial": f"SN{host}{r}",
+             "gpu_uuid": f"GPU-{host}-{r}", "value": v, "passed": True} for r, v in enumerate(values)]
+
+
+def run_file(tmp: Path, name: str, *, model: str = H200, bf16: list[float] | None = None,
+             fp16: list[float] | None = None, busbw: float = 331.0, latency_us: float = 19.5,
+             sick: tuple[int, ...] = (), host: str = "a", started: str = "2026-11-20T10:00:00+00:00",
+             verdict: str = "reject") -> Path:
+    bf16 = bf16 or [727.0, 729.5, 725.1, 728.3]
+    fp16 = fp16 or [v - 6 for v in bf16]
+    n = len(bf16)
+
+    def metric(name: str, unit: str, scope: str, values: list[float]) -> dict[str, Any]:
+        per = _per_rank(values, host) if scope == "gpu" else _per_rank(values, host)[:1]
+        return {"name": name, "value": min(values), "unit": unit, "scope": scope, "criterion": {}, "passed": True,
+                "per_rank": per}
+
+    def test(nodeid: str, metrics: list[dict[str, Any]], failed: tuple[int, ...] = ()) -> dict[str, Any]:
+        return {"nodeid": nodeid, "outcome": "failed" if failed else "passed", "duration_s": 1.0,
+                "failed_ranks": list(failed), "message": "", "metrics": metrics}
+
+    data = {
+        "schema": 1, "verdict": verdict, "profile": "h200", "level": "standard", "started": started, "duration_s": 9.0,
+        "world_size": n, "error": None, "environment": {},
+        "nodes": [{"host": host, "node_rank": 0, "ranks": list(range(n)),
+                   "gpus": [{"index": r, "uuid": f"GPU-{host}-{r}", "serial": f"SN{host}{r}", "name": model, "rank": r,
+                             "local_rank": r} for r in range(n)]}],
+        "tests": [
+            test("acceptance/test_gpu_inventory.py::test_no_uncorrectable_ecc_errors", [], sick),
+            test("acceptance/test_gpu_inventory.py::test_gpu_count", [metric("gpu_count", "GPUs", "node", [n])]),
+            test("acceptance/test_gpu_compute.py::test_matmul_tflops[bf16]",
+                 [metric("matmul_bf16_tflops", "TFLOPS", "gpu", bf16)]),
+            test("acceptance/test_gpu_compute.py::test_matmul_tflops[fp16]",
+                 [metric("matmul_fp16_tflops", "TFLOPS", "gpu", fp16)]),
+            test("acceptance/test_interconnect.py::test_collective_bandwidth[node-all_reduce]",
+                 [metric("intranode_allreduce_busbw_gbps", "GB/s", "node", [busbw])]),
+            test("acceptance/test_interconnect.py::test_allreduce_latency[node]",
+                 [metric("intranode_allreduce_latency_us", "us", "node", [latency_us])]),
+        ],
+    }
+    jsonschema.validate(data, SCHEMA)  # the fixture is what a run writes
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(BASE)
+    return path
+
+
+def cli(base: Path, out: Path, *files: Path, extra: tuple[str, ...] = ()) -> int:
+    return calibrate.main([*map(str, files), "--extends", "h200", "--thresholds", str(base), "-o", str(out), *extra])
+
+
+def site(out: Path) -> dict[str, Any]:
+    return yaml.safe_load(out.read_text())["profiles"]["h200-site"]
+
+
+def three_runs(tmp: Path, **kw: Any) -> list[Path]:
+    return [run_file(tmp, f"run{i}", started=f"2026-11-2{i}T10:00:00+00:00", busbw=330.0 + i, latency_us=19.0 + i,
+                     **kw) for i in range(3)]
+
+
+def test_a_site_profile_of_a_smaller_node_shape(tmp_path: Path, base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "site.yaml"
+    assert cli(base, out, *three_runs(tmp_path)) == 0
+    prof = site(out)
+    assert prof["extends"] == "h200" and prof["match"] == ["H200"] and prof["settings"] == {"gpus_per_node": 4}
+    m = prof["metrics"]
+    assert m["gpu_count"]["min"] == m["gpu_count"]["max"] == 4
+    assert "matmul_bf16_tflops" not in m  # spec, and a per-GPU figure: the node shape does not change it
+    assert m["matmul_fp16_tflops"]["min"] == 649  # 0.9 x median 721.65 = 649.5, 3 digits, rounded down
+    assert m["matmul_fp16_tflops"]["severity"] == "warn"
+    source = m["matmul_fp16_tflops"]["source"]
+    assert source["kind"] == "measured" and source["n"] == 12 and source["runs"] == 3
+    assert source["machine"] == "NVIDIA H200, 4 GPUs a node" and source["date"] == "2026-11-22"
+    assert m["matmul_fp16_tflops"]["ceiling"] == 989  # the rest of the criterion is carried over
+    # A spec for 8-GPU nodes, recalibrated for 4: 0.9 x 331 = 297.9
+    allreduce = m["intranode_allreduce_busbw_gbps"]
+    assert {k: v for k, v in allreduce.items() if k != "source"} == {"min": 297.0, "ceiling": 480.0, "unit": "GB/s"}
+    assert allreduce["source"]["kind"] == "measured"
+    assert m["intranode_allreduce_latency_us"]["max"] == pytest.approx(22.3)  # median 20 / 0.9 = 22.2, rounded up
+    assert "lora_loss_drop" not in m and "gpu_memory_gib" not in m
+    text = out.read_text()
+    assert "# 3 run(s), n=12, 2026-11-20..2026-11-22: median" in text and "minimum = 0.9 x median" in text
+    # --thresholds site.yaml: the site profile is picked for the same GPUs, the shipped ones still load.
+    th = load(out)
+    chosen = th.select(H200)
+    assert chosen.name == "h200-site" and chosen.settings["gpus_per_node"] == 4
+    assert chosen.criterion("matmul_bf16_tflops").get("min") == 700 and chosen.criterion("train_mfu").get("min") == 0.4
+    shown = capsys.readouterr().out
+    assert "matmul_fp16_tflops" in shown and ">= 700" in shown and ">= 649" in shown and "kept: spec" in shown
+
+
+def test_one_bad_gpu_does_not_pull_the_minimum_down_and_is_named(tmp_path: Path, base: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    runs = three_runs(tmp_path)
+    runs.append(run_file(tmp_path, "slow", bf16=[727.0, 728.0, 512.3, 726.0], host="b"))
+    out = tmp_path / "site.yaml"
+    assert cli(base, out, *runs) == 0
+    healthy = [v - 6 for v in [727.0, 729.5, 725.1, 728.3] * 3 + [727.0, 728.0, 726.0]]
+    assert site(out)["metrics"]["matmul_fp16_tflops"]["min"] == calibrate._round(0.9 * statistics.median(healthy),
+                                                                                  up=False) == 648
+    # With the slow GPU counted the minimum would be lower still; the bad GPU is named instead.
+    shown = capsys.readouterr().out
+    assert "left out of matmul_fp16_tflops: b gpu 2 serial SNb2 (run 4): outlier: 506.3" in shown
+    assert "n=15, 1 left out" in out.read_text()
+
+
+def test_a_gpu_that_failed_a_health_check_is_left_out_of_every_metric(tmp_path: Path, base: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    runs = three_runs(tmp_path)
+    runs.append(run_file(tmp_path, "ecc", bf16=[727.0, 728.0, 690.0, 726.0], sick=(2,), host="c"))
+    out = tmp_path / "site.yaml"
+    assert cli(base, out, *runs) == 0
+    assert "n=15, 1 left out" in out.read_text()  # 690 is no outlier, but its GPU failed the ECC check
+    assert "left out of every metric: c gpu 2 serial SNc2 (run 4): failed test_no_uncorrectable_ecc_errors" \
+        in capsys.readouterr().out
+
+
+def test_a_fleet_that_is_not_uniform_is_said_not_trimmed() -> None:
+    got = fleet.Samples("x", "TFLOPS", "gpu", kept=[fleet.Sample(v, 0, f"g{i}") for i, v in
+                                                     enumerate([700, 702, 500, 505, 510, 701])])
+    note = fleet.drop_outliers(got, 0.9, higher_is_better=True)
+    assert "not uniform: 3 of 6" in note and len(got.kept) == 6 and not got.left_out
+
+
+def test_runs_of_different_gpu_models_are_refused(tmp_path: Path, base: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    a = run_file(tmp_path, "h200")
+    b = run_file(tmp_path, "h100", model="NVIDIA H100 80GB HBM3")
+    assert cli(base, tmp_path / "site.yaml", a, b) == 2
+    err = capsys.readouterr().err
+    assert "different GPU models" in err and "h200.json: NVIDIA H200" in err and "H100 80GB HBM3" in err
+    assert not (tmp_path / "site.yaml").exists()
+
+
+def test_runs_of_another_model_than_the_profile_are_refused(tmp_path: Path, base: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [run_file(tmp_path, f"r{i}", model="NVIDIA H100 80GB HBM3") for i in range(3)]
+    assert cli(base, tmp_path / "site.yaml", *runs) == 2
+    assert "profile 'h200' matches ['H200']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("not json at all", "not a JSON file"),
+    ('{"schema": 1, "verdict": "accept"}', "not a clustergate results.json"),
+    ('[1, 2, 3]', "not a clustergate results.json"),
+])
+def test_a_file_that_is_not_a_results_json_is_one_clear_error(tmp_path: Path, base: Path, content: str, words: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "notes.json"
+    bad.write_text(content)
+    assert cli(base, tmp_path / "site.yaml", bad) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clustergate.calibrate: {bad}: {words}") and "\n" not in err
+
+
+def test_no_runs_an_unfinished_run_and_a_missing_file_are_clear_errors(tmp_path: Path, base: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(base, tmp_path / "site.yaml") == 2
+    assert "no results.json given" in capsys.readouterr().err
+    running = run_file(tmp_path, "running", verdict="accept")
+    running.write_text(running.read_text().replace('"verdict": "accept"', '"verdict": "running"'))
+    assert cli(base, tmp_path / "site.yaml", running) == 2
+    assert "did not finish (verdict 'running')" in capsys.readouterr().err
+    assert cli(base, tmp_path / "site.yaml", tmp_path / "nowhere.json") == 2
+    assert "nowhere.json: no such file" in capsys.readouterr().err
+
+
+def test_a_metric_with_too_few_samples_is_an_error_naming_it(tmp_path: Path, base: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    one = run_file(tmp_path, "one")
+    assert cli(base, tmp_path / "site.yaml", one) == 2
+    err = capsys.readouterr().err
+    assert "too few samples (need 3) for: intranode_allreduce_busbw_gbps (1 after 0 left out)" in err
+    assert "--min-samples" in err and "matmul_fp16_tflops" not in err  # 4 GPUs: enough
+    assert cli(base, tmp_path / "site.yaml", one, extra=("--min-samples", "1")) == 0
+
+
+def test_override_spec_calibrates_spec_criteria_too(tmp_path: Path, base: Path) -> None:
+    out = tmp_path / "site.yaml"
+    assert cli(base, out, *three_runs(tmp_path), extra=("--override-spec",)) == 0
+    assert site(out)["metrics"]["matmul_bf16_tflops"]["min"] == 654  # 0.9 x 727.65 = 654.9
+
+
+def test_the_written_thresholds_must_load(tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(calibrate, "render", lambda *a: "schema: 2\n")
+    assert cli(base, tmp_path / "site.yaml", *three_runs(tmp_path)) == 2
+    assert "schema: must be 1" in capsys.readouterr().err
+
+
+def test_shipped_thresholds_accept_source_and_severity_and_refuse_others(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(BASE.replace("source: estimate,\n", "source: guess,\n"))
+    with pytest.raises(ThresholdsError, match="fp16_tflops.source: kind must be one of spec, measured, estimate"):
+        load(path)
+    path.write_text(BASE.replace("severity: warn}", "severity: maybe}", 1))
+    with pytest.raises(ThresholdsError, match="severity: must be fail or warn, got 'maybe'"):
+        load(path)
+
+
+def test_the_module_runs_as_a_command(tmp_path: Path, base: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "clustergate.calibrate", str(tmp_path / "x.json"), "--extends", "h200",
+                           "--thresholds", str(base)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "x.json: no such file" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,93 @@
+"""Small-message collective latency timed as nccl-tests times it.
+
+nccl-tests (src/common.cu) launches ``iters`` collectives back to back on one stream, synchronizes
+the stream, and reports the host's wall clock divided by ``iters`` (then averaged over ranks): the
+host's cost of a launch counts, a wait between calls does not exist. The suite times the same way:
+rounds of back-to-back ``async_op=True`` calls, one wait (the current stream on the last call's
+completion) and one synchronize per round, host wall clock per call. The device's span of each
+round (CUDA events) is kept beside it.
+
+Why not ``dist.all_reduce(t)`` call after call, as the suite did (24-45 us on 2 H200, 112 us on 8,
+against nccl-tests' 17-21 us): a synchronous call makes torch's current stream wait for the NCCL
+stream after every call, and the next call's NCCL stream wait for the current stream again, a
+two-stream ping-pong per call on the device, plus the host work of that wait. With async calls the
+only per-call costs left are the ones any PyTorch user pays (the dispatcher, c10d's work object and
+events, NCCL's own enqueue); ``benchmarks/latency_diag.py`` measures each of those apart on a GPU.
+
+The warm-up runs for a time, not a count: NCCL connects an algorithm and protocol at its first use
+(NCCL_RUNTIME_CONNECT) and a GPU that was idle raises its clocks only under load, so a few calls
+after an idle spell time the GPU waking up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workloads.common import synchronize
+
+WARMUP_S = 0.2
+"""Seconds of back-to-back calls before any is timed (and at least the configured warm-up count)."""
+
+
+def issue_all_reduce(tensor: torch.Tensor, group: Any) -> Callable[[], Any]:
+    """One all_reduce launched without waiting; returns its Work."""
+    return lambda: dist.all_reduce(tensor, group=group, async_op=True)
+
+
+def finish(work: Any) -> None:
+    """The current stream waits for ``work`` (on a GPU nothing blocks the host here; gloo completes it)."""
+    if work is not None:
+        work.wait()
+
+
+def time_rounds(issue: Callable[[], Any], device: torch.device, warmup: int, calls: int, rounds: int,
+                warmup_s: float = WARMUP_S, agree: Callable[[int], int] = lambda n: n) -> dict[str, list[float]]:
+    """Seconds per call of ``issue`` (launches one collective, returns its Work), one figure per round of
+    ``calls`` back-to-back launches: ``host`` by the host's wall clock (nccl-tests' figure), ``device`` by
+    CUDA events around the round (the host clock on CPU).
+
+    Every rank must launch the same number of collectives: the warm-up's ``warmup`` calls are timed,
+    and the calls that fill ``warmup_s`` are counted from them and agreed (``agree``: the largest count
+    of any rank; a collective over the group) before they run."""
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        finish(issue())
+    synchronize(device)
+    elapsed = time.perf_counter() - t0
+    more = math.ceil((warmup_s - elapsed) / (elapsed / max(1, warmup))) if elapsed < warmup_s else 0
+    for _ in range(agree(min(more, 100_000))):
+        finish(issue())
+    synchronize(device)
+    host: list[float] = []
+    span: list[float] = []
+    cuda = device.type == "cuda"
+    for _ in range(rounds):
+        start = end = None
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        h0 = time.perf_counter()
+        if start is not None:
+            start.record()
+        work = None
+        for _ in range(calls):
+            work = issue()
+        finish(work)
+        if end is not None:
+            end.record()
+        synchronize(device)
+        host.append((time.perf_counter() - h0) / calls)
+        span.append(start.elapsed_time(end) / 1e3 / calls if start is not None and end is not None else host[-1])
+    return {"host": host, "device": span}
+
+
+def summary_us(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median per-call microseconds of each clock, and the spread of the host figure over rounds."""
+    return {"host_us": statistics.median(times["host"]) * 1e6, "device_us": statistics.median(times["device"]) * 1e6,
+            "host_min_us": min(times["host"]) * 1e6, "host_max_us": max(times["host"]) * 1e6}
