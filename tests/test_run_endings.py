@@ -225,8 +225,10 @@ def test_second_run_into_a_held_dir_refuses_and_earlier_outputs_move_aside(tmp_p
 
 def test_a_full_disk_ends_the_run_and_never_reads_accept(tmp_path: Path) -> None:
     r = run_job(tmp_path, plant(tmp_path, "disk_fills"), timeout=120)
+    after = time.time() - float((tmp_path / "filled-at").read_text())
     said = next((line for line in r.output.splitlines() if "File too large" in line), "")
-    note("full disk on rank 0 (RLIMIT_FSIZE)", r, r.seconds, r.results, said)
+    note("full disk on rank 0 (RLIMIT_FSIZE)", r, after, r.results, said)
+    assert after < LEFT_WITHIN_S, r.output  # rank 0 stops at its next write; rank 1 sees it gone at once
     assert r.codes == [1], r.output
     assert "File too large" in r.output and f"on rank 0 ({HOST})" in r.output, r.output
     res = r.results
