@@ -5,19 +5,22 @@ Enabled by the checkout's root conftest.py. Hooks stay thin and hand off to ``Cl
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clustergate import control
 from clustergate.identity import gpu_model_name
 from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
+from clustergate.redact import Scrubber, ScrubbingStream
 from clustergate.session import ClusterGate
+from clustergate.startup import LOCK, check_seconds, given_or, prepare_report_dir
+from clustergate.stops import STATUS, SessionEvents
 from clustergate.thresholds import ThresholdsError, load
 from clustergate.world import WorldError, init_world, shutdown
 from workloads.common import LEVELS
@@ -25,8 +28,8 @@ from workloads.node.name import node_name
 
 GATE = pytest.StashKey[ClusterGate]()
 RECORDER = pytest.StashKey[Recorder]()
-STATUS = pytest.StashKey[int]()
 REAL_STDOUT = pytest.StashKey[Any]()
+DESELECTED = pytest.StashKey[int]()
 ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_TEST_TIMEOUT_S = 900.0
@@ -69,22 +72,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("randomly") or config.pluginmanager.hasplugin("random_order"):
         raise pytest.UsageError("a random-order plugin is active: every rank must run tests in the same "
                                 "order; add -p no:randomly (or -p no:random_order)")
+    for option in ("test_timeout", "collective_timeout"):
+        check_seconds(f"--{option.replace('_', '-')}", config.getoption(option))
     try:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")
         profile = thresholds.profile(name) if name else thresholds.select(gpu_model_name())
-        test_timeout = config.getoption("test_timeout") or profile.settings.get(
-            "test_timeout_s", DEFAULT_TEST_TIMEOUT_S)
-        collective_timeout = config.getoption("collective_timeout") or profile.settings.get(
-            "collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
+        test_timeout = given_or(config.getoption("test_timeout"), profile.settings.get(
+            "test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+        collective_timeout = given_or(config.getoption("collective_timeout"), profile.settings.get(
+            "collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S))
         # The control group waits for the slowest rank of a test, so it must outlast the test limit.
         world = init_world(collective_timeout, control_timeout_s=test_timeout + 120,
                            want_cuda=profile.name != thresholds.cpu_profile)
     except (ThresholdsError, WorldError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    report_dir = _report_dir(config, world)
-    gate = ClusterGate(world, profile, config.getoption("level"), report_dir, test_timeout)
+    report_dir = prepare_report_dir(config, world, ROOT)
+    selection = {"k": config.getoption("keyword") or None, "m": config.getoption("markexpr") or None,
+                 "level": config.getoption("level"), "selected": None, "deselected": None}
+    # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
+    # sys.stdout when it configures, after this hook.
+    sys.stdout = ScrubbingStream(sys.stdout)
+    sys.stderr = ScrubbingStream(sys.stderr)
+    gate = ClusterGate(world, profile, config.getoption("level"), report_dir, test_timeout, selection)
     config.stash[GATE] = gate
+    config.pluginmanager.register(SessionEvents(gate), "clustergate-session-events")
     if world.is_leader:
         if not config.getoption("htmlpath", None):
             config.option.htmlpath = str(report_dir / "report.html")
@@ -105,27 +117,20 @@ def pytest_configure(config: pytest.Config) -> None:
 pytest_configure = pytest.hookimpl(tryfirst=True)(pytest_configure)
 
 
-def _report_dir(config: pytest.Config, world: Any) -> Path:
-    """Rank 0 names the directory (its clock) and every rank uses that name."""
-    chosen = config.getoption("report_dir")
-    if chosen is None and world.is_leader:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        chosen = str(ROOT / "reports" / stamp)
-    chosen = control.broadcast_from_leader(world, chosen, "report directory")
-    path = Path(chosen)
-    if world.is_leader:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise pytest.UsageError(f"--report-dir {path}: cannot create it ({exc}); choose a writable path") from None
-    return path
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     real = session.config.stash.get(REAL_STDOUT, None)
     if real is not None:
         sys.stdout = real  # the terminal reporter already holds the sink
+    gate = session.config.stash.get(GATE, None)
+    if gate is not None:
+        gate.start()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        config.stash[DESELECTED] = config.stash.get(DESELECTED, 0) + len(items)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -133,18 +138,32 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         for name in _declared(item):
             if name not in gate.profile.metrics:
-                raise pytest.UsageError(
-                    f"{gate.profile.source}: profile {gate.profile.name!r} has no metrics.{name}, "
-                    f"which {item.nodeid} records; add it (an empty mapping {{}} measures without judging)")
+                _usage_error(gate, f"{gate.profile.source}: profile {gate.profile.name!r} has no metrics.{name}, "
+                                   f"which {item.nodeid} records; add it (an empty mapping {{}} measures without "
+                                   "judging)")
+        marker = item.get_closest_marker("time_limit")
+        if marker is not None:
+            limit = marker.args[0] if marker.args else None
+            if not isinstance(limit, (int, float)) or not (math.isfinite(limit) and limit > 0):
+                _usage_error(gate, f"{item.nodeid}: @pytest.mark.time_limit({limit!r}): a time limit must be a "
+                                   "finite number of seconds above 0")
         if item.get_closest_marker("multinode") and gate.node_count < 2:
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ nodes; this job has {gate.node_count}"))
+    gate.run.selection.update(selected=len(items), deselected=config.stash.get(DESELECTED, 0))
     problem = gate.check_collection([item.nodeid for item in items])
     if problem:
-        gate.run.error = problem
+        gate.run.fail(problem)
         pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+    gate.write_results()
 
 
 pytest_collection_modifyitems = pytest.hookimpl(trylast=True)(pytest_collection_modifyitems)
+
+
+def _usage_error(gate: ClusterGate, message: str) -> None:
+    """Refuse the run, and say why in results.json too (it already exists and says "running")."""
+    gate.run.fail(message)
+    raise pytest.UsageError(message)
 
 
 def _declared(item: pytest.Item) -> tuple[str, ...]:
@@ -165,11 +184,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     item.stash[RECORDER] = Recorder(gate, item.nodeid, _declared(item))
     gate.start_test(item.nodeid, limit)
     try:
-        return (yield)
-    finally:
-        gate.end_test(item.nodeid)
-        if gate.poisoned:
-            item.session.shouldstop = gate.poisoned
+        result = yield
+    except BaseException:
+        gate.end_test(item.nodeid, aborted=True)  # pytest.exit, KeyboardInterrupt, an internal error
+        raise
+    gate.end_test(item.nodeid)
+    if gate.poisoned:
+        item.session.shouldstop = gate.poisoned
+    return result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.config.stash[GATE].phase = "setup"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    item.config.stash[GATE].phase = "call"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    item.config.stash[GATE].phase = "teardown"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -194,7 +231,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.user_properties.append(("failed_ranks", verdict.failed_ranks))
     if call.when == "call":
         report.user_properties.append(("metrics", [m.as_json() for m in verdict.metrics]))
+    _scrub_report(report)
     return report
+
+
+def _scrub_report(report: pytest.TestReport) -> None:
+    """What the report carries reaches the terminal, junit.xml and report.html: scrub it at the source."""
+    scrub = Scrubber.from_environment()
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, line, reason = report.longrepr
+        report.longrepr = (path, line, scrub(str(reason)))
+    elif report.longrepr is not None:
+        text = str(report.longrepr)
+        if scrub(text) != text:
+            report.longrepr = scrub(text)
+    report.sections = [(title, scrub(content)) for title, content in report.sections]
+    report.user_properties = [(name, json.loads(scrub(json.dumps(value, default=str))))
+                              for name, value in report.user_properties]
 
 
 def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> str:
@@ -214,14 +267,13 @@ def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Agree the exit status on every rank and decide the verdict, before pytest-html writes the report."""
     gate = session.config.stash.get(GATE, None)
     if gate is None:
         return
-    if not gate.run.tests and gate.run.error is None:
-        gate.run.error = "no tests ran: check the path and the -m/-k selection"
-    session.exitstatus = gate.exit_status(int(exitstatus))
-    session.config.stash[STATUS] = int(session.exitstatus)
-    gate.finish(int(session.exitstatus))
+    status = gate.conclude(int(exitstatus), collect_only=bool(session.config.option.collectonly))
+    session.exitstatus = status
+    session.config.stash[STATUS] = status
 
 
 @pytest.hookimpl(trylast=True)
@@ -229,26 +281,37 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gate = config.stash.get(GATE, None)
     if gate is None:
         return
+    lock = config.stash.get(LOCK, None)
     if STATUS not in config.stash:
+        if gate.started:  # the session's end failed before the verdict was decided: never accept
+            _leave_now(gate.abandon())
+        gate.signals.close()
+        if lock is not None:
+            lock.release()
         return  # configure failed after the groups were made (a usage error): pytest prints it next
-    status = config.stash[STATUS]
-    if not (gate.poisoned or gate.lost):
-        gate.final_barrier()
+    outputs = [Path(p) for p in (config.getoption("htmlpath", None), config.option.xmlpath) if p]
+    status = gate.seal(outputs)
+    if lock is not None:
+        lock.release()
     # A collective stuck or a peer gone: tearing the groups down could hang. A failed run: torchrun
     # stops the other ranks as soon as one exits non-zero, so a rank still tearing NCCL down would
     # die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8 H200s). Every rank has
     # written what it must (the final barrier), so all leave now. A usage error is the exception:
     # pytest prints it after this hook, so that run ends normally.
     if gate.poisoned or gate.lost or status not in (0, pytest.ExitCode.USAGE_ERROR):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        _leave_now(status)
     if status == 0:
         shutdown(gate.world)
 
 
+def _leave_now(status: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
     """Name the rank and host on an internal error; ranks other than 0 have no terminal."""
-    sys.stderr.write(f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} "
-                     f"({node_name()}): {excinfo.exconly() if excinfo else excrepr}\n")
-
+    sys.stderr.write(Scrubber.from_environment()(
+        f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} ({node_name()}): "
+        f"{excinfo.exconly() if excinfo else excrepr}\n"))

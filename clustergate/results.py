@@ -1,7 +1,10 @@
 """results.json (schema 1): the machine-readable verdict, kept up to date as the run goes.
 
-Rank 0 owns it. It is rewritten atomically after every test, so a run that dies part-way leaves
-a valid file whose verdict is "reject" and whose ``error`` says why.
+Rank 0 owns it. It exists from the start of the session and says "running" until the run has
+finished cleanly (every selected test ran on every rank, every output written, all ranks agreed):
+only then can it say "accept". A run that is interrupted or fails says "reject" with ``error``
+saying why; one killed outright leaves "running", which no gate reads as accepted. Every write is
+atomic, strict JSON (no NaN or Infinity) and redacted (``clustergate.redact``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 
 from clustergate.judge import warnings
 from clustergate.outcomes import PhaseVerdict
-from clustergate.verdict import decide
+from clustergate.redact import redact
+from clustergate.verdict import Verdict, decide
 
 SCHEMA = 1
 
@@ -70,27 +74,44 @@ class RunRecord:
     environment: dict[str, Any] = field(default_factory=dict)
     tests: dict[str, TestEntry] = field(default_factory=dict)
     error: str | None = None
-    """A run-level failure (lost rank, collection mismatch, timeout): forces "reject"."""
+    """A run-level failure (interrupted, lost rank, collection mismatch, timeout, failed write): forces
+    "reject". The first one is kept: later ones are consequences of it."""
+    finished: bool = False
+    """Set once the run has ended cleanly on every rank; until then the verdict is at best "running"."""
+    selection: dict[str, Any] = field(default_factory=dict)
+    """What this run was asked to run: -k, -m, --level, selected and deselected counts."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further top-level sections other parts add (e.g. "baseline", "discovery")."""
 
     def test(self, nodeid: str) -> TestEntry:
         return self.tests.setdefault(nodeid, TestEntry(nodeid))
 
+    def fail(self, error: str) -> None:
+        """Record a run-level failure unless an earlier one already explains the ending."""
+        if self.error is None:
+            self.error = error
+
+    @property
+    def decision(self) -> Verdict:
+        return decide((t.outcome for t in self.tests.values()), error=self.error, finished=self.finished)
+
     @property
     def verdict(self) -> str:
-        return decide((t.outcome for t in self.tests.values()), error=self.error, finished=True).verdict
+        return self.decision.verdict
 
     def as_json(self) -> dict[str, Any]:
+        """The record as every output shows it: redacted here, once, for all of them."""
+        decision = self.decision
         tests = [
             {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
              "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
              "metrics": t.metrics, "details": t.details}
             for t in self.tests.values()
         ]
-        return {
+        return redact({
             "schema": SCHEMA,
-            "verdict": self.verdict,
+            "verdict": decision.verdict,
+            "reason": decision.reason,
             "profile": self.profile,
             "sign_off": self.sign_off,
             "level": self.level,
@@ -98,12 +119,13 @@ class RunRecord:
             "duration_s": round(time.monotonic() - self.t0, 3),
             "world_size": self.world_size,
             "error": self.error,
+            "selection": self.selection,
             "nodes": self.nodes,
             "environment": self.environment,
             "warnings": warnings(tests),
             "tests": tests,
             **self.extra,
-        }
+        })
 
 
 def nodes_from_identities(identities: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,8 +140,25 @@ def nodes_from_identities(identities: list[dict[str, Any]]) -> list[dict[str, An
     return [nodes[k] for k in sorted(nodes)]
 
 
+def selection_line(results: dict[str, Any]) -> str | None:
+    """"N of M tests selected (-k ..., -m ..., level L)" for the terminal and the report; None if unknown."""
+    sel = results.get("selection") or {}
+    if sel.get("selected") is None:
+        return None
+    total = sel["selected"] + (sel.get("deselected") or 0)
+    how = [f"-k {sel['k']!r}" if sel.get("k") else "", f"-m {sel['m']!r}" if sel.get("m") else "",
+           f"level {sel['level']}" if sel.get("level") else ""]
+    return f"{sel['selected']} of {total} tests selected ({', '.join(h for h in how if h)})"
+
+
+def encode(data: dict[str, Any]) -> str:
+    """results.json text: redacted, strict JSON (ValueError on NaN or Infinity: no reader accepts them)."""
+    return json.dumps(redact(data), indent=2, default=str, allow_nan=False) + "\n"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write atomically: readers never see half a file."""
+    """Write atomically: readers never see half a file (a failed write leaves the previous one)."""
+    text = encode(data)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)

@@ -1,79 +1,131 @@
-"""One acceptance run on one rank: its world, profile, outputs and the exits it may take.
+"""One acceptance run on one rank: its world, profile, outputs, tests and how it ends.
 
-The hooks in ``clustergate.plugin`` call into this object; it owns every way the run can end
-early (a lost peer, a test past its time, SIGTERM from torchrun) so that each one leaves
-progress.jsonl and results.json saying what happened, and exits with one known code.
+The hooks in ``clustergate.plugin`` call into this object. results.json says "running" from the
+session's start; ``conclude`` agrees the exit status with every rank and decides the verdict, and
+``seal`` writes it once every output is written and every rank has agreed: only then can the file say
+"accept". The early endings (a peer lost or gone elsewhere, a test past its time, a signal, a failed
+write) are ``clustergate.endings``. Three threads may touch the record: the main one, the watchdog
+and the signal watcher; one lock guards it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import signal
-import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
+import pytest
 
 from clustergate import control
+from clustergate.control import Step, within
+from clustergate.endings import EXIT_LOST, Endings
 from clustergate.identity import RankIdentity, environment, rank_identity
+from clustergate.interrupts import SignalWatcher
 from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, merge
+from clustergate.peers import Peers
 from clustergate.progress import Progress
+from clustergate.redact import Scrubber, scrub_file
 from clustergate.results import RunRecord, nodes_from_identities, write_json
 from clustergate.thresholds import Profile
-from clustergate.watchdog import EXIT_TIMEOUT, Watchdog
+from clustergate.watchdog import Watchdog
 from clustergate.world import World
 
-EXIT_LOST = EXIT_TIMEOUT
-"""Exit status of every surviving rank when a peer is lost: the same as a test past its time."""
+STARTUP_S = 600.0
+"""Ranks reach the start-up exchanges after their own imports and collection: minutes apart on a slow
+shared file system."""
+EXCHANGE_GRACE_S = 60.0
+"""A phase's exchange waits until the test's own limit and this much more (the watchdog, at the limit,
+says more about where every rank was)."""
+ENDING_S = 300.0
+"""At the end the other ranks wait while rank 0 writes the HTML report with its figures."""
+LEAVING_S = 20.0
+"""A rank that leaves early waits this long for the others at the end, then goes: they may be blocked
+in a collective that needs it, and torchrun stops them once it has gone."""
+PYTEST_STOPPED = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
 
 
-class ClusterGate:
+class ClusterGate(Endings):
     def __init__(self, world: World, profile: Profile, level: str, report_dir: Path,
-                 test_timeout_s: float) -> None:
+                 test_timeout_s: float, selection: dict[str, Any]) -> None:
         self.world = world
         self.profile = profile
         self.level = level
         self.report_dir = report_dir
         self.test_timeout_s = test_timeout_s
+        self._lock = threading.RLock()
+        self.run = RunRecord(profile=profile.name, level=level, world_size=world.world_size,
+                             sign_off=profile.sign_off, selection=selection)
+        self.current: str | None = None
+        self.phase: str | None = None
+        self.left: str | None = None
+        """Why this rank left the run before its end (told to the other ranks at the end)."""
+        self.poisoned: str | None = None
+        self.lost = False
+        self.status: int | None = None
+        """The exit status every rank agreed at the end of the session."""
+        self.decided: dict[str, Any] | None = None
+        """The final record (report.html and the terminal show it); results.json gets it in ``seal``."""
+        self._decided_error: str | None = None
+        self.finished_status: int | None = None
+        """Set once the final results are written; a later SIGTERM must not overwrite them."""
+        self.started = False
+        self._last_write = -1e9
+        self._interrupted = False
+        self._blocked: tuple[str, str, float] | None = None
         self.identity: RankIdentity = rank_identity(world.rank, world.local_rank, world.node_rank, world.device)
         gpu = self.identity.gpu
         self.where = Where(rank=world.rank, host=self.identity.host, node_rank=world.node_rank,
                            gpu_index=gpu.index if gpu else None, gpu_serial=gpu.serial if gpu else None,
                            gpu_uuid=gpu.uuid if gpu else None)
         """This rank's part, stamped on every metric it records."""
-        self.identities: list[dict[str, Any]] = control.all_gather(world, self.identity.as_dict(), "identities")
+        self.peers = Peers(world)
+        self.progress = Progress(None)
+        """progress.jsonl, opened when the session starts (nothing is written before: a usage error leaves none)."""
+        self.identities: list[dict[str, Any]] = self._exchange(lambda: control.all_gather(
+            world, self.identity.as_dict(), Step(None, "identities", within(STARTUP_S))))
+        self.peers.hosts = [i["host"] for i in self.identities]
         self.node_count = len({i["node_rank"] for i in self.identities})
-        self.run = RunRecord(profile=profile.name, level=level, world_size=world.world_size,
-                             sign_off=profile.sign_off)
         self.run.nodes = nodes_from_identities(self.identities)
         self.run.environment = environment()
-        self.progress = Progress(report_dir / "progress.jsonl" if world.is_leader else None)
-        self.current: str | None = None
-        self._last_write = -1e9
-        self.finished_status: int | None = None
-        """Set once the final results are written; a later SIGTERM must not overwrite them."""
-        self.poisoned: str | None = None
-        self.lost = False
-        self.watchdog = Watchdog(self._on_timeout)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.progress.event("session_start", profile=profile.name, level=level, world_size=world.world_size)
+        self.watchdog = Watchdog(self._on_timeout, on_poll=self._check_blocked)
+        self.signals = SignalWatcher(self._on_signal)
 
     # ---- outputs -------------------------------------------------------------------------
-    @property
-    def results_path(self) -> Path:
-        return self.report_dir / "results.json"
+    def start(self) -> None:
+        """The session starts: results.json exists from now on and says "running"."""
+        if self.world.is_leader:
+            try:
+                self.progress = Progress(self.report_dir / "progress.jsonl")
+            except OSError as exc:
+                self._die(f"could not write {self.report_dir / 'progress.jsonl'} on {self.who}: {exc}", EXIT_LOST)
+        self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size)
+        self.write_results()
+        self.started = True
 
     def write_results(self, at_most_every_s: float = 0.0) -> None:
-        """Rank 0 rewrites results.json; ``at_most_every_s`` bounds the cost when tests are short."""
-        now = time.monotonic()
-        if self.world.is_leader and now - self._last_write >= at_most_every_s:
-            write_json(self.results_path, self.run.as_json())
+        """Rank 0 rewrites results.json; ``at_most_every_s`` bounds the cost when tests are short.
+        A write that fails (a full disk) ends the run: a record that cannot be kept is no record."""
+        if not self.world.is_leader:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_write < at_most_every_s:
+                return
+            try:
+                write_json(self.results_path, self.run.as_json())
+            except (OSError, ValueError) as exc:
+                self._die(f"could not write {self.results_path} on {self.who}: {exc}; the run stops "
+                          "(free space under --report-dir, or choose another)", EXIT_LOST)
             self._last_write = now
+
+    def _event(self, event: str, **fields: Any) -> None:
+        try:
+            self.progress.event(event, **fields)
+        except OSError as exc:
+            self._die(f"could not write {self.progress.path} on {self.who}: {exc}; the run stops", EXIT_LOST)
 
     def gpu_label(self) -> str:
         """'gpu N serial S' for failure headers ("" on a CPU rank)."""
@@ -84,45 +136,60 @@ class ClusterGate:
 
     # ---- per test --------------------------------------------------------------------------
     def start_test(self, nodeid: str, limit_s: float) -> None:
-        self.current = nodeid
-        self.progress.event("test_start", nodeid=nodeid)
-        self._mark("started", nodeid)
+        with self._lock:
+            self.current, self.phase = nodeid, "setup"
+        self._event("test_start", nodeid=nodeid)
+        self.peers.mark(0, nodeid)
         self.watchdog.arm(nodeid, limit_s)
 
-    def end_test(self, nodeid: str) -> None:
+    def end_test(self, nodeid: str, aborted: bool = False) -> None:
+        """``aborted``: the test was left by an exception that ends the session (pytest.exit,
+        KeyboardInterrupt, an internal error): the session's end says where it happened."""
         self.watchdog.disarm()
         entry = self.run.tests.get(nodeid)
-        self.progress.event("test_end", nodeid=nodeid, outcome=entry.outcome if entry else "unknown")
-        self.current = None
+        outcome = "aborted" if aborted else entry.outcome if entry else "unknown"
+        self._event("test_end", nodeid=nodeid, outcome=outcome)
+        if aborted:
+            return
+        with self._lock:
+            self.current = self.phase = None
         # progress.jsonl already says where a dead run was; results.json follows within a second.
         self.write_results(at_most_every_s=1.0)
 
     def merge_phase(self, nodeid: str, when: str, mine: PhaseOutcome, declared: tuple[str, ...],
                     duration_s: float) -> PhaseVerdict:
         """Gather this phase from every rank, merge and judge on rank 0, and share the verdict."""
-        self._mark(f"finished {when} of", nodeid)
+        self.peers.mark(("setup", "call", "teardown").index(when) + 1, nodeid)
+        limit = self.watchdog.deadline or time.monotonic() + self.test_timeout_s
+        step = Step(nodeid, when, limit + EXCHANGE_GRACE_S)
+        if mine.outcome == "failed":
+            self.peers.failed_phase(step.tag, mine.message)
         # Fast path: one small all_reduce says whether any rank has anything to report. Most
         # phases pass everywhere with nothing to judge; only the others pay for pickled objects.
         plain = (mine.outcome == "passed" and not mine.records and not mine.details
                  and not (when == "call" and declared))
-        if self._exchange(lambda: control.max_int(self.world, 0 if plain else 1, f"{nodeid} {when}")) == 0:
+        if self._exchange(lambda: control.max_int(self.world, 0 if plain else 1, step)) == 0:
             verdict = PhaseVerdict(outcome="passed", message="", failed_ranks=[])
         else:
-            gathered = self._exchange(lambda: control.gather_to_leader(self.world, mine, f"{nodeid} {when}"))
+            gathered = self._exchange(lambda: control.gather_to_leader(self.world, mine, step))
             verdict = merge(gathered, self.profile, when, declared) if gathered is not None else None
-            verdict = self._exchange(lambda: control.broadcast_from_leader(self.world, verdict, f"{nodeid} verdict"))
-        self.run.test(nodeid).apply(when, verdict, duration_s)
-        if verdict.poisoned and self.poisoned is None:
-            self.poisoned = (f"{nodeid} lost a collective ({when}): the workloads' process group can no "
-                             "longer be trusted, so the run stops here")
-            self.run.error = self.poisoned
+            verdict = self._exchange(lambda: control.broadcast_from_leader(self.world, verdict, step))
+        with self._lock:
+            self.run.test(nodeid).apply(when, verdict, duration_s)
+            if when == "teardown":
+                self.phase = "after teardown"  # until the next test starts: "between tests"
+            if verdict.poisoned and self.poisoned is None:
+                self.poisoned = (f"{nodeid} lost a collective ({when}): the workloads' process group can no "
+                                 "longer be trusted, so the run stops here")
+                self.run.fail(self.poisoned)
         return verdict
 
     def check_collection(self, nodeids: list[str]) -> str | None:
         """None when every rank collected the same tests under the same profile; else why not."""
         digest = hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
         mine = (digest, len(nodeids), self.profile.name, self.profile.digest, self.level)
-        everyone = self._exchange(lambda: control.all_gather(self.world, mine, "collection"))
+        everyone = self._exchange(lambda: control.all_gather(self.world, mine, Step(None, "collection",
+                                                                                     within(STARTUP_S))))
         differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
         if not differing:
             return None
@@ -135,95 +202,89 @@ class ClusterGate:
         return "\n".join(lines)
 
     # ---- endings ---------------------------------------------------------------------------
-    def exit_status(self, status: int) -> int:
-        if status == 0 and self.run.verdict != "accept":
-            status = 1
-        return self._exchange(lambda: control.max_int(self.world, status, "exit status"))
-
-    def finish(self, status: int) -> None:
-        """Write the final record (rank 0); ``final_barrier`` then holds every rank until all is written."""
+    def conclude(self, status: int, *, collect_only: bool) -> int:
+        """The session is over on this rank: agree the exit status with every rank and decide the verdict."""
         self.watchdog.disarm()
-        self.progress.event("session_end", verdict=self.run.verdict, exit_status=status)
-        self.write_results()
-        self.progress.close()
+        if status in PYTEST_STOPPED and self.run.error is None:
+            name = pytest.ExitCode(status).name
+            self.leave(f"pytest stopped the session with exit status {status} ({name}) on {self.who}")
+        note = self.left or ""
+        step = Step(None, "session end", within(LEAVING_S if self.left else ENDING_S), note=note)
+        everyone = self._exchange(lambda: control.all_gather(self.world, (status, self.run.error), step))
+        status = max(s for s, _ in everyone)
+        with self._lock:
+            for _, error in everyone:
+                if error:
+                    self.run.fail(error)  # this rank's own error stays first; then by rank
+            problem = None if self.run.error else self._incomplete(collect_only)
+            if problem:
+                self.run.fail(problem)
+            self.run.finished = True
+            if status == 0 and self.run.verdict != "accept":
+                status = 1
+            if status != 0 and self.run.verdict == "accept":
+                self.run.fail(f"a rank ended with exit status {status}")
+            self.status = status
+            self.decided = self.run.as_json()
+            self._decided_error = self.run.error
+        if self.decided["verdict"] != "accept":
+            self.write_results()  # final already: nothing later can make it better
+        return status
+
+    def _incomplete(self, collect_only: bool) -> str | None:
+        """Why the run did not run every selected test, or None."""
+        sel = self.run.selection
+        selected, deselected, ran = sel.get("selected"), sel.get("deselected") or 0, len(self.run.tests)
+        if collect_only:
+            return (f"--collect-only: {selected} tests collected, none run; nothing was measured, so nothing "
+                    "can be signed off")
+        if not selected:
+            if deselected:
+                return f"all {deselected} collected tests were deselected by -k/-m: nothing ran"
+            return "no tests were collected: check the path and the -m/-k selection"
+        if ran < selected:
+            return (f"the run stopped after {ran} of {selected} selected tests (-x or --maxfail, or a test "
+                    "told pytest to stop)")
+        return None
+
+    def seal(self, outputs: list[Path]) -> int:
+        """Every output written (rank 0 checks and scrubs them), the final record written, every rank
+        agreed: the exit status every rank leaves with."""
+        status = self.status if self.status is not None else EXIT_LOST
+        if self.world.is_leader:
+            scrub = Scrubber.from_environment()
+            for path in outputs:
+                try:
+                    if not path.is_file() or path.stat().st_size == 0:
+                        raise OSError(f"{path} was not written")
+                    scrub_file(path, scrub)
+                except OSError as exc:
+                    with self._lock:
+                        self.run.fail(f"an output is missing on {self.who}: {exc}")
+            with self._lock:
+                # The decided record (the one report.html shows), unless something failed since.
+                unchanged = self.decided is not None and self.run.error == self._decided_error
+                final = self.decided if unchanged else self.run.as_json()
+                try:
+                    write_json(self.results_path, final)
+                except (OSError, ValueError) as exc:
+                    self._say(f"could not write {self.results_path}: {exc}; it does not say accept")
+                    status = max(status, EXIT_LOST)
+                if final["verdict"] != "accept":
+                    status = status or 1
+        if not (self.poisoned or self.lost):
+            status = self._exchange(lambda: control.max_int(self.world, status,
+                                                            Step(None, "final barrier", within(ENDING_S))))
+        if self.world.is_leader and status != 0 and self.run.verdict == "accept":
+            with self._lock:
+                self.run.fail(f"a rank failed at the very end (exit status {status})")
+            self._try(self._write_now)
         self.finished_status = status
+        self._try(lambda: self.progress.event("session_end", verdict=self.run.verdict, exit_status=status))
+        self.progress.close()
+        return status
 
-    def final_barrier(self) -> None:
-        """Wait for every rank after every output is written (pytest-html and JUnit write theirs in
-        their own sessionfinish): once one rank exits non-zero, torchrun stops the rest."""
-        self._exchange(lambda: control.max_int(self.world, 0, "final barrier"))
-
-    def _mark(self, state: str, nodeid: str) -> None:
-        """Leave this rank's state in the rendezvous store, so a timed-out rank 0 can say who hung."""
-        store = _store()
-        if store is not None and self.world.launched:
-            # The store is a diagnostic aid; never let it break a run.
-            with contextlib.suppress(Exception):
-                store.set(f"clustergate/state/{self.world.rank}", f"{state} {nodeid}")
-
-    def _peer_states(self) -> list[str]:
-        store = _store()
-        if store is None or not self.world.launched:
-            return []
-        states = []
-        for r in range(self.world.world_size):
-            try:
-                value = store.get(f"clustergate/state/{r}").decode()
-            except Exception:
-                value = "unknown"
-            states.append(f"rank {r} ({self.identities[r]['host']}) last {value}")
-        return states
-
-    def _exchange(self, fn: Any) -> Any:
-        try:
-            return fn()
-        except control.ControlLost as exc:
-            self._die(f"{exc} during {self.current or 'the session'}; "
-                      "torchrun's summary names the first rank that failed", EXIT_LOST)
-
-    def _on_timeout(self, nodeid: str, limit_s: float) -> None:
-        states = self._peer_states()
-        msg = (f"{nodeid} did not finish within {limit_s:.0f} s on rank {self.world.rank} "
-               f"({self.identity.host}); the run stops (raise the limit with --test-timeout "
-               "or @pytest.mark.time_limit if the workload is just slow)")
-        if states:
-            msg += ("\n  each rank's last step (a rank that finished setup but not call is stuck in the test "
-                    "body): " + "; ".join(states))
-        self._record_ending(msg)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.finished_status is not None:
-            # A peer exited first and torchrun is stopping the rest: the record is already final.
-            os._exit(self.finished_status)
-        self._die(f"terminated by SIGTERM during {self.current or 'the session'} (torchrun stops every rank "
-                  "when one fails: its summary names the first failure)", 128 + signal.SIGTERM)
-
-    def _record_ending(self, message: str) -> None:
-        self.lost = True
-        self.run.error = message
-        if self.current:
-            entry = self.run.test(self.current)
-            entry.outcome = "failed"
-            entry.note(message)
-        sys.stderr.write(f"clustergate: rank {self.world.rank} ({self.identity.host}): {message}\n")
-        try:
-            self.progress.event("run_error", nodeid=self.current, message=message)
-            self.write_results()
-        except Exception as exc:  # writing the record must not hide the original ending
-            sys.stderr.write(f"clustergate: could not write results: {exc}\n")
-
-    def _die(self, message: str, status: int) -> None:
-        self._record_ending(message)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(status)
-
-
-def _store() -> Any:
-    if not dist.is_initialized():
-        return None
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:
-        return None
-
+    def abandon(self) -> int:
+        """The session ended without deciding its verdict (a crash at its end): record it, never accept."""
+        self._record_ending(f"the end of the session did not run on {self.who} (see the error above)")
+        return EXIT_LOST

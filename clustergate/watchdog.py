@@ -3,6 +3,8 @@
 A signal cannot interrupt a collective blocked in C++, so a thread watches the deadline. When
 it passes, the thread calls ``on_expiry`` (which writes what is known: test, rank, host, which
 ranks had not finished) and ends the process with ``os._exit``; torchrun then stops the rest.
+While a test runs the thread also calls ``on_poll`` every few seconds, so the session can notice a
+test that can never finish (blocked in a collective a failed peer will never join) long before it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import time
 from collections.abc import Callable
 
 EXIT_TIMEOUT = 3
+POLL_S = 5.0
 
 
 class Watchdog:
-    def __init__(self, on_expiry: Callable[[str, float], None]) -> None:
+    def __init__(self, on_expiry: Callable[[str, float], None], on_poll: Callable[[], None] | None = None) -> None:
         self._on_expiry = on_expiry
+        self._on_poll = on_poll
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._label = ""
@@ -38,18 +42,24 @@ class Watchdog:
             self._deadline = None
             self._cond.notify()
 
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
     def _watch(self) -> None:
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
                 if self._deadline is None:
                     self._cond.wait()
                     continue
                 left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(timeout=left)
-                    continue
-                label, limit = self._label, self._limit
-                break
+                if left <= 0:
+                    label, limit = self._label, self._limit
+                    break
+                self._cond.wait(timeout=min(left, POLL_S))
+                armed = self._deadline is not None
+            if armed and self._on_poll is not None:
+                self._on_poll()  # outside the lock: it may read the store
         try:
             self._on_expiry(label, limit)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)

@@ -6,24 +6,23 @@ and host named in the output or in results.json.
 
 from __future__ import annotations
 
-import shutil
 import socket
 from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, JobResult, run_job
+from torchrun_job import JobResult, plant, run_job
 
-FAULTS = Path(__file__).parent / "faults"
 HOST = socket.gethostname()
 
 pytestmark = pytest.mark.slow
 
 
 def job(tmp_path: Path, fault: str, *args: str, **kwargs: object) -> JobResult:
-    shutil.copy(FAULTS / f"{fault}.py", tmp_path / "test_fault.py")
-    thresholds = ("--thresholds", str(ROOT / "thresholds.yaml")) if "--thresholds" not in args else ()
-    return run_job(tmp_path, [*thresholds, *args, "test_fault.py"], **kwargs)  # type: ignore[arg-type]
+    planted = plant(tmp_path, fault)
+    if "--thresholds" in args:
+        planted = planted[2:]
+    return run_job(tmp_path, [*args, *planted], **kwargs)  # type: ignore[arg-type]
 
 
 def test_healthy_run_accepts_with_four_outputs(tmp_path: Path) -> None:
@@ -64,15 +63,20 @@ def test_failure_on_second_node_names_it(tmp_path: Path) -> None:
 
 
 def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Path) -> None:
+    """Rank 1 raises and goes to the call exchange; rank 0 waits in all_reduce for it. Rank 0's watchdog
+    sees that (10 s in a collective, polled every 5 s) and ends the run: not the collective timeout
+    (30 s on CPU, 300 s on GPU profiles), not the 300 s test limit. 120 s leaves room for start-up."""
     r = job(tmp_path, "raise_before_collective", timeout=150)
     assert r.seconds < 120, r.output
     assert r.codes == [1], r.output
     res = r.results
     first = res["tests"][0]
-    assert first["outcome"] == "failed" and "planted: rank 1 raises" in first["message"]
-    assert "failed on 2/2 ranks" in first["message"]
-    assert "the run stops here" in res["error"]  # the session is poisoned: the second test never runs
-    assert len(res["tests"]) == 1
+    assert first["outcome"] == "failed" and first["failed_ranks"] == [1]
+    assert (f"test_fault.py::test_raises_before_all_reduce [call]: rank 1 ({HOST}) failed it (ValueError: planted: "
+            f"rank 1 raises before the collective) and waits for the others, while rank 0 ({HOST}) has been "
+            "blocked for") in res["error"]
+    assert "in all_reduce called at test_fault.py:10" in res["error"]
+    assert len(res["tests"]) == 1  # the run stops: the second test never runs
 
 
 def test_rank_that_dies_ends_the_job(tmp_path: Path) -> None:
@@ -94,6 +98,7 @@ def test_hang_is_cut_by_the_test_timeout(tmp_path: Path) -> None:
     # where each rank was: rank 1 still in the test body, rank 0 done with it and waiting
     assert f"rank 1 ({HOST}) last finished setup of test_fault.py::test_hangs_on_rank_1" in res["error"]
     assert f"rank 0 ({HOST}) last finished call of test_fault.py::test_hangs_on_rank_1" in res["error"]
+    assert res["tests"][0]["failed_ranks"] == [1]  # the rank that never finished the test body
 
 
 def test_mismatched_collection_refuses_on_every_rank(tmp_path: Path) -> None:

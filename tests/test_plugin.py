@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 
@@ -129,10 +130,12 @@ def test_undeclared_metric_fails_the_test(run, pytester: pytest.Pytester) -> Non
 
 def test_declared_metric_absent_from_profile_stops_before_any_test(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("import pytest\n@pytest.mark.metrics('warp_speed')\ndef test_x(cg):\n    pass\n")
-    result, _ = run()
+    result, report = run()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*thresholds.yaml: profile 'cpu' has no metrics.warp_speed, which "
                                  "test_*::test_x records; add it*"])
+    res = results(report)  # the reason is the missing metric, not "no tests ran"
+    assert res["verdict"] == "reject" and "has no metrics.warp_speed" in res["error"]
 
 
 def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) -> None:
@@ -146,6 +149,10 @@ def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) ->
     (("--profile", "h900"), "*no profile 'h900'; profiles are: cpu, nocriteria*"),
     (("-n", "2"), "*do not combine it with pytest-xdist*"),
     (("--level", "ludicrous"), "*invalid choice: 'ludicrous'*"),
+    (("--test-timeout", "0"), "*--test-timeout 0.0: a time limit must be a finite number of seconds above 0*"),
+    (("--test-timeout", "-5"), "*--test-timeout -5.0: a time limit must be a finite number*"),
+    (("--test-timeout", "nan"), "*--test-timeout nan: a time limit must be a finite number*"),
+    (("--collective-timeout", "inf"), "*--collective-timeout inf: a time limit must be a finite number*"),
 ])
 def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
@@ -154,12 +161,100 @@ def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tupl
     result.stderr.fnmatch_lines([message])
 
 
+def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\n@pytest.mark.time_limit(0)\ndef test_x():\n    pass\n")
+    result, report = run()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"])
+    assert "time_limit(0)" in results(report)["error"]
+
+
+@pytest.mark.parametrize(("baseline", "message"), [
+    ({"schema": 1, "tests": [{"nodeid": "t::a", "metrics": [{"name": "speed_gbps", "value": "fast"}]}]},
+     "*baseline.json: tests[[]0[]] (t::a) metric speed_gbps has value 'fast', not a finite number; pass*"),
+    ({"schema": 1, "tests": [{"nodeid": "t::a", "metrics": [{"name": "speed_gbps", "value": 1.0,
+                                                             "per_rank": [{"rank": 0, "value": None}]}]}]},
+     "*baseline.json: tests[[]0[]] (t::a) metric speed_gbps has a per-rank entry*, not a rank with a finite number*"),
+    ({"schema": 1, "verdict": "accept"}, "*baseline.json: not a clustergate results.json*"),
+])
+def test_bad_baseline_is_a_usage_error_before_any_test(run, pytester: pytest.Pytester, baseline: dict,
+                                                        message: str) -> None:
+    pytester.makepyfile(test_metrics=METRIC_TESTS)
+    (pytester.path / "baseline.json").write_text(json.dumps(baseline))
+    result, report = run("--baseline", "baseline.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert not (report / "progress.jsonl").exists() or "test_start" not in (report / "progress.jsonl").read_text()
+
+
+def test_all_skipped_rejects_with_the_reason(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\ndef test_a():\n    pytest.skip('no GPU')\n"
+                        "def test_b():\n    pytest.skip('no GPU')\n")
+    result, report = run()
+    assert result.ret == 1
+    res = results(report)
+    assert res["verdict"] == "reject" and res["error"] is None
+    assert res["reason"] == "all 2 tests were skipped: nothing was measured, so nothing can be signed off"
+    result.stdout.fnmatch_lines(["why: all 2 tests were skipped*"])
+
+
+def test_collect_only_says_so(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_metrics=METRIC_TESTS)
+    result, report = run("--collect-only")
+    res = results(report)
+    assert res["verdict"] == "reject" and res["tests"] == []
+    assert res["error"].startswith("--collect-only: 2 tests collected, none run")
+
+
+def test_selection_is_recorded_and_said(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_metrics=METRIC_TESTS)
+    result, report = run("-k", "fast", "--level", "quick")
+    assert result.ret == 0
+    assert results(report)["selection"] == {"k": "fast", "m": None, "level": "quick", "selected": 1, "deselected": 1}
+    result.stdout.fnmatch_lines(["1 of 2 tests selected (-k 'fast', level quick)"])
+    assert "1 of 2 tests selected (-k &#x27;fast&#x27;, level quick)" in (report / "report.html").read_text()
+
+
+def test_stopped_early_is_a_reject_saying_how_far_it_got(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_a():\n    assert False\ndef test_b():\n    pass\n")
+    result, report = run("-x")
+    assert result.ret == 1
+    assert results(report)["verdict"] == "reject"
+    assert results(report)["error"].startswith("the run stopped after 1 of 2 selected tests")
+
+
+@pytest.mark.parametrize(("body", "status", "error"), [
+    ("raise KeyboardInterrupt", pytest.ExitCode.INTERRUPTED,
+     "KeyboardInterrupt on rank 0 (*) during test_*::test_stops [[]call[]]"),
+    ("pytest.exit('planted stop')", pytest.ExitCode.INTERRUPTED,
+     "pytest.exit('planted stop') on rank 0 (*) during test_*::test_stops [[]call[]]"),
+])
+def test_a_session_stopped_by_a_test_rejects_saying_where(run, pytester: pytest.Pytester, body: str,
+                                                          status: int, error: str) -> None:
+    pytester.makepyfile(f"import pytest\ndef test_stops():\n    {body}\ndef test_b():\n    pass\n")
+    result, report = run()
+    assert result.ret == status
+    res = results(report)
+    assert res["verdict"] == "reject" and fnmatch.fnmatch(res["error"], error), res["error"]
+
+
+def test_internal_error_rejects_naming_rank_and_step(run, pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("def pytest_runtest_logfinish(nodeid):\n    raise RuntimeError('planted crash')\n")
+    pytester.makepyfile("def test_a():\n    pass\ndef test_b():\n    pass\n")
+    result, report = run()
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    res = results(report)
+    assert res["verdict"] == "reject"
+    assert fnmatch.fnmatch(res["error"], "internal error on rank 0 (*) during test_*::test_a [[]after teardown[]]: "
+                                         "RuntimeError: planted crash"), res["error"]
+
+
 def test_no_tests_is_exit_5_and_a_reject(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def helper():\n    pass\n")
     result, report = run()
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     res = results(report)
-    assert res["verdict"] == "reject" and "no tests ran" in res["error"]
+    assert res["verdict"] == "reject" and "no tests were collected" in res["error"]
 
 
 def test_multinode_tests_skip_on_one_node(run, pytester: pytest.Pytester) -> None:

@@ -1,26 +1,52 @@
-"""Secrets never reach the report: redaction of names and values, and a run with planted secrets."""
+"""Secrets never reach an output: redaction of names and values, and a run with planted secrets.
+
+(The torchrun run that plants a token in every output is tests/test_run_endings.py.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from report_runs import HF_SECRET, SECRET, demo_reject  # noqa: F401
 
-from clustergate.report.redact import REDACTED, Scrubber, is_secret_name, redact_mapping, shown_environment
+from clustergate.redact import REDACTED, Scrubber, is_secret_name, redact, redact_mapping, shown_environment
+from clustergate.results import write_json
 
 
 @pytest.mark.parametrize("name", ["MY_API_TOKEN", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "DB_PASSWORD",
-                                  "DB_PWD", "GITHUB_PAT", "SSH_KEY", "NCCL_AUTH_TOKEN", "private.key",
-                                  "HTTP_AUTHORIZATION"])
+                                  "DB_PWD", "GITHUB_PAT", "SSH_KEY", "NCCL_IB_AUTH_TOKEN", "private.key",
+                                  "HTTP_AUTHORIZATION", "AZURE_CREDENTIALS", "db_passwd",
+                                  # Issue 12's rule is any name containing one of the words, in any case:
+                                  # over-redacting a harmless variable costs nothing, a leak does.
+                                  "TOKENIZERS_PARALLELISM", "KEYBOARD", "MONKEY", "GIT_AUTHOR_NAME"])
 def test_secret_names(name: str) -> None:
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["PATH", "PWD", "OLDPWD", "TOKENIZERS_PARALLELISM", "NCCL_IB_HCA", "KEYBOARD",
-                                  "MONKEY", "CUDA_VISIBLE_DEVICES", "GIT_AUTHOR_NAME"])
+@pytest.mark.parametrize("name", ["PATH", "PWD", "OLDPWD", "NCCL_IB_HCA", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR"])
 def test_ordinary_names(name: str) -> None:
     assert not is_secret_name(name)
+
+
+def test_structured_data_loses_secret_strings_but_keeps_figures() -> None:
+    scrub = Scrubber.from_environment({"NCCL_IB_AUTH_TOKEN": "tok-0123456789"})
+    data = {"details": {"nccl_env": {"NCCL_IB_AUTH_TOKEN": "tok-0123456789", "NCCL_DEBUG": "WARN"},
+                        "tokens_per_s": 1234.5, "auth": {"user": "bob", "port": 22},
+                        "log": ["sent tok-0123456789 to https://bob:hunter22@ci.example/"]}}
+    assert redact(data, scrub) == {"details": {
+        "nccl_env": {"NCCL_IB_AUTH_TOKEN": REDACTED, "NCCL_DEBUG": "WARN"},
+        "tokens_per_s": 1234.5, "auth": {"user": REDACTED, "port": 22},
+        "log": [f"sent {REDACTED} to https://{REDACTED}@ci.example/"]}}
+
+
+def test_results_json_is_strict_and_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_planted_secret_value")
+    write_json(tmp_path / "results.json", {"message": "login hf_planted_secret_value", "value": 1.5})
+    assert json.loads((tmp_path / "results.json").read_text()) == {"message": f"login {REDACTED}", "value": 1.5}
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        write_json(tmp_path / "results.json", {"value": float("inf")})
+    assert json.loads((tmp_path / "results.json").read_text())["value"] == 1.5  # the earlier file stands
 
 
 def test_mappings_and_text_are_redacted() -> None:

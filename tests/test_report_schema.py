@@ -35,14 +35,15 @@ def test_schema_rejects_what_is_not_a_results_file(world_run: Path) -> None:  # 
 
 
 def test_report_is_drawn_after_the_verdict_is_final(no_tests_run: Path) -> None:  # noqa: F811
-    """The plugin sets 'no tests ran' in its trylast sessionfinish; pytest-html's summary must see it."""
+    """The plugin sets why nothing ran (-k deselected everything) in its trylast sessionfinish; pytest-html's
+    summary must see it."""
     data = results(no_tests_run)
     assert (no_tests_run / "status").read_text() == str(int(pytest.ExitCode.NO_TESTS_COLLECTED))
-    assert data["verdict"] == "reject" and "no tests ran" in data["error"]
+    assert data["verdict"] == "reject" and "deselected by -k/-m: nothing ran" in data["error"]
     assert schema_errors(data) == []
     page = (no_tests_run / "report" / "report.html").read_text()
     banner = page[page.index('id="cg-verdict"'):page.index('class="cg-facts"')]
-    assert "REJECT" in banner and "run error: no tests ran" in banner
+    assert "REJECT" in banner and "collected tests were deselected by -k/-m" in banner
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)

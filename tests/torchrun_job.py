@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "faults"
 
 
 @dataclass
@@ -30,6 +32,15 @@ class JobResult:
     @property
     def results(self) -> dict[str, Any]:
         return json.loads((self.report_dir / "results.json").read_text())
+
+
+def plant(cwd: Path, fault: str, hooks: str | None = None) -> list[str]:
+    """Copy ``tests/faults/FAULT.py`` to ``cwd/test_fault.py`` (and ``HOOKS.py``, hooks that act between
+    tests, to ``conftest.py``); the pytest arguments that run it against the shipped thresholds."""
+    shutil.copy(FAULTS / f"{fault}.py", cwd / "test_fault.py")
+    if hooks is not None:
+        shutil.copy(FAULTS / f"{hooks}.py", cwd / "conftest.py")
+    return ["--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"]
 
 
 def free_port() -> int:
@@ -47,13 +58,38 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
-            env: dict[str, str] | None = None) -> JobResult:
-    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all."""
-    report_dir = cwd / "report"
-    args = ["-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
-            "--rootdir", str(cwd),
-            "--report-dir", str(report_dir), *pytest_args]
+@dataclass
+class Job:
+    """A job under way: signal it (``procs``), then ``wait``."""
+
+    procs: list[subprocess.Popen[str]]
+    start: float
+    timeout: float
+    report_dir: Path
+
+    def wait(self) -> JobResult:
+        outputs, codes = [], []
+        for p in self.procs:
+            try:
+                out, _ = p.communicate(timeout=max(1.0, self.timeout - (time.monotonic() - self.start)))
+            except subprocess.TimeoutExpired:
+                for q in self.procs:
+                    q.kill()
+                out = (p.communicate()[0] or "") + f"\n[test harness: killed after {self.timeout} s]"
+            outputs.append(out)
+            codes.append(p.returncode)
+        return JobResult(codes=codes, output="\n".join(outputs), seconds=time.monotonic() - self.start,
+                         report_dir=self.report_dir)
+
+
+def _pytest_args(cwd: Path, pytest_args: list[str]) -> list[str]:
+    return ["-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
+            "--rootdir", str(cwd), "--report-dir", str(cwd / "report"), *pytest_args]
+
+
+def start_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
+              env: dict[str, str] | None = None) -> Job:
+    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest."""
     if nodes == 1:
         launch = [["--standalone", f"--nproc-per-node={nproc}"]]
     else:
@@ -62,17 +98,39 @@ def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2
                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}", "--max-restarts=0"]
         launch = [common for _ in range(nodes)]
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts, *args], cwd=cwd,
-                              env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts, *_pytest_args(cwd, pytest_args)],
+                              cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for opts in launch]
-    outputs, codes = [], []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out = (p.communicate()[0] or "") + f"\n[test harness: killed after {timeout} s]"
-        outputs.append(out)
-        codes.append(p.returncode)
-    return JobResult(codes=codes, output="\n".join(outputs), seconds=time.monotonic() - start, report_dir=report_dir)
+    return Job(procs, start, timeout, cwd / "report")
+
+
+def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
+            env: dict[str, str] | None = None) -> JobResult:
+    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all."""
+    return start_job(cwd, pytest_args, nodes=nodes, nproc=nproc, timeout=timeout, env=env).wait()
+
+
+def start_ranks(cwd: Path, pytest_args: list[str], *, nproc: int = 2, timeout: float = 240,
+                env: dict[str, str] | None = None) -> Job:
+    """``nproc`` ranks started as torchrun would, but by this process: no agent stops the others when one
+    dies, and each rank's own exit status is seen (``codes[r]`` is rank r's)."""
+    port, start = free_port(), time.monotonic()
+    procs = []
+    for rank in range(nproc):
+        rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port), **(env or {})}
+        procs.append(subprocess.Popen([sys.executable, *_pytest_args(cwd, pytest_args)], cwd=cwd,
+                                      env=job_env(rank_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return Job(procs, start, timeout, cwd / "report")
+
+
+def wait_for(path: Path, timeout: float = 120) -> float:
+    """Wait until ``path`` exists (a planted test says where it is); the monotonic time it appeared."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.1)
+    return time.monotonic()

@@ -9,6 +9,7 @@ in results.json under ``"baseline"`` and shown in the report.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,34 @@ def load(path: str | Path) -> dict[str, Any]:
         raise BaselineError(f"--baseline {path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("tests"), list):
         raise BaselineError(f"--baseline {path}: not a clustergate results.json (schema 1 with a 'tests' list)")
+    problem = _shape_problem(data["tests"])
+    if problem:
+        raise BaselineError(f"--baseline {path}: {problem}; pass the results.json of an earlier run, unedited")
     data.setdefault("_source", str(path))
     return data
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shape_problem(tests: list[Any]) -> str | None:
+    """What makes the tests unusable for a comparison (checked when the run starts, not after it)."""
+    for i, test in enumerate(tests):
+        if not isinstance(test, dict) or not isinstance(test.get("nodeid"), str) \
+                or not isinstance(test.get("metrics", []), list):
+            return f"tests[{i}] is not a test entry (nodeid, metrics)"
+        for m in test.get("metrics", []):
+            name = m.get("name") if isinstance(m, dict) else repr(m)
+            where = f"tests[{i}] ({test['nodeid']}) metric {name}"
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+                return f"{where} has no name"
+            if not _number(m.get("value")):
+                return f"{where} has value {m.get('value')!r}, not a finite number"
+            for p in m.get("per_rank") or []:
+                if not isinstance(p, dict) or not isinstance(p.get("rank"), int) or not _number(p.get("value")):
+                    return f"{where} has a per-rank entry {p!r}, not a rank with a finite number"
+    return None
 
 
 def relative_change(current: float, baseline: float) -> float | None:

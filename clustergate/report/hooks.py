@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from clustergate.redact import Scrubber, redact_mapping, shown_environment
 from clustergate.report import baseline as baseline_mod
 from clustergate.report import figures, html, model
-from clustergate.report.redact import Scrubber, redact_mapping, shown_environment
 from clustergate.report.summary import summary_lines
 
 REPLAYED = pytest.StashKey[dict[str, Any]]()
@@ -57,19 +57,16 @@ def _active(config: pytest.Config) -> bool:
 def results_of(config: pytest.Config, final: bool = False) -> dict[str, Any] | None:
     """The run as results.json says it: the replayed dict, or rank 0's live record.
 
-    ``final``: at the end of the session, read back the results.json the plugin wrote, so the report
-    and the terminal summary say exactly what the file says (duration included).
+    ``final``: at the end of the session, the record as decided (the one results.json gets once every
+    output is written), so the report and the terminal summary say exactly what the file will say.
     """
     if REPLAYED in config.stash:
         return config.stash[REPLAYED]
     gate = _gate(config)
     if gate is None or not gate.world.is_leader:
         return None
-    if final:
-        try:
-            return json.loads(gate.results_path.read_text())
-        except (OSError, ValueError):
-            pass  # not written (a run that ended early): the live record is what there is
+    if final and gate.decided is not None:
+        return gate.decided
     return gate.run.as_json()
 
 

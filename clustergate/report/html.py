@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from clustergate.report import figures, model, tables
+from clustergate.results import selection_line
 
 MAX_MESSAGE_CHARS = 20_000
 """A failure message longer than this is cut in the summary (the test's row keeps it whole)."""
@@ -98,6 +99,8 @@ def banner(results: dict[str, Any]) -> str:
     if bad:
         names = ", ".join(model.short_test_name(t["nodeid"]) for t in bad[:6]) + (" ..." if len(bad) > 6 else "")
         why.append(f"{len(bad)} of {len(results.get('tests', []))} tests failed: {names}")
+    elif not results.get("error") and results.get("reason") and verdict != "accept":
+        why.append(str(results["reason"]))  # e.g. every test skipped: nothing was measured
     failing = [r for r in model.criteria_rows(results) if not r.passed]
     if failing:
         why.append(f"{len(failing)} metric{'s' if len(failing) > 1 else ''} missed: "
@@ -108,6 +111,8 @@ def banner(results: dict[str, Any]) -> str:
                    "does not use them): " + ", ".join(sorted({w["metric"] for w in warnings})))
     if verdict == "accept":
         why.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no tests")
+    if selection_line(results):
+        why.append(str(selection_line(results)))
     base = results.get("baseline")
     if isinstance(base, dict):
         why.append(f"against the baseline: {base.get('flagged', 0)} changes beyond "

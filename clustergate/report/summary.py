@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clustergate.report import model
+from clustergate.results import selection_line
 
 MESSAGE_LINES = 3
 """Lines of each failing test's message printed (the report and results.json have all of it)."""
@@ -27,8 +28,12 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
              f"{f['gpus']}   {f['duration']}"]
     if not results.get("sign_off", True):
         lines.append(f"profile {f['profile']!r} has no sign-off criteria: figures are measured, not judged")
+    if selection_line(results):
+        lines.append(str(selection_line(results)))
     if results.get("error"):
         lines.append(f"run error: {str(results['error']).splitlines()[0]}")
+    elif results.get("reason") and results.get("verdict") != "accept":
+        lines.append(f"why: {results['reason']}")
     rows = model.criteria_rows(results)
     if rows:
         width = max(6, *(len(r.metric) for r in rows))

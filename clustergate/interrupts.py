@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM, seen even while the main thread is blocked in a collective.
+
+Python runs a signal handler only in the main thread, between bytecodes: a rank blocked in a gloo
+or NCCL wait never runs it (seen on H200s: torchrun's SIGTERM, then its SIGKILL 30 s later, and no
+record). ``signal.set_wakeup_fd`` makes CPython's C-level handler write the signal number to a pipe
+at once; a watcher thread reads it and hands it to the session, which records the interruption and
+ends the process when the main thread cannot.
+
+SIGINT keeps its meaning in the main thread (KeyboardInterrupt: pytest unwinds and writes what it
+can), except inside a control exchange, where it is held until the exchange is done: an exchange
+left half-way would pair this rank's next exchange with its peers' current one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_depth = 0
+"""Control exchanges in progress in the main thread (KeyboardInterrupt is held while > 0)."""
+_held = False
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a SIGINT's KeyboardInterrupt until the block is done (main thread only)."""
+    global _depth, _held
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+    if _depth == 0 and _held:
+        _held = False
+        raise KeyboardInterrupt
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _held
+    if _depth:
+        _held = True
+        return
+    raise KeyboardInterrupt
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Nothing in the main thread: the watcher thread acts, whether or not the main thread runs."""
+
+
+class SignalWatcher:
+    """Calls ``on_signal(signum)`` from its own thread for every SIGINT and SIGTERM."""
+
+    def __init__(self, on_signal: Callable[[int], None]) -> None:
+        self._on_signal = on_signal
+        self._saved: list[tuple[int, Any]] = []
+        self._old_fd: int | None = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals can only be set up from the main thread (e.g. pytest run in a thread)
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._write = write
+        self._old_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        for signum, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm)):
+            old = signal.getsignal(signum)
+            if old is signal.SIG_IGN:
+                continue  # started with the signal ignored (nohup, a background job): respect it
+            self._saved.append((signum, old))
+            signal.signal(signum, handler)
+        threading.Thread(target=self._watch, name="clustergate-signals", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 16)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in (signal.SIGINT, signal.SIGTERM):
+                    self._on_signal(signum)
+
+    def close(self) -> None:
+        """Give the signals back (the process goes on without the session)."""
+        if self._old_fd is None:
+            return
+        for signum, old in self._saved:
+            signal.signal(signum, old)
+        signal.set_wakeup_fd(self._old_fd)
+        os.close(self._write)
+        self._old_fd = None

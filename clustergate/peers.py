@@ -1,0 +1,126 @@
+"""Where every rank is, kept in the rendezvous store (torchrun's agent holds it, so it outlives any rank).
+
+A rank that times out, is stopped or loses a peer reads it to say which rank was where, which ranks
+left the run and why, and which rank failed a phase and waits for the others. It is a diagnostic
+aid: a store that cannot be reached never breaks a run (every access is guarded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+from typing import Any
+
+import torch.distributed as dist
+
+from clustergate.world import World
+
+STEPS = ("started", "finished setup of", "finished call of", "finished teardown of")
+"""A rank's progress through a test, in order (the index is how far it got)."""
+
+
+def _store(world: World) -> Any:
+    if not world.launched or not dist.is_initialized():
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+class Peers:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self._store = _store(world)
+        self.hosts: list[str] = [world.host] * world.world_size
+        # Every rank's keys exist before any peer reads them (a get of a missing key would block).
+        self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})
+        self._set(f"left/{world.rank}", "")
+
+    def _set(self, key: str, value: Any) -> None:
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.set(f"clustergate/{key}", json.dumps(value))
+
+    def _get(self, key: str, default: Any) -> Any:
+        if self._store is None:
+            return default
+        try:
+            if not self._store.check([f"clustergate/{key}"]):
+                return default
+            return json.loads(self._store.get(f"clustergate/{key}").decode())
+        except Exception:
+            return default
+
+    def who(self, rank: int) -> str:
+        return f"rank {rank} ({self.hosts[rank]})"
+
+    # ---- this rank says ------------------------------------------------------------------------
+    def mark(self, step: int, nodeid: str) -> None:
+        self._set(f"state/{self.world.rank}", {"test": nodeid, "step": step, "text": f"{STEPS[step]} {nodeid}"})
+
+    def leave(self, why: str) -> None:
+        self._set(f"left/{self.world.rank}", why)
+
+    def failed_phase(self, tag: int, message: str) -> None:
+        """This rank failed a phase and goes to its exchange: a peer blocked in a collective it needs
+        learns that it waits in vain."""
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        raised = [line[1:].strip() for line in lines if line.startswith("E ")]  # pytest's "E   ValueError: ..."
+        said = raised[0] if raised else lines[-1] if lines else ""
+        self._set(f"failed/{tag}", {"rank": self.world.rank, "message": said[:300]})
+
+    # ---- what the others said --------------------------------------------------------------
+    def waiting_after_failure(self, tag: int) -> dict[str, Any] | None:
+        return self._get(f"failed/{tag}", None)
+
+    def states(self) -> list[dict[str, Any]]:
+        return [{"rank": r, **self._get(f"state/{r}", {"test": None, "step": -1, "text": "unknown"}),
+                 "left": self._get(f"left/{r}", "")} for r in range(self.world.world_size)]
+
+    def describe(self, nodeid: str | None = None) -> str:
+        """Which ranks did not get as far as the others in ``nodeid``, each rank's last step, and why any
+        rank left: for the message of an ending."""
+        if self._store is None:
+            return ""
+        behind = self.behind(nodeid) if nodeid else []
+        parts = [f"{self.who(s['rank'])} last {s['text']}" + (f", left: {s['left']}" if s["left"] else "")
+                 for s in self.states()]
+        lagging = f"{', '.join(self.who(r) for r in behind)} did not get as far as the others; " \
+            if 0 < len(behind) < self.world.world_size else ""
+        return f"{lagging}each rank's last step: " + "; ".join(parts)
+
+    def behind(self, nodeid: str | None) -> list[int]:
+        """The ranks that got least far in ``nodeid`` (all ranks when they are level or nothing is known)."""
+        everyone = list(range(self.world.world_size))
+        if self._store is None or nodeid is None:
+            return [self.world.rank]
+        states = self.states()
+        left = [s["rank"] for s in states if s["left"]]
+        if left:
+            return left
+        progress = {s["rank"]: s["step"] if s["test"] == nodeid else -1 for s in states}
+        least = min(progress.values())
+        slow = [r for r, p in progress.items() if p == least]
+        return slow if len(slow) < len(everyone) else everyone
+
+
+def main_thread_collective() -> str | None:
+    """Where the main thread is, if it is inside a torch.distributed call (not one of the plugin's own
+    exchanges): 'all_reduce called at conftest.py:12'. None otherwise."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    call, caller = None, None
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if name.endswith("clustergate/control.py"):
+            return None
+        if "/torch/distributed/" in name:
+            call = call or frame.f_code.co_name  # the innermost: the collective itself
+            caller = frame.f_back  # the outermost one's caller: the test's own code
+        frame = frame.f_back
+    if call is None:
+        return None
+    where = f" called at {caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_lineno}" if caller else ""
+    return f"{call}{where}"
