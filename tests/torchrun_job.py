@@ -48,9 +48,14 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
-            env: dict[str, str] | None = None) -> JobResult:
-    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all."""
-    report_dir = cwd / "report"
+            env: dict[str, str] | None = None, report_dir: Path | None = None,
+            node_env: list[dict[str, str]] | None = None, node_args: list[list[str]] | None = None) -> JobResult:
+    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all.
+
+    ``node_env`` and ``node_args`` (one entry per agent) add to one agent's environment and pytest
+    arguments: its node name, or a fault planted in that node alone.
+    """
+    report_dir = report_dir or cwd / "report"
     args = ["-m", "pytest", "-p", "clustergate.plugin", "-p", "clustergate.htmlreport", "-p", "no:cacheprovider",
             "--rootdir", str(cwd),
             "--report-dir", str(report_dir), *pytest_args]
@@ -62,9 +67,11 @@ def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2
                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}", "--max-restarts=0"]
         launch = [common for _ in range(nodes)]
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts, *args], cwd=cwd,
-                              env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for opts in launch]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts, *args,
+                               *(node_args[i] if node_args else [])], cwd=cwd,
+                              env=job_env({**(env or {}), **(node_env[i] if node_env else {})}),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i, opts in enumerate(launch)]
     outputs, codes = [], []
     for p in procs:
         try:
