@@ -23,7 +23,7 @@ was excluded or missing; 2 when an input cannot be used.
 Cluster results.json (schema 1)::
 
     {"schema": 1, "kind": "cluster", "verdict": "accept" | "reject", "sign_off": bool,
-     "created": ISO-8601, "merge_s": float, "output": DIR,
+     "created": ISO-8601, "merge_s": float (reading and judging, before the report is drawn), "output": DIR,
      "expected": {"source": str, "hosts": [str]} | null,
      "counts": {"expected": int | null, "results": int, "accepted": int, "excluded": int, "missing": int,
                 "fleet_outliers": int},
@@ -156,17 +156,18 @@ def merge(paths: list[Path], output: Path, expect: str | None = None) -> dict[st
     output.mkdir(parents=True, exist_ok=True)
     cluster = cluster_results(runs, fleet, outliers, (expected[1], expected[0]) if expected else None, warnings,
                               output, time.perf_counter() - t0)
+    # The verdict and the lists first: a report that cannot be drawn must not cost the results.
+    write_json(output / "results.json", cluster)
     write_lists(output, cluster)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 
     (output / "report.html").write_text(cluster_page(cluster, fleet))
-    cluster["merge_s"] = round(time.perf_counter() - t0, 3)
-    write_json(output / "results.json", cluster)
     return cluster
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    t0 = time.perf_counter()
     try:
         cluster = merge(args.nodes, args.output, args.expect_hosts)
     except (MergeInputError, HostlistError, OSError) as exc:
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     c = cluster["counts"]
     print(f"{cluster['verdict'].upper()}: {c['accepted']} of {c['accepted'] + c['excluded']} nodes accepted, "
           f"{c['excluded']} excluded ({c['missing']} without a result, {c['fleet_outliers']} fleet-outlier GPUs); "
-          f"merged in {cluster['merge_s']:.1f} s")
+          f"merged in {time.perf_counter() - t0:.1f} s")
     print(f"accepted: {cluster['accepted_hostlist'] or '(none)'}")
     for e in cluster["excluded"][:20]:
         print(f"excluded: {e['host']}: {'; '.join(e['reasons'])}")

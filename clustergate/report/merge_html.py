@@ -7,7 +7,9 @@ text escaped, secrets of this environment scrubbed: it opens offline, at 1,000 n
 
 from __future__ import annotations
 
+import os
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from clustergate.report import html
@@ -51,18 +53,31 @@ def hosts_block(accepted: str, excluded: str, files: tuple[str, ...] = ()) -> st
             + (f"<p>files: {links}</p>" if links else "") + "</div>")
 
 
-def excluded_table(excluded: list[dict[str, Any]], columns: tuple[str, ...] = ("host", "phase", "why")) -> str:
+def excluded_table(excluded: list[dict[str, Any]], columns: tuple[str, ...] = ("host", "phase", "why"),
+                   links: dict[str, str] | None = None) -> str:
+    """Excluded hosts with every reason; ``links``: host -> its own report, relative to this page."""
     if not excluded:
         return '<p class="cg-muted">No host excluded.</p>'
     rows = []
     for e in excluded:
-        lines = e.get("reasons") or e.get("evidence") or []
-        items = "".join(f"<li>{escape(str(line))}</li>" for line in lines)
-        rows.append(f'<tr><td class="cg-fail">{escape(e["host"])}</td><td>{escape(e.get("phase", ""))}</td>'
+        items = "".join(f"<li>{escape(str(line))}</li>" for line in e.get("reasons") or [])
+        href = (links or {}).get(e["host"])
+        host = escape(e["host"]) + (f' (<a href="{escape(href)}">its report</a>)' if href else "")
+        rows.append(f'<tr><td class="cg-fail">{host}</td><td>{escape(e.get("phase", ""))}</td>'
                     f'<td><ul class="cg-reasons">{items}</ul></td></tr>')
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     return (f'<div class="cg-scroll"><table class="cg-table" id="cg-excluded-table"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def node_reports(cluster: dict[str, Any]) -> dict[str, str]:
+    """host -> the node's own report.html, relative to the merged report (where there is one)."""
+    out = {}
+    for n in cluster["nodes"]:
+        report = Path(n["directory"] or "") / "report.html"
+        if n["directory"] and report.is_file():
+            out[n["host"]] = os.path.relpath(report, cluster["output"])
+    return out
 
 
 def nodes_table(cluster: dict[str, Any]) -> Table:
@@ -134,7 +149,7 @@ def cluster_page(cluster: dict[str, Any], fleet: list[FleetMetric]) -> str:
             "<h3>Hosts</h3>", hosts_block(cluster["accepted_hostlist"], cluster["excluded_hostlist"],
                                           ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt",
                                            "excluded-hostlist.txt")),
-            "<h3>Excluded nodes</h3>", excluded_table(cluster["excluded"]),
+            "<h3>Excluded nodes</h3>", excluded_table(cluster["excluded"], links=node_reports(cluster)),
             "<h3>Fleet outliers</h3>", outliers_table(fleet)]
     if cluster["warnings"]:
         body += ["<h3>Warnings</h3><ul>", *(f"<li>{escape(w)}</li>" for w in cluster["warnings"]), "</ul>"]

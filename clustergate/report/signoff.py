@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -203,9 +204,13 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None) -> dict[str, Any]:
     write_json(run_dir / "signoff.json", out)
     write_lists(run_dir, out, prefix="signoff-",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
+    from clustergate.report.merge_html import node_reports
     from clustergate.report.signoff_html import signoff_page
 
-    (run_dir / "signoff.html").write_text(signoff_page(out))
+    links = node_reports({**cluster, "output": str(run_dir)})  # the node phase's own reports
+    links |= {e["host"]: os.path.relpath(fabric_dir / "report.html", run_dir)
+              for e in excluded if e["phase"] == "fabric" and (fabric_dir / "report.html").is_file()}
+    (run_dir / "signoff.html").write_text(signoff_page(out, links))
     return out
 
 

@@ -24,7 +24,8 @@ def _phase_rows(out: dict[str, Any]) -> str:
             f"<tbody>{cells}</tbody></table>")
 
 
-def signoff_page(out: dict[str, Any]) -> str:
+def signoff_page(out: dict[str, Any], links: dict[str, str] | None = None) -> str:
+    """The page; ``links``: host -> the report that holds its evidence, relative to signoff.html."""
     signed = out["verdict"] == "accept"
     why = [f"{len(out['accepted'])} hosts {'signed off' if signed else 'accepted so far, not signed off'}; "
            f"{len(out['excluded'])} excluded"] + [f"not signed off: {r}" for r in out["reasons"]]
@@ -33,7 +34,8 @@ def signoff_page(out: dict[str, Any]) -> str:
             hosts_block(out["accepted_hostlist"], out["excluded_hostlist"],
                         ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
                          "signoff-excluded-hostlist.txt")),
-            "<h3>Excluded hosts and the evidence</h3>", excluded_table(out["excluded"], ("host", "phase", "evidence")),
+            "<h3>Excluded hosts and the evidence</h3>",
+            excluded_table(out["excluded"], ("host", "phase", "evidence"), links),
             "<h3>Phases</h3>", _phase_rows(out)]
     if out["warnings"]:
         body += ["<h3>Warnings</h3><ul>", *(f"<li>{escape(w)}</li>" for w in out["warnings"]), "</ul>"]
