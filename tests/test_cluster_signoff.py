@@ -129,6 +129,7 @@ def test_a_failed_per_gpu_figure_names_its_host(run: Path) -> None:
     ("outside", "the fabric phase ran on hosts the node phase did not accept (h5)"),
     ("none", "no fabric phase results at"),
     ("skipped", "fabric phase: all 1 tests were skipped: nothing was measured"),
+    ("ceiling", "above the physical ceiling 64: a measurement error"),
 ])
 def test_what_keeps_the_accepted_set_from_being_signed_off(run: Path, case: str, reason: str) -> None:
     if case == "world":
@@ -149,11 +150,19 @@ def test_what_keeps_the_accepted_set_from_being_signed_off(run: Path, case: str,
         fabric(run, [*HOSTS, "h5"], [])
     elif case == "skipped":
         fabric(run, HOSTS, [], net="skipped")
+    elif case == "ceiling":  # e.g. "nodes" on one host, where NVLink carries what the network should
+        net = metric("net_allgather_busbw_gbps", "gpu", [(h, 300.0, False) for h in HOSTS], {"min": 40, "ceiling": 64})
+        fabric(run, HOSTS, [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[net-all_gather]",
+                             "outcome": "failed", "duration_s": 1.0, "failed_ranks": [0, 1, 2, 3],
+                             "message": "[call] 4 metric checks failed:\n  net_allgather_busbw_gbps=300 GB/s, ...",
+                             "metrics": [net], "details": {}}])
     proc = signoff_cli(str(run))
     assert proc.returncode == 1, proc.stdout
     out = json.loads((run / "signoff.json").read_text())
     assert out["verdict"] == "reject" and any(reason in r for r in out["reasons"]), out["reasons"]
     assert schema_errors(out) == [] and "NOT SIGNED OFF" in proc.stdout
+    if case in ("world", "ceiling"):  # the whole job's figure, or an impossible one: no host to blame
+        assert [e["host"] for e in out["excluded"]] == ["h5"] and out["accepted"] == HOSTS
 
 
 def test_an_accepted_host_missing_from_the_fabric_job_is_excluded(run: Path) -> None:

@@ -127,8 +127,16 @@ class Fabric:
         for m in test.get("metrics", []):
             if m.get("passed", True):
                 continue
+            crit = m.get("criterion") or {}
             bad = [p for p in m.get("per_rank") or [] if not p.get("passed", True)]
-            what = f"{m['name']} ({criterion_text(m.get('criterion') or {})})"
+            what = f"{m['name']} ({criterion_text(crit)})"
+            impossible = [p for p in bad if "ceiling" in crit and p["value"] > crit["ceiling"]]
+            if impossible:  # a figure above what the hardware can do is the measurement's fault, not a host's
+                self.blocking.append(f"{name}: {m['name']}={fmt(impossible[0]['value'], m.get('unit', ''))} is above "
+                                     f"the physical ceiling {crit['ceiling']:g}: a measurement error, not a result")
+                bad = [p for p in bad if p not in impossible]
+                if not bad:
+                    continue
             if m.get("scope") == "world" or not bad:
                 self.blocking.append(f"{name}: {what} missed by the whole job ({fmt(m['value'], m.get('unit', ''))}): "
                                      "not one host's fault; fix it and run the fabric phase again")
@@ -137,8 +145,8 @@ class Fabric:
                 if host in self.excluded:
                     continue  # the pair rounds already put the blame here
                 values = ", ".join(fmt(p["value"], m.get("unit", "")) for p in bad if str(p.get("host")) == host)
-                self.exclude(host, [f"{name}: {m['name']}={values}, {criterion_text(m.get('criterion') or {})}"],
-                             str((m.get("criterion") or {}).get("severity", "fail")))
+                self.exclude(host, [f"{name}: {m['name']}={values}, {criterion_text(crit)}"],
+                             str(crit.get("severity", "fail")))
 
 
 def signoff(run_dir: Path, fabric_dir: Path | None = None) -> dict[str, Any]:
