@@ -16,6 +16,8 @@ exactly the node phase's accepted hosts and every fabric failure is one of those
 else (a whole-job figure missed, a test that raised, a run that died) keeps the set from being
 signed off, and ``reasons`` says why. One accepted node needs no fabric phase.
 
+Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used.
+
 signoff.json (schema 1)::
 
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
@@ -25,8 +27,6 @@ signoff.json (schema 1)::
      "phases": {"node": {"results", "verdict", "accepted", "excluded", "missing", "levels", "profiles"},
                 "fabric": {"results", "verdict", "hosts": [host], "rounds": int | null,
                            "tests": {outcome: count}, "error"}}}
-
-Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ SCHEMA = 1
 def parser() -> argparse.ArgumentParser:
     head, _, rest = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(prog="python -m clustergate.report signoff", description=head,
-                                epilog=rest.split("signoff.json (schema")[0].strip() + "\n\nExit status: 0 when "
-                                "the accepted set is signed off; 1 when it is not; 2 when an input cannot be used.",
+                                epilog=rest.split("signoff.json (schema")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="REPORTS/RUN_ID", help="the run's directory: results.json of merge")
     p.add_argument("--fabric", type=Path, default=None, metavar="DIR",
