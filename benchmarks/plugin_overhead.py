@@ -54,7 +54,7 @@ def measure(ranks: int, tests: int) -> dict[str, float]:
         Path(tmp, "test_bench.py").write_text(TESTS.format(n=tests))
         report = Path(tmp, "report")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-               "-m", "pytest", "-q", "-p", "clustergate.plugin", "-p", "no:cacheprovider", "--rootdir", tmp,
+               "-m", "pytest", "-q", "-p", "clustergate", "-p", "no:cacheprovider", "--rootdir", tmp,
                "--thresholds", str(ROOT / "thresholds.yaml"), "--report-dir", str(report), "test_bench.py"]
         subprocess.run(cmd, cwd=tmp, env=job_env(), check=True, capture_output=True)
         times = per_test_ms(report / "progress.jsonl")

@@ -21,12 +21,13 @@ from typing import Any
 REDACTED = "[redacted]"
 
 SECRET_NAME = re.compile(
-    r"token|key|secret|passw|passphrase|credential|auth|cookie|signature|session_?id|"
+    r"token(?!s_per_)|key|secret|passw|passphrase|credential|auth|cookie|signature|session_?id|"
     r"(?<!^)(?<!OLD)pwd|(^|[_.-])pat($|[_.-])",
     re.IGNORECASE,
 )
 """Names whose values are secrets: HF_TOKEN, AWS_SECRET_ACCESS_KEY, NCCL_IB_AUTH_TOKEN, DB_PASSWORD, DB_PWD,
-GITHUB_PAT... (PWD and OLDPWD are the working directory, not passwords.)"""
+GITHUB_PAT... (PWD and OLDPWD are the working directory, not passwords; ``*_tokens_per_s_*`` names a
+throughput figure, and data keyed by it, such as a merged fleet's per-metric tables, keeps its text.)"""
 
 URL_USERINFO = re.compile(r"(?<![a-z0-9+.-])(?P<scheme>[a-z][a-z0-9+.-]{0,31}://)[^/@\s:]{1,256}:[^/@\s]{1,256}@",
                           re.IGNORECASE)

@@ -70,3 +70,12 @@ def test_planted_secrets_are_absent_from_the_report(demo_reject: Path) -> None: 
     assert "connecting with token [redacted]" in page  # the captured log was scrubbed, not dropped
     assert "HF_TOKEN&#34;: &#34;[redacted]&#34;" in page  # the environment table names it, without its value
     assert "MY_API_TOKEN&#34;: &#34;[redacted]&#34;" in page  # --metadata MY_API_TOKEN ... redacted too
+
+
+def test_a_throughput_figure_named_tokens_per_s_keeps_its_text() -> None:
+    """``lora_tokens_per_s_per_gpu`` is a rate, not a token: tables keyed by metric name stay readable."""
+    scrub = Scrubber.from_environment({})
+    data = {"lora_tokens_per_s_per_gpu": {"unit": "tokens/s", "severity": "fail"}, "HF_TOKEN": "hf_x",
+            "tokens": "abc"}
+    assert redact(data, scrub) == {"lora_tokens_per_s_per_gpu": {"unit": "tokens/s", "severity": "fail"},
+                                   "HF_TOKEN": REDACTED, "tokens": REDACTED}

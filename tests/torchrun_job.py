@@ -82,14 +82,20 @@ class Job:
                          report_dir=self.report_dir)
 
 
-def _pytest_args(cwd: Path, pytest_args: list[str]) -> list[str]:
+def _pytest_args(cwd: Path, pytest_args: list[str], report_dir: Path | None = None) -> list[str]:
     return ["-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
-            "--rootdir", str(cwd), "--report-dir", str(cwd / "report"), *pytest_args]
+            "--rootdir", str(cwd), "--report-dir", str(report_dir or cwd / "report"), *pytest_args]
 
 
 def start_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
-              env: dict[str, str] | None = None) -> Job:
-    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest."""
+              env: dict[str, str] | None = None, report_dir: Path | None = None,
+              node_env: list[dict[str, str]] | None = None, node_args: list[list[str]] | None = None) -> Job:
+    """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest.
+
+    ``node_env`` and ``node_args`` (one entry per agent) add to one agent's environment and pytest
+    arguments: its node name, or a fault planted in that node alone.
+    """
+    report_dir = report_dir or cwd / "report"
     if nodes == 1:
         launch = [["--standalone", f"--nproc-per-node={nproc}"]]
     else:
@@ -98,16 +104,20 @@ def start_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int =
                   f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}", "--max-restarts=0"]
         launch = [common for _ in range(nodes)]
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts, *_pytest_args(cwd, pytest_args)],
-                              cwd=cwd, env=job_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for opts in launch]
-    return Job(procs, start, timeout, cwd / "report")
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts,
+                               *_pytest_args(cwd, pytest_args, report_dir), *(node_args[i] if node_args else [])],
+                              cwd=cwd, env=job_env({**(env or {}), **(node_env[i] if node_env else {})}),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i, opts in enumerate(launch)]
+    return Job(procs, start, timeout, report_dir)
 
 
 def run_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int = 2, timeout: float = 240,
-            env: dict[str, str] | None = None) -> JobResult:
+            env: dict[str, str] | None = None, report_dir: Path | None = None,
+            node_env: list[dict[str, str]] | None = None, node_args: list[list[str]] | None = None) -> JobResult:
     """Start ``nodes`` torchrun agents of ``nproc`` ranks each running pytest; wait for all."""
-    return start_job(cwd, pytest_args, nodes=nodes, nproc=nproc, timeout=timeout, env=env).wait()
+    return start_job(cwd, pytest_args, nodes=nodes, nproc=nproc, timeout=timeout, env=env, report_dir=report_dir,
+                     node_env=node_env, node_args=node_args).wait()
 
 
 def start_ranks(cwd: Path, pytest_args: list[str], *, nproc: int = 2, timeout: float = 240,

@@ -10,6 +10,10 @@ earlier run, or a verdict under other thresholds. The file must match clustergat
 the verdict is computed again from its tests by the rule the run used (clustergate.verdict.decide),
 never taken on trust. Exit status: 0 when that verdict is accept, 1 otherwise, 2 when an input
 cannot be used.
+
+Signing off a cluster in phases (each has its own --help):
+    python -m clustergate.report merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
+    python -m clustergate.report signoff REPORTS/RUN_ID
 """
 
 from __future__ import annotations
@@ -85,7 +89,21 @@ def render(results_path: Path, results: dict[str, Any], output: Path) -> int:
     return int(pytest.main(args, plugins=[hooks, ReplayPlugin(results_path, results)]))
 
 
+def _cluster_command(name: str) -> Any:
+    """The ``merge`` and ``signoff`` commands' entry points (imported only when asked for)."""
+    if name == "merge":
+        from clustergate.report.merge import main as merge_main
+
+        return merge_main
+    from clustergate.report.signoff import main as signoff_main
+
+    return signoff_main
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("merge", "signoff"):
+        return int(_cluster_command(argv[0])(argv[1:]))
     args = _parser().parse_args(argv)
     try:
         results = prepare(args)

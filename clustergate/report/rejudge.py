@@ -31,9 +31,12 @@ def _records(metric: dict[str, Any], nodes: list[dict[str, Any]]) -> list[Record
             for p in per]
 
 
-def _older_problems(test: dict[str, Any]) -> list[str]:
-    """A results.json written before tests kept their ``problems``: a failure is kept whole (it may
-    be more than metric checks, and its text is not parsed), so it never turns into a pass."""
+def problems_of(test: dict[str, Any]) -> list[str]:
+    """What failed in a test besides its metrics' criteria. A results.json written before tests kept
+    their ``problems``: a failure is kept whole (it may be more than metric checks, and its text is
+    not parsed), so it never turns into a pass."""
+    if "problems" in test:
+        return list(test["problems"])
     failed = test.get("outcome") in ("failed", "error") and test.get("message")
     return [test["message"]] if failed else []
 
@@ -58,7 +61,7 @@ def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
         judged = judge(records, profile)
         test["metrics"] = [j.as_json() for j in judged]
         missed = [f for j in judged for f in j.failures]
-        problems = list(test["problems"]) if "problems" in test else _older_problems(test)
+        problems = problems_of(test)
         if test.get("outcome") == "passed" or (test.get("outcome") == "failed" and not problems):
             test["outcome"] = "failed" if missed else "passed"
             test["failed_ranks"] = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})

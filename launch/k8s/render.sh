@@ -4,13 +4,29 @@
 #   CG_NODES=2 CG_GPUS_PER_NODE=8 CG_IMAGE=registry.example/clustergate:1 \
 #       launch/k8s/render.sh [clustergate.yaml|reports-pvc.yaml] | kubectl apply -f -
 #
+# A cluster signed off in phases (launch/README.md, "Signing off a cluster"): one command per phase,
+# all under /reports/<CG_RUN_ID>/ on the reports volume:
+#   CG_PHASE=node    CG_RUN_ID=r0412 CG_NODES=16 CG_IMAGE=... render.sh | kubectl apply -f -   # node-phase.yaml
+#   CG_PHASE=merge   CG_RUN_ID=r0412 CG_IMAGE=... render.sh | kubectl apply -f -               # merge-phase.yaml
+#   CG_PHASE=fabric  CG_RUN_ID=r0412 CG_IMAGE=... CG_HOSTS="$(kubectl logs job/cg-r0412-merge -c accepted-hosts)" \
+#       render.sh | kubectl apply -f -                                                          # clustergate.yaml
+#   CG_PHASE=signoff CG_RUN_ID=r0412 CG_IMAGE=... render.sh | kubectl apply -f -               # signoff-phase.yaml
+#
 # Parameters (environment; defaults in brackets):
-#   CG_NAME            Job and Service name, also the pods' DNS subdomain [clustergate]
+#   CG_PHASE           node | merge | fabric | signoff; empty: one job over every node (clustergate.yaml) []
+#   CG_RUN_ID          the run's name, the directory /reports/<CG_RUN_ID>/ (required with CG_PHASE)
+#   CG_HOSTS           fabric: the Kubernetes node names to run on, one per line or separated by spaces or
+#                      commas (merge's accepted-hosts.txt); CG_NODES becomes their count (required)
+#   CG_EXPECT_HOSTS    merge: the hosts that should have a result, a Slurm hostlist (node[001-016]) or a
+#                      file on the reports volume (/reports/...) []
+#   CG_REPORT_DIR      where the job's reports go [/reports/<job>-<job uid>; fabric: /reports/<run>/fabric]
+#   CG_NAME            Job and Service name, also the pods' DNS subdomain [clustergate; with CG_PHASE:
+#                      cg-<run>-<phase>]
 #   CG_NODES           pods = nodes [2]
 #   CG_GPUS_PER_NODE   nvidia.com/gpu per pod, and torchrun ranks per pod [8]
 #   CG_IMAGE           image with the clustergate checkout and its dependencies (required)
 #   CG_WORKDIR         the checkout's path inside the image [/opt/clustergate]
-#   CG_PYTEST_ARGS     pytest arguments, plain words only [acceptance]
+#   CG_PYTEST_ARGS     pytest arguments, plain words only [acceptance; fabric: acceptance -m multinode]
 #   CG_RDMA_RESOURCE   RDMA device resource, e.g. rdma/ib or rdma/rdma_shared_device_a; empty: none []
 #   CG_RDMA_COUNT      how many of it per pod [1]
 #   CG_RDZV_PORT       rendezvous port on pod 0 [29500]
@@ -26,9 +42,54 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-manifest=${1:-clustergate.yaml}
+fail() { echo "render.sh: $*" >&2; exit 2; }
+
+export CG_PHASE=${CG_PHASE:-}
+export CG_RUN_ID=${CG_RUN_ID:-}
+export CG_HOSTS=${CG_HOSTS:-}
+export CG_HOSTS_JSON=""
+export CG_EXPECT_HOSTS=${CG_EXPECT_HOSTS:-}
+export CG_EXPECT_ARGS=""
+case $CG_PHASE in
+    "") default_manifest=clustergate.yaml ;;
+    node) default_manifest=node-phase.yaml ;;
+    merge) default_manifest=merge-phase.yaml ;;
+    fabric) default_manifest=clustergate.yaml ;;
+    signoff) default_manifest=signoff-phase.yaml ;;
+    *) fail "CG_PHASE=$CG_PHASE: choose node, merge, fabric or signoff (or leave it empty for one job)" ;;
+esac
+if [[ -n $CG_PHASE ]]; then
+    # The run's name is a directory and part of every Job's name: DNS label characters only.
+    [[ $CG_RUN_ID =~ ^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$ ]] \
+        || fail "CG_PHASE=$CG_PHASE needs CG_RUN_ID, lower-case letters, digits and '-' (got '$CG_RUN_ID')"
+    export CG_NAME=${CG_NAME:-cg-$CG_RUN_ID-$CG_PHASE}
+fi
+if [[ $CG_PHASE == fabric ]]; then
+    read -r -a hosts <<< "$(tr ',\n' '  ' <<< "$CG_HOSTS")"
+    ((${#hosts[@]} > 0)) || fail "CG_PHASE=fabric needs CG_HOSTS: the accepted hosts, e.g." \
+        "CG_HOSTS=\"\$(kubectl logs job/cg-$CG_RUN_ID-merge -c accepted-hosts)\""
+    for h in "${hosts[@]}"; do
+        [[ $h =~ ^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$ ]] \
+            || fail "CG_HOSTS: '$h' is not a Kubernetes node name (give accepted-hosts.txt's names, not a hostlist)"
+    done
+    CG_HOSTS_JSON="[$(printf '"%s",' "${hosts[@]}" | sed 's/,$//')]"
+    export CG_NODES=${#hosts[@]}
+    export CG_REPORT_DIR=${CG_REPORT_DIR:-/reports/$CG_RUN_ID/fabric}
+    export CG_PYTEST_ARGS=${CG_PYTEST_ARGS:-acceptance -m multinode}
+elif [[ -n $CG_HOSTS ]]; then
+    fail "CG_HOSTS is for CG_PHASE=fabric"
+fi
+if [[ -n $CG_EXPECT_HOSTS ]]; then
+    [[ $CG_PHASE == merge ]] || fail "CG_EXPECT_HOSTS is for CG_PHASE=merge"
+    hostlist_chars='^[][A-Za-z0-9._/,-]+$'  # a bracket expression: ']' first and '[' are literal
+    [[ $CG_EXPECT_HOSTS =~ $hostlist_chars ]] \
+        || fail "CG_EXPECT_HOSTS=$CG_EXPECT_HOSTS: give a hostlist (node[001-016]) or a file under /reports"
+    CG_EXPECT_ARGS="--expect-hosts '$CG_EXPECT_HOSTS'"
+fi
+
+manifest=${1:-$default_manifest}
 [[ -f $manifest ]] || manifest=$here/$manifest
-[[ -f $manifest ]] || { echo "render.sh: no manifest $1" >&2; exit 2; }
+[[ -f $manifest ]] || fail "no manifest $1"
 
 export CG_NAME=${CG_NAME:-clustergate}
 export CG_NODES=${CG_NODES:-2}
@@ -43,17 +104,17 @@ export CG_RDZV_TIMEOUT=${CG_RDZV_TIMEOUT:-900}
 export CG_DEADLINE_S=${CG_DEADLINE_S:-10800}
 export CG_PVC=${CG_PVC:-clustergate-reports}
 export CG_SHARED_DIR=${CG_SHARED_DIR:-/reports}
+export CG_REPORT_DIR=${CG_REPORT_DIR:-/reports/$CG_NAME-\$(CLUSTERGATE_RDZV_ID)}  # $(...): Kubernetes fills it in
 export CG_NCCL_CONFIGMAP=${CG_NCCL_CONFIGMAP:-clustergate-nccl}
 export CG_SHM_SIZE=${CG_SHM_SIZE:-64Gi}
 export CG_STORAGE_CLASS=${CG_STORAGE_CLASS:-}
 export CG_PVC_SIZE=${CG_PVC_SIZE:-100Gi}
 
-if [[ $(basename "$manifest") == clustergate.yaml && -z $CG_IMAGE ]]; then
-    echo "render.sh: set CG_IMAGE to an image holding the clustergate checkout at CG_WORKDIR" >&2
-    exit 2
+if [[ $(basename "$manifest") != reports-pvc.yaml && -z $CG_IMAGE ]]; then
+    fail "set CG_IMAGE to an image holding the clustergate checkout at CG_WORKDIR"
 fi
 for n in CG_NODES CG_GPUS_PER_NODE CG_RDMA_COUNT CG_RDZV_PORT CG_RDZV_TIMEOUT CG_DEADLINE_S; do
-    [[ ${!n} =~ ^[0-9]+$ ]] || { echo "render.sh: $n=${!n} is not a whole number" >&2; exit 2; }
+    [[ ${!n} =~ ^[0-9]+$ ]] || fail "$n=${!n} is not a whole number"
 done
 
 # Only the CG_ variables are substituted: $(VAR) references for Kubernetes stay as they are.

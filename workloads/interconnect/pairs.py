@@ -2,14 +2,18 @@
 
 - intranode: every pair of GPUs inside each node, all nodes at once, in the rounds of a
   round-robin tournament (n-1 rounds of n/2 disjoint pairs for n GPUs): the full matrix.
-- internode: pairs of nodes, every GPU of a node with the GPU of the same local rank on the other
-  node (every rail, every NIC at once). The first ``rounds`` rounds of a tournament over the nodes:
-  each node meets ``rounds`` different partners, in a time that does not grow with the node count.
+- internode: rounds of node pairs, every GPU of a node with the GPU of the same local rank on the
+  other node (every rail, every NIC at once). ``rounds`` rounds, whatever the node count: each round
+  pairs the nodes disjointly; a pair below the floor makes both nodes suspects, the next round pairs
+  each suspect with a node known good, and a node slow with a known-good partner is excluded with the
+  evidence (``workloads.interconnect.node_rounds``). The floor comes from the caller (the profile's
+  criterion): ``floor_min_gbps`` and ``outlier_fraction`` of the median node.
 
 Each pair exchanges S bytes both ways at once (a batched isend/irecv, as nccl-tests' sendrecv);
 bandwidth = S / t per direction, t = the slower of the two ranks' median. A rank's figure is the
-median over its partners: a GPU (or NIC) slow with every partner stands out, while a good GPU
-paired once with a bad one does not. The matrices, every pair, and the slowest pair go in details.
+median over its partners (internode: over partners the rounds did not exclude): a GPU (or NIC) slow
+with every partner stands out, while a good GPU paired once with a bad one does not. The matrices,
+every pair, the slowest pair and the rounds' verdict per node go in details.
 
 Run alone: torchrun --nproc-per-node=8 -m workloads.interconnect.pairs --kind intranode
 """
@@ -26,6 +30,7 @@ import torch.distributed as dist
 
 from workloads.common import agree, check_level, distributed, gather_objects, time_runs
 from workloads.interconnect import comm_groups as cgroups
+from workloads.interconnect import node_rounds
 from workloads.interconnect._data import make_tile, mismatch, offset
 from workloads.result import Metric, Result, WorkloadError
 
@@ -54,14 +59,9 @@ def intranode_schedule(nodes: list[list[int]]) -> list[list[Pair]]:
     return [[p for rounds in per_node if k < len(rounds) for p in rounds[k]] for k in range(depth)]
 
 
-def internode_schedule(nodes: list[list[int]], rounds: int) -> list[list[Pair]]:
-    """Rounds of rank pairs: node pairs from the first ``rounds`` tournament rounds (all if 0), every
-    local rank l of one node paired with local rank l of the other."""
-    node_rounds = tournament(len(nodes))
-    if rounds > 0:
-        node_rounds = node_rounds[:rounds]
-    return [[(nodes[a][lr], nodes[b][lr]) for a, b in rnd for lr in range(min(len(nodes[a]), len(nodes[b])))]
-            for rnd in node_rounds]
+def rail_pairs(nodes: list[list[int]], node_pairs: list[tuple[int, int]]) -> list[Pair]:
+    """Rank pairs of node pairs: local rank l of one node with local rank l of the other (every rail)."""
+    return [(nodes[a][lr], nodes[b][lr]) for a, b in node_pairs for lr in range(min(len(nodes[a]), len(nodes[b])))]
 
 
 def partner(pairs: list[Pair], rank: int) -> int | None:
@@ -74,11 +74,16 @@ def partner(pairs: list[Pair], rank: int) -> int | None:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Config:
     kind: str = "intranode"
-    """intranode (every GPU pair of each node) or internode (node pairs, every rail at once)."""
+    """intranode (every GPU pair of each node) or internode (rounds of node pairs, every rail at once)."""
     size: int = 256 * MiB
     """Bytes each rank sends to its partner (and receives from it) per exchange."""
     rounds: int = 3
-    """internode: partners per node (tournament rounds); 0 = every node pair."""
+    """internode: rounds of node pairs (fixed, whatever the node count): the first screens every node,
+    the later ones re-test suspects with known-good partners and give the others new partners."""
+    floor_min_gbps: float | None = None
+    """internode: a node pair whose slowest rail is below this is slow (the criterion's min)."""
+    outlier_fraction: float | None = None
+    """internode: ... or below this fraction of the median node's figure (the criterion's outlier_fraction)."""
     warmup: int = 3
     repeats: int = 10
     device: str = "cpu"
@@ -87,21 +92,25 @@ class Config:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.size < 4 or self.repeats < 1 or self.rounds < 0:
+        if self.size < 4 or self.repeats < 1 or self.rounds < 1:
             raise ValueError(f"size={self.size}, repeats={self.repeats}, rounds={self.rounds}: need size >= 4 B, "
-                             "repeats >= 1, rounds >= 0")
+                             "repeats >= 1, rounds >= 1")
 
     @classmethod
-    def for_level(cls, level: str, device: torch.device, *, kind: str, max_bytes: int) -> Config:
+    def for_level(cls, level: str, device: torch.device, *, kind: str, max_bytes: int,
+                  floor_min_gbps: float | None = None, outlier_fraction: float | None = None) -> Config:
         check_level(level)
+        floor = {"floor_min_gbps": floor_min_gbps, "outlier_fraction": outlier_fraction}
         if device.type == "cpu":
-            return cls(kind=kind, size=min(MiB, max_bytes), rounds=3, warmup=1, repeats=5, device=str(device))
+            return cls(kind=kind, size=min(MiB, max_bytes), rounds=3, warmup=1, repeats=5, device=str(device),
+                       **floor)
         # quick saves repeats and rounds, not size: at 64 MiB NVLink pairs measured 150-227 GB/s on 4 H200s
-        # against 288-297 at 256 MiB, which would fail a healthy node on the same criterion.
+        # against 288-297 at 256 MiB, which would fail a healthy node on the same criterion. Two rounds still
+        # re-test a suspect once; extended gives suspects more chances to meet a free known-good node.
         size, rounds, warmup, repeats = {"quick": (256 * MiB, 2, 2, 5), "standard": (256 * MiB, 3, 3, 10),
-                                         "extended": (1024 * MiB, 0, 5, 20)}[level]
+                                         "extended": (1024 * MiB, 5, 5, 20)}[level]
         return cls(kind=kind, size=min(size, max_bytes), rounds=rounds, warmup=warmup, repeats=repeats,
-                   device=str(device))
+                   device=str(device), **floor)
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
@@ -113,7 +122,7 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> 
 def _round(cfg: Config, comm: cgroups.ScopeComm, k: int, peer: int | None, device: torch.device) -> list[float]:
     """This rank's part of one round: a checked exchange, then timed ones (every rank walks the steps)."""
     me, tile = dist.get_rank(), 1024
-    count = max(tile, cfg.size // 4 // tile * tile)
+    count = _count(cfg)
     base = make_tile(tile, 1 << 12, cfg.seed + k)
     problem, send, recv = None, None, None
     if peer is not None:
@@ -134,49 +143,92 @@ def _round(cfg: Config, comm: cgroups.ScopeComm, k: int, peer: int | None, devic
     return time_runs(lambda: _exchange(send, recv, peer, comm.group), device, cfg.warmup, cfg.repeats)
 
 
+def _measure(cfg: Config, comm: cgroups.ScopeComm, k: int, pairs: list[Pair],
+             device: torch.device) -> dict[Pair, float]:
+    """One round on every rank; every rank gets the figure (GB/s per direction) of each of the round's pairs."""
+    times = _round(cfg, comm, k, partner(pairs, dist.get_rank()), device)
+    mine = (partner(pairs, dist.get_rank()), statistics.median(times)) if times else None
+    slower: dict[Pair, float] = {}
+    for rank, entry in enumerate(gather_objects(mine)):
+        if entry is not None:
+            key = (min(rank, entry[0]), max(rank, entry[0]))
+            slower[key] = max(slower.get(key, 0.0), entry[1])
+    return {pair: _count(cfg) * 4 / t / 1e9 for pair, t in slower.items()}
+
+
+def _count(cfg: Config) -> int:
+    """float32 elements each rank sends per exchange (whole tiles)."""
+    return max(1024, cfg.size // 4 // 1024 * 1024)
+
+
+def _node_rounds(cfg: Config, comm: cgroups.ScopeComm, nodes: list[list[int]], hosts: list[str],
+                 device: torch.device) -> tuple[list[tuple[int, Pair, float]], node_rounds.NodeRounds]:
+    """The internode rounds: each planned from what every rank has seen so far (the same plan everywhere)."""
+    state = node_rounds.NodeRounds(len(nodes), cfg.rounds, node_rounds.Floor(cfg.floor_min_gbps, cfg.outlier_fraction),
+                                   labels=hosts)
+    measured: list[tuple[int, Pair, float]] = []
+    for k in range(cfg.rounds):
+        node_pairs = state.plan()
+        if not node_pairs:  # every node but one excluded: nothing left to pair
+            continue
+        bw = _measure(cfg, comm, k, rail_pairs(nodes, node_pairs), device)
+        measured += [(k, pair, v) for pair, v in sorted(bw.items())]
+        state.update([node_rounds.PairResult(k, a, b, [bw.get((nodes[a][lr], nodes[b][lr]))
+                                                       for lr in range(min(len(nodes[a]), len(nodes[b])))])
+                      for a, b in node_pairs])
+    state.finish()
+    return measured, state
+
+
 def run(cfg: Config) -> Result:
-    """Every round of the schedule on every rank; figures per pair, per rank, and the matrices."""
+    """Every round on every rank; figures per pair, per rank, the matrices and (internode) each node's verdict."""
     device = torch.device(cfg.device)
     lay = cgroups.layout()
     nodes = lay.nodes()
-    schedule = intranode_schedule(nodes) if cfg.kind == "intranode" else internode_schedule(nodes, cfg.rounds)
-    if not schedule:
+    hosts = [lay.host_of[r[0]] for r in nodes]
+    if (cfg.kind == "intranode" and max(len(n) for n in nodes) < 2) or (cfg.kind == "internode" and len(nodes) < 2):
         raise WorkloadError(f"{cfg.kind} pairs need two GPUs on a node (intranode) or two nodes (internode); "
                             f"this job has nodes of {[len(n) for n in nodes]} ranks")
     comm = cgroups.scope_comm("world")
     me = dist.get_rank()
-    count = max(1024, cfg.size // 4 // 1024 * 1024)
-    mine = []
-    for k, pairs in enumerate(schedule):
-        peer = partner(pairs, me)
-        times = _round(cfg, comm, k, peer, device)
-        if times:
-            mine.append((k, peer, statistics.median(times), min(times), max(times)))
-    medians: dict[tuple[int, int], float] = {}
-    for rank, entries in enumerate(gather_objects(mine)):
-        for _, peer, med, _, _ in entries:
-            key = (min(rank, peer), max(rank, peer))
-            medians[key] = max(medians.get(key, 0.0), med)
-    bw = {pair: count * 4 / t / 1e9 for pair, t in medians.items()}
-    pairs = [{"a": a, "b": b, "host_a": lay.host_of[a], "host_b": lay.host_of[b], "gbps": v,
-              "round": next(k for k, rnd in enumerate(schedule) if (a, b) in rnd)} for (a, b), v in sorted(bw.items())]
-    slowest = min(pairs, key=lambda p: p["gbps"])
-    details: dict[str, Any] = {"kind": cfg.kind, "bytes": count * 4, "rounds": len(schedule), "pairs": pairs,
-                               "slowest_pair": slowest, "matrix": _matrices(cfg.kind, nodes, bw),
-                               "nodes": [{"node": i, "host": lay.host_of[r[0]], "ranks": r}
-                                         for i, r in enumerate(nodes)],
+    state = None
+    if cfg.kind == "intranode":
+        schedule = intranode_schedule(nodes)
+        measured = [(k, pair, v) for k, pairs in enumerate(schedule)
+                    for pair, v in sorted(_measure(cfg, comm, k, pairs, device).items())]
+    else:
+        measured, state = _node_rounds(cfg, comm, nodes, hosts, device)
+    excluded_nodes = set(state.excluded()) if state else set()
+    bw: dict[Pair, float] = {}
+    for pair in {p for _, p, _ in measured}:
+        bw[pair] = statistics.median(v for _, p, v in measured if p == pair)
+    pairs = [{"round": k + 1, "a": a, "b": b, "host_a": lay.host_of[a], "host_b": lay.host_of[b], "gbps": v}
+             for k, (a, b), v in measured]
+    details: dict[str, Any] = {"kind": cfg.kind, "bytes": _count(cfg) * 4,
+                               "rounds": cfg.rounds if state else len(schedule), "pairs": pairs,
+                               "slowest_pair": min(pairs, key=lambda p: p["gbps"]),
+                               "matrix": _matrices(cfg.kind, nodes, bw),
+                               "nodes": [{"node": i, "host": hosts[i], "ranks": r} for i, r in enumerate(nodes)],
                                "timing": f"S/t per direction, both directions at once; t = slower rank's median of "
                                          f"{cfg.repeats}"}
-    partners = {r: [v for (a, b), v in bw.items() if r in (a, b)] for r in range(len(lay.node_of))}
+    if state is not None:
+        details["node_rounds"] = state.as_json()
+
+    def counts(r: int, other: int) -> bool:  # partners the rounds excluded do not count against a healthy GPU
+        return lay.node_of[other] not in excluded_nodes or lay.node_of[r] in excluded_nodes
+
+    partners = {r: [v for (a, b), v in bw.items() if r in (a, b) and counts(r, b if r == a else a)]
+                or [v for (a, b), v in bw.items() if r in (a, b)] for r in range(len(lay.node_of))}
     details["per_rank_median_gbps"] = {r: statistics.median(v) for r, v in partners.items() if v}
     if not partners.get(me):
         return Result(metrics=(), details=details)
     worst_peer = min((p for p in pairs if me in (p["a"], p["b"])), key=lambda p: p["gbps"])
     other = worst_peer["b"] if worst_peer["a"] == me else worst_peer["a"]
+    left_out = "" if len(partners[me]) == sum(me in p for p in bw) else " not excluded by the rounds"
     metric = Metric(f"{cfg.kind}_pair_bw_gbps", statistics.median(partners[me]), "GB/s", scope="gpu",
-                    description=f"median over its {len(partners[me])} partners of S/t per direction, S = {count * 4} B "
-                                f"both ways at once; slowest partner rank {other} ({lay.host_of[other]}) at "
-                                f"{worst_peer['gbps']:.4g} GB/s")
+                    description=f"median over its {len(partners[me])} partners{left_out} of S/t per direction, "
+                                f"S = {_count(cfg) * 4} B both ways at once; slowest partner rank {other} "
+                                f"({lay.host_of[other]}) at {worst_peer['gbps']:.4g} GB/s")
     return Result(metrics=(metric,), details=details)
 
 
@@ -207,13 +259,19 @@ def main() -> None:
     parser.add_argument("--kind", default="intranode", choices=KINDS)
     parser.add_argument("--level", default="standard", choices=("quick", "standard", "extended"))
     parser.add_argument("--max-bytes", type=int, default=4 << 30)
+    parser.add_argument("--floor-gbps", type=float, default=None, help="internode: a node pair below this is slow")
+    parser.add_argument("--outlier-fraction", type=float, default=0.9,
+                        help="internode: ... or below this fraction of the median node (default %(default)s)")
     args = parser.parse_args()
     with distributed() as here:
-        result = run(Config.for_level(args.level, here.device, kind=args.kind, max_bytes=args.max_bytes))
+        result = run(Config.for_level(args.level, here.device, kind=args.kind, max_bytes=args.max_bytes,
+                                      floor_min_gbps=args.floor_gbps, outlier_fraction=args.outlier_fraction))
         if here.rank == 0:
             for p in result.details["pairs"]:
                 print(f"rank {p['a']:>4} ({p['host_a']}) <-> rank {p['b']:>4} ({p['host_b']}): {p['gbps']:8.2f} GB/s")
             print(f"slowest: {result.details['slowest_pair']}")
+            for node in result.details.get("node_rounds", {}).get("nodes", []):
+                print(f"{node['host']}: {node['status']}: " + "; ".join(node["evidence"]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""The merged cluster report (report.html of ``merge``) and the page both cluster reports share.
+
+A plain self-contained page (no pytest session to replay: the nodes' own reports hold their tests),
+styled and tabulated with the run report's own CSS and table helpers, figures as data: URIs, every
+text escaped, secrets of this environment scrubbed: it opens offline, at 1,000 nodes too.
+"""
+
+from __future__ import annotations
+
+import os
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from clustergate.redact import Scrubber
+from clustergate.report import html
+from clustergate.report.fleet import FleetMetric
+from clustergate.report.model import fmt
+from clustergate.report.tables import Cell, Table
+
+EXTRA_STYLE = """
+<style>
+body { font-family: Helvetica, Arial, sans-serif; font-size: 13px; margin: 16px; }
+.cg-hosts code { display: block; background: #f6f6f6; padding: 6px; margin: 2px 0 8px; word-break: break-all; }
+.cg-reasons li { margin: 1px 0; }
+</style>
+"""
+
+
+NODES_LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed: the node\'s own criterion, or below the fleet\'s '
+                'outlier floor</span> each figure is the node\'s worst GPU (or its one figure), with the GPU index</p>')
+
+
+def page(title: str, body: list[str]) -> str:
+    """A whole self-contained HTML document (scrubbed of this environment's secret values)."""
+    doc = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"/>"
+           f"<title>{escape(title)}</title>{html.STYLE}{EXTRA_STYLE}</head>"
+           f'<body><div class="cg"><h1>{escape(title)}</h1>' + "".join(body) + "</div></body></html>")
+    return Scrubber.from_environment()(doc)
+
+
+def banner(verdict: str, why: list[str], facts: list[tuple[str, str]], unjudged: bool = False) -> str:
+    cls = "cg-unjudged" if unjudged else "cg-accept" if verdict == "accept" else "cg-reject"
+    rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in facts if v)
+    return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{escape(verdict.upper())}</div>'
+            + "".join(f'<div class="cg-why">{escape(w)}</div>' for w in why)
+            + f'<table class="cg-facts">{rows}</table></div>')
+
+
+def hosts_block(accepted: str, excluded: str, files: tuple[str, ...] = ()) -> str:
+    links = " ".join(f'<a href="{escape(f)}">{escape(f)}</a>' for f in files)
+    return (f'<div class="cg-hosts"><p>accepted (Slurm hostlist):</p><code id="cg-accepted">{escape(accepted)}'
+            f'</code><p>excluded:</p><code id="cg-excluded">{escape(excluded)}</code>'
+            + (f"<p>files: {links}</p>" if links else "") + "</div>")
+
+
+def excluded_table(excluded: list[dict[str, Any]], columns: tuple[str, ...] = ("host", "phase", "why"),
+                   links: dict[str, str] | None = None) -> str:
+    """Excluded hosts with every reason; ``links``: host -> its own report, relative to this page."""
+    if not excluded:
+        return '<p class="cg-muted">No host excluded.</p>'
+    rows = []
+    for e in excluded:
+        items = "".join(f"<li>{escape(str(line))}</li>" for line in e.get("reasons") or [])
+        href = (links or {}).get(e["host"])
+        host = escape(e["host"]) + (f' (<a href="{escape(href)}">its report</a>)' if href else "")
+        rows.append(f'<tr><td class="cg-fail">{host}</td><td>{escape(e.get("phase", ""))}</td>'
+                    f'<td><ul class="cg-reasons">{items}</ul></td></tr>')
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    return (f'<div class="cg-scroll"><table class="cg-table" id="cg-excluded-table"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def node_reports(cluster: dict[str, Any]) -> dict[str, str]:
+    """host -> the node's own report.html, relative to the merged report (where there is one)."""
+    out = {}
+    for n in cluster["nodes"]:
+        report = Path(n["directory"] or "") / "report.html"
+        if n["directory"] and report.is_file():
+            out[n["host"]] = os.path.relpath(report, cluster["output"])
+    return out
+
+
+def nodes_table(cluster: dict[str, Any]) -> Table:
+    """One row per node, excluded first: verdict, failed tests, the worst figure of each metric."""
+    titles = list(dict.fromkeys(t for n in cluster["nodes"] for t in n["worst"]))
+    table = Table(["host", "status", "own verdict", "failed tests", *titles])
+    for n in sorted(cluster["nodes"], key=lambda n: (n["status"] == "accepted", n["host"])):
+        failed = ", ".join(t["nodeid"].rsplit("::", 1)[-1] for t in n["failed_tests"])
+        row = [Cell(n["host"], "fail" if n["status"] != "accepted" else ""), Cell(n["status"]),
+               Cell(n["verdict"], "fail" if n["verdict"] != "accept" else ""),
+               Cell(failed, "fail" if failed else "", title="; ".join(t["summary"] for t in n["failed_tests"]))]
+        for t in titles:
+            w = n["worst"].get(t)
+            gpu = f" gpu {w['gpu_index']}" if w and w.get("gpu_index") is not None else ""
+            row.append(Cell(fmt(w["value"], w["unit"]) + gpu, w["state"]) if w else Cell(""))
+        table.rows.append(row)
+    return table
+
+
+def _figure(png: str, caption: str) -> str:
+    return (f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,{png}"/>'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
+
+
+def fleet_section(fleet: list[FleetMetric]) -> str:
+    if not fleet:
+        return '<p class="cg-muted">No node recorded a per-GPU figure.</p>'
+    from clustergate.report.fleet_plots import histogram_png
+
+    figs, rows = [], []
+    for fm in fleet:
+        s = fm.stats()
+        floor = "" if s["floor"] is None else fmt(s["floor"], fm.unit)
+        figs.append(_figure(histogram_png(fm), f"{fm.title} [{fm.profile}], {fm.scope} scope"))
+        rows.append([Cell(fm.name), Cell(fm.nodeid.rsplit("::", 1)[-1]), Cell(fm.scope), Cell(str(s["count"])),
+                     Cell(fmt(s["min"], fm.unit)), Cell(fmt(s["p05"], fm.unit)), Cell(fmt(s["median"], fm.unit)),
+                     Cell(fmt(s["p95"], fm.unit)), Cell(fmt(s["max"], fm.unit)), Cell(floor),
+                     Cell(str(len(fm.outliers)), "fail" if fm.outliers else "")])
+    stats = Table(["metric", "test", "scope", "count", "min", "p05", "median", "p95", "max", "outlier floor",
+                   "outliers"], rows)
+    return html.grid_table(stats) + '<div class="cg-figures">' + "".join(figs) + "</div>"
+
+
+def outliers_table(fleet: list[FleetMetric]) -> str:
+    rows = [[Cell(o["host"], "fail" if o["severity"] != "warn" else "outlier"), Cell(fm.title),
+             Cell("" if o["gpu_index"] is None else str(o["gpu_index"])), Cell(o["gpu_serial"] or ""),
+             Cell(fmt(o["value"], fm.unit)), Cell(fmt(fm.floor, fm.unit)), Cell(fmt(fm.median, fm.unit)),
+             Cell(o["severity"])] for fm in fleet for o in fm.outliers]
+    if not rows:
+        return '<p class="cg-muted">No GPU below its criterion\'s outlier fraction of the fleet median.</p>'
+    return html.grid_table(Table(["host", "metric", "gpu", "serial", "value", "floor", "fleet median", "severity"],
+                                 rows))
+
+
+def cluster_page(cluster: dict[str, Any], fleet: list[FleetMetric]) -> str:
+    c = cluster["counts"]
+    total = c["accepted"] + c["excluded"]
+    why = [f"{c['accepted']} of {total} nodes accepted; {c['excluded']} excluded "
+           f"({c['missing']} without a result, {c['fleet_outliers']} fleet-outlier GPUs)"]
+    if not cluster["sign_off"]:
+        why.insert(0, "NOT A SIGN-OFF: a profile without sign-off criteria; figures are measured, not judged")
+    gpus = sum(n["gpus"] for n in cluster["nodes"])
+    facts = [("output", cluster["output"]), ("merged", cluster["created"]),
+             ("expected", f"{c['expected']} hosts from {cluster['expected']['source']}" if cluster["expected"] else
+              "the directories given"),
+             ("profiles", ", ".join(cluster["profiles"])), ("levels", ", ".join(cluster["levels"])),
+             ("GPUs", str(gpus)), ("next", "fabric phase on accepted-hosts.txt (torchrun -m multinode)")]
+    body = [banner(cluster["verdict"], why, facts, unjudged=not cluster["sign_off"] and cluster["verdict"] == "accept"),
+            "<h3>Hosts</h3>", hosts_block(cluster["accepted_hostlist"], cluster["excluded_hostlist"],
+                                          ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt",
+                                           "excluded-hostlist.txt")),
+            "<h3>Excluded nodes</h3>", excluded_table(cluster["excluded"], links=node_reports(cluster)),
+            "<h3>Fleet outliers</h3>", outliers_table(fleet)]
+    if cluster["warnings"]:
+        body += ["<h3>Warnings</h3><ul>", *(f"<li>{escape(w)}</li>" for w in cluster["warnings"]), "</ul>"]
+    body += ["<h3>Nodes</h3>", NODES_LEGEND, html.grid_table(nodes_table(cluster)),
+             "<h3>Fleet distributions</h3>", fleet_section(fleet)]
+    return page(f"clustergate cluster: {len(cluster['nodes'])} nodes, node phase", body)

@@ -1,0 +1,170 @@
+"""The node phase's directories, read one by one into what the merged cluster report says of each node.
+
+A node's own results.json decides its own verdict (the rule in ``clustergate.verdict``); this module
+only reads it and says why in a line or two: the run error, each failed test's first failing figure
+or exception, or why there is no verdict at all (no results.json, an unreadable one, one that still
+says "running" because the run was killed or hung, or an expected host with no directory).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clustergate.criteria import Criterion
+from clustergate.report.model import fmt, short_test_name
+from clustergate.verdict import decide
+
+SUMMARY_CHARS = 240
+"""A reason is one line: the full message stays in the node's own report."""
+
+ACCEPTED, EXCLUDED = "accepted", "excluded"
+
+
+class MergeInputError(ValueError):
+    """A path given to merge that cannot be a node's report directory."""
+
+
+@dataclass(slots=True)
+class NodeRun:
+    """One node of the node phase, as the merged report shows it."""
+
+    host: str
+    directory: str | None
+    verdict: str
+    """The node's own verdict (accept | reject), or running | unreadable | missing where it has none."""
+    reasons: list[str] = field(default_factory=list)
+    """Why the node is excluded: its own failures, then fleet outliers the merge finds."""
+    warnings: list[str] = field(default_factory=list)
+    results: dict[str, Any] | None = None
+    """The node's results.json (not written into the cluster results)."""
+
+    @property
+    def status(self) -> str:
+        return ACCEPTED if self.verdict == "accept" and not self.reasons else EXCLUDED
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_CHARS else text[:SUMMARY_CHARS - 3] + "..."
+
+
+def message_summary(message: str) -> str:
+    """The line of a merged failure message that says what went wrong (the exception, else the first line)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(("[call] failed on", "[setup] failed on",
+                                                             "[teardown] failed on", "failed on", "--- rank"))]
+    exc = next((line[1:].strip() for line in said if line.startswith("E ")), None)
+    return _cut(exc or (said[0] if said else "failed"))
+
+
+def _metric_misses(test: dict[str, Any]) -> list[str]:
+    out = []
+    for m in test.get("metrics", []):
+        if m.get("passed", True):
+            continue
+        bad = [p for p in m.get("per_rank") or [] if not p.get("passed", True)]
+        up = Criterion.from_json(m.get("criterion")).higher_is_better
+        worst = (min if up in (True, None) else max)(bad, key=lambda p: p["value"]) if bad else None
+        where = ""
+        if bad:
+            gpus = sorted({p.get("gpu_index") for p in bad} - {None})
+            where = (f" on gpu {', '.join(map(str, gpus))}" if gpus else
+                     f" on rank {', '.join(str(p['rank']) for p in bad[:8])}")
+        value = worst["value"] if worst else m["value"]
+        expected = Criterion.from_json(m.get("criterion")).text()
+        out.append(f"{m['name']}={fmt(value, m.get('unit', ''))} ({expected}){where}")
+    return out
+
+
+def failed_tests(results: dict[str, Any]) -> list[dict[str, str]]:
+    """Every failed or errored test with a one-line summary: its missed figures, else its exception."""
+    out = []
+    for test in results.get("tests", []):
+        if test.get("outcome") in ("failed", "error"):
+            misses = _metric_misses(test)
+            summary = "; ".join(misses) if misses else message_summary(test.get("message", ""))
+            out.append({"nodeid": test["nodeid"], "outcome": test["outcome"], "summary": _cut(summary)})
+    return out
+
+
+def _last_progress(directory: Path) -> str:
+    """Where a run that never finished was, from the last line of its progress.jsonl."""
+    try:
+        lines = (directory / "progress.jsonl").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("nodeid"):
+            return f"; its last step: {event.get('event')} {event['nodeid']}"
+    return ""
+
+
+def _host_of(results: dict[str, Any], directory: Path) -> str:
+    nodes = results.get("nodes") or []
+    if len(nodes) > 1:
+        raise MergeInputError(f"{directory}/results.json is a run of {len(nodes)} nodes, not one node's: merge "
+                              "takes the node phase's directories (REPORTS/RUN_ID/nodes/*)")
+    return str(nodes[0].get("host")) if nodes and nodes[0].get("host") else directory.name
+
+
+def read_node(path: Path) -> NodeRun:
+    """One node's directory (or its results.json); never raises for what a dead run leaves behind."""
+    directory = path.parent if path.name == "results.json" else path
+    if not directory.is_dir():
+        raise MergeInputError(f"{path}: not a directory; give the node directories, e.g. REPORTS/RUN_ID/nodes/*")
+    results_path = directory / "results.json"
+    if not results_path.exists():
+        started = (directory / "progress.jsonl").exists()
+        why = ("no results.json although pytest started (progress.jsonl is there): the run died" if started else
+               "no results.json: the node phase never reached pytest here (see this node's job output)")
+        return NodeRun(directory.name, str(directory), "missing", [why + _last_progress(directory)])
+    try:
+        results = json.loads(results_path.read_text())
+        if not isinstance(results, dict) or not isinstance(results.get("tests", []), list):
+            raise ValueError("not a results.json object")
+    except (OSError, ValueError) as exc:
+        return NodeRun(directory.name, str(directory), "unreadable", [f"{results_path} unreadable: {_cut(str(exc))}"])
+    host = _host_of(results, directory)
+    run = NodeRun(host, str(directory), str(results.get("verdict", "reject")), results=results)
+    if host != directory.name:
+        run.warnings.append(f"directory {directory.name} holds the results of {host}")
+    run.warnings += [_cut(f"{w.get('metric', '?')}={w.get('value')} ({w.get('where', '')}): warning")
+                     for w in results.get("warnings") or [] if isinstance(w, dict)]
+    if run.verdict == "running":
+        run.reasons.append("results.json still says running: the run was killed or hung" + _last_progress(directory))
+        return run
+    if run.verdict == "accept":
+        return run
+    if results.get("error"):
+        run.reasons.append(_cut(f"run error: {str(results['error']).splitlines()[0]}"))
+    run.reasons += [f"{short_test_name(t['nodeid'])}: {t['summary']}" for t in failed_tests(results)]
+    if not run.reasons:
+        outcomes = [str(t.get("outcome")) for t in results.get("tests", [])]
+        run.reasons.append(decide(outcomes, error=None, finished=True).reason or "rejected")
+    return run
+
+
+def missing_node(host: str) -> NodeRun:
+    return NodeRun(host, None, "missing", ["expected, but no result: no directory in the node phase's output "
+                                           "(the node never ran it, or wrote elsewhere)"])
+
+
+def node_row(run: NodeRun) -> dict[str, Any]:
+    """What the cluster results.json says of one node."""
+    res = run.results or {}
+    counts: dict[str, int] = {}
+    for test in res.get("tests", []):
+        counts[test.get("outcome", "?")] = counts.get(test.get("outcome", "?"), 0) + 1
+    gpus = [g for n in res.get("nodes", []) for g in n.get("gpus", [])]
+    return {"host": run.host, "directory": run.directory, "status": run.status, "verdict": run.verdict,
+            "profile": res.get("profile"), "level": res.get("level"), "started": res.get("started"),
+            "duration_s": res.get("duration_s"), "ranks": res.get("world_size"), "gpus": len(gpus),
+            "gpu_models": sorted({str(g.get("name")) for g in gpus}), "tests": counts,
+            "failed_tests": failed_tests(res) if res else [], "reasons": run.reasons, "warnings": run.warnings}

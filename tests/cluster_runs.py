@@ -1,0 +1,111 @@
+"""Synthetic node-phase results for the merge's tests: the shape of a real 8-GPU node's results.json.
+
+Each node's figures are judged by the plugin's own judge (``clustergate.judge``) under the shipped
+h100-sxm-80gb profile, so per-rank entries, criteria and pass flags are what a real run writes; the
+details carry sweeps, clocks, loss curves and discovery data of about a real node's size (a real
+8-GPU node's results.json is a few hundred KB). A fault is a multiplier on one figure of one GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from clustergate.judge import Record, Where, judge
+from clustergate.thresholds import load
+
+from torchrun_job import ROOT
+
+PROFILE = load(ROOT / "thresholds.yaml").profile("h100-sxm-80gb")
+
+TESTS: dict[str, dict[str, tuple[float, str, str]]] = {  # test -> {metric: (typical value, unit, scope)}
+    "acceptance/test_gpu_inventory.py::test_gpu_memory": {"gpu_memory_gib": (79.6, "GiB", "gpu")},
+    "acceptance/test_gpu_compute.py::test_matmul_tflops[bf16]": {"matmul_bf16_tflops": (760.0, "TFLOPS", "gpu")},
+    "acceptance/test_gpu_compute.py::test_matmul_tflops[fp16]": {"matmul_fp16_tflops": (750.0, "TFLOPS", "gpu")},
+    "acceptance/test_gpu_compute.py::test_matmul_tflops[tf32]": {"matmul_tf32_tflops": (410.0, "TFLOPS", "gpu")},
+    "acceptance/test_gpu_compute.py::test_matmul_tflops[fp8]": {"matmul_fp8_tflops": (1400.0, "TFLOPS", "gpu")},
+    "acceptance/test_gpu_compute.py::test_hbm_bandwidth": {"hbm_bandwidth_tbps": (3.0, "TB/s", "gpu")},
+    "acceptance/test_gpu_compute.py::test_host_to_device_bandwidth": {"h2d_bandwidth_gbps": (54.0, "GB/s", "gpu")},
+    "acceptance/test_gpu_compute.py::test_device_to_host_bandwidth": {"d2h_bandwidth_gbps": (54.0, "GB/s", "gpu")},
+    "acceptance/test_interconnect.py::test_gpu_pairs[intranode]": {"intranode_pair_bw_gbps": (290.0, "GB/s", "gpu")},
+    **{f"acceptance/test_interconnect.py::test_collective_bandwidth[node-{c}]": {f"intranode_{m}": (v, "GB/s", "node")}
+       for c, m, v in (("all_reduce", "allreduce_busbw_gbps", 370.0), ("all_gather", "allgather_busbw_gbps", 330.0),
+                       ("reduce_scatter", "reducescatter_busbw_gbps", 330.0),
+                       ("all_to_all", "alltoall_busbw_gbps", 300.0), ("broadcast", "broadcast_busbw_gbps", 360.0),
+                       ("sendrecv", "sendrecv_bw_gbps", 360.0))},
+    "acceptance/test_interconnect.py::test_allreduce_latency[node]": {
+        "intranode_allreduce_latency_us": (30.0, "us", "node")},
+    "acceptance/test_training.py::test_gpt_throughput": {
+        "train_tokens_per_s_per_gpu": (520000.0, "tokens/s", "gpu"), "train_mfu": (0.45, "fraction", "gpu"),
+        "train_local_tokens_per_s_per_gpu": (530000.0, "tokens/s", "gpu")},
+    "acceptance/test_finetune.py::test_lora_finetune_learns": {
+        "lora_loss_drop": (0.6, "fraction", "world"), "lora_tokens_per_s_per_gpu": (90000.0, "tokens/s", "gpu")},
+    "acceptance/test_finetune.py::test_fsdp_full_finetune": {
+        "fsdp_loss_drop": (0.4, "fraction", "world"), "fsdp_tokens_per_s_per_gpu": (60000.0, "tokens/s", "gpu")},
+}
+PLAIN_TESTS = [f"acceptance/test_gpu_inventory.py::test_{n}" for n in (
+    "gpu_count", "gpu_model", "gpu_uuids_distinct", "ecc_enabled", "no_uncorrectable_ecc_errors",
+    "no_pending_memory_repair", "no_row_remap_failure", "no_clock_slowdown", "pcie_link", "nvlinks_active",
+    "mig_mode", "software_versions_identical")] + [
+    "acceptance/test_world.py::test_world_matches_profile", "acceptance/test_world.py::test_allreduce_is_exact",
+    "acceptance/test_node.py::test_nodes_built_alike", "acceptance/test_training.py::test_checkpoint_round_trip"]
+
+
+def _details(rng: random.Random, nodeid: str) -> dict[str, Any]:
+    """Supporting data of about a real test's size: a sweep, per-rank clocks, a loss curve."""
+    sizes = [{"bytes": 1 << (20 + 2 * i), "time_us": rng.uniform(10, 9000), "algbw_gbps": rng.uniform(10, 200),
+              "busbw_gbps": rng.uniform(10, 380)} for i in range(8)]
+    clocks = {"tables": {"clocks": [{"gpu": g, "sm_mhz": rng.randint(1700, 1980), "mem_mhz": 2619, "power_w": 690.5,
+                                     "throttle": "sw_power_cap"} for g in range(8)]}}
+    return {"sizes": sizes, **clocks, "loss_curve": [round(rng.uniform(1, 5), 4) for _ in range(100)],
+            "note": f"synthetic details of {nodeid}"}
+
+
+def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], float] | None = None) -> dict[str, Any]:
+    """A node's results.json; ``faults[(metric, gpu)]`` multiplies that GPU's figure (gpu None: every GPU)."""
+    rng = random.Random(seed)
+    faults = faults or {}
+    wheres = [Where(rank=r, host=host, node_rank=0, gpu_index=r, gpu_serial=f"1654{seed:05d}{r}",
+                    gpu_uuid=f"GPU-{host}-{r}") for r in range(8)]
+    tests = []
+    for nodeid, metrics in TESTS.items():
+        records = []
+        for name, (typical, unit, scope) in metrics.items():
+            for w in wheres:
+                scale = faults.get((name, w.gpu_index), faults.get((name, None), 1.0))
+                noise = rng.uniform(0.98, 1.02) if scope == "gpu" and name != "gpu_memory_gib" else 1.0
+                value = typical * noise * scale
+                records.append(Record(name, value, unit, scope, "", w))
+        judged = judge(records, PROFILE)
+        failures = [f for j in judged for f in j.failures]
+        bad_ranks = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})
+        message = f"[call] {len(failures)} metric checks failed:\n" + "\n".join(f"  {f}" for f in failures)
+        tests.append({"nodeid": nodeid, "outcome": "failed" if failures else "passed",
+                      "duration_s": rng.uniform(0.5, 20), "failed_ranks": bad_ranks,
+                      "message": message if failures else "", "problems": [], "metrics": [j.as_json() for j in judged],
+                      "details": _details(rng, nodeid)})
+    tests += [{"nodeid": n, "outcome": "passed", "duration_s": 0.1, "failed_ranks": [], "message": "", "problems": [],
+               "metrics": [], "details": {}} for n in PLAIN_TESTS]
+    # What test_nodes_built_alike keeps of a node's discovery (CPU, NUMA, PCI, InfiniBand, topology): ~100 KB.
+    tests[-2]["details"] = {"discovery": [{"node_rank": 0, "host": host, "cpuinfo": "processor : 0\n" * 2000,
+                                           "topology": [[f"NV18 {i}-{j}" for j in range(8)] for i in range(8)],
+                                           "pci": {f"0000:{b:02x}:00.0": {"numa_node": b % 2, "local_cpulist": "0-55"}
+                                                   for b in range(64)}}]}
+    failed = any(t["outcome"] == "failed" for t in tests)
+    return {"schema": 1, "verdict": "reject" if failed else "accept", "profile": PROFILE.name, "sign_off": True,
+            "level": "standard", "started": "2026-01-01T00:00:00+00:00", "duration_s": 600.0, "world_size": 8,
+            "error": None, "nodes": [{"host": host, "node_rank": 0, "ranks": list(range(8)),
+                                      "gpus": [{"index": w.gpu_index, "uuid": w.gpu_uuid, "serial": w.gpu_serial,
+                                                "name": "NVIDIA H100 80GB HBM3", "rank": w.rank, "local_rank": w.rank}
+                                               for w in wheres]}],
+            "environment": {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.133.20"},
+            "tests": tests}
+
+
+def write_node(nodes_dir: Path, host: str, results: dict[str, Any]) -> Path:
+    directory = nodes_dir / host
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.json").write_text(json.dumps(results, indent=2))
+    return directory

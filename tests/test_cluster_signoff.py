@@ -1,0 +1,202 @@
+"""``python -m clustergate.report signoff``: the accepted set, the excluded hosts by phase, the verdict.
+
+The node phase is merged from synthetic node results; the fabric phase's results.json is the shape
+the plugin writes, with the figures each case needs. (tests/test_cluster_rehearsal.py and
+tests/test_cluster_fabric.py sign off real runs.)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from cluster_runs import node_results, write_node
+
+from clustergate.report.merge import merge
+from clustergate.report.signoff import signoff
+
+from torchrun_job import ROOT, job_env
+
+SCHEMA = json.loads((ROOT / "clustergate" / "report" / "signoff.schema.json").read_text())
+HOSTS = ["h1", "h2", "h3", "h4"]
+
+
+def schema_errors(data: dict[str, Any]) -> list[str]:
+    return [e.message for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(data)]
+
+
+def signoff_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clustergate.report", "signoff", *args], cwd=ROOT, env=job_env(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A merged node phase: h1-h4 accepted, h5 excluded (its HBM fails its own test)."""
+    base = tmp_path_factory.mktemp("merged")
+    for i, host in enumerate([*HOSTS, "h5"]):
+        write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
+                                                      else None))
+    merge(sorted((base / "nodes").iterdir()), base / "run")
+    return base / "run"
+
+
+@pytest.fixture
+def run(merged: Path, tmp_path: Path) -> Path:
+    """Each test's own copy of the merged run directory, to add a fabric phase to."""
+    return Path(shutil.copytree(merged, tmp_path / "run"))
+
+
+def metric(name: str, scope: str, per_rank: list[tuple[str, float, bool]], criterion: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "value": min(v for _, v, _ in per_rank), "unit": "GB/s", "scope": scope,
+            "criterion": criterion, "passed": all(p for _, _, p in per_rank),
+            "per_rank": [{"rank": i, "host": h, "node_rank": i, "value": v, "passed": p}
+                         for i, (h, v, p) in enumerate(per_rank)]}
+
+
+def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = "passed", **top: Any) -> None:
+    """The fabric phase's results.json: a net all_reduce test (``net``: its outcome) and ``tests``."""
+    tests = [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[net-all_reduce]",
+              "outcome": net, "duration_s": 1.0, "failed_ranks": [], "message": "", "problems": [],
+              "metrics": [metric("net_allreduce_busbw_gbps", "gpu", [(h, 48.0, True) for h in hosts],
+                                 {"min": 40})] if net == "passed" else [], "details": {}}, *tests]
+    res = {"schema": 1, "verdict": "accept" if all(t["outcome"] == "passed" for t in tests) else "reject",
+           "profile": "h100-sxm-80gb", "sign_off": True, "level": "standard", "started": "2026-01-01T00:00:00+00:00",
+           "duration_s": 60.0, "world_size": len(hosts), "error": None,
+           "nodes": [{"host": h, "node_rank": i, "ranks": [i], "gpus": []} for i, h in enumerate(hosts)],
+           "environment": {}, "tests": tests, **top}
+    (run / "fabric").mkdir(exist_ok=True)
+    (run / "fabric" / "results.json").write_text(json.dumps(res))
+
+
+def pair_test(hosts: list[str], slow: str, severity: str = "fail") -> dict[str, Any]:
+    evidence = [f"round 1: 3.1 GB/s with {hosts[0]}, floor 36 GB/s: below the floor: suspect",
+                f"round 2: 3 GB/s with {hosts[1]} (known good), floor 36 GB/s: below the floor with a known-good "
+                "partner: excluded"]
+    crit = {"min": 40, "outlier_fraction": 0.9, **({"severity": severity} if severity != "fail" else {})}
+    m = metric("internode_pair_bw_gbps", "gpu", [(h, 3.0 if h == slow else 48.0, h != slow) for h in hosts], crit)
+    return {"nodeid": "acceptance/test_interconnect.py::test_gpu_pairs[internode]",
+            "outcome": "passed" if severity == "warn" else "failed", "duration_s": 3.0,
+            "failed_ranks": [hosts.index(slow)],
+            "message": f"[call] 1 metric check failed:\n  internode_pair_bw_gbps=3 GB/s, expected >= 40 [{slow}]",
+            "problems": [],
+            "metrics": [m], "details": {"node_rounds": {"rounds": 3, "excluded": [{"host": slow, "evidence": evidence}],
+                                                        "nodes": []}}}
+
+
+def test_fabric_exclusion_leaves_the_rest_signed_off(run: Path) -> None:
+    fabric(run, HOSTS, [pair_test(HOSTS, "h3")])
+    proc = signoff_cli(str(run))
+    assert proc.returncode == 0, proc.stdout
+    out = json.loads((run / "signoff.json").read_text())
+    assert schema_errors(out) == []
+    assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h2", "h4"]
+    assert out["accepted_hostlist"] == "h[1-2,4]"
+    assert [(e["host"], e["phase"]) for e in out["excluded"]] == [("h3", "fabric"), ("h5", "node")]
+    h3 = out["excluded"][0]["reasons"]
+    assert h3[0].startswith("test_gpu_pairs[internode]: round 1:") and "known good" in h3[1]
+    assert out["phases"]["fabric"]["rounds"] == 3 and out["phases"]["fabric"]["tests"] == {"passed": 1, "failed": 1}
+    assert (run / "signoff-accepted-hostlist.txt").read_text() == "h[1-2,4]\n"
+    lines = (run / "signoff-excluded-hosts.txt").read_text().splitlines()
+    assert lines[0].startswith("h3\tfabric: test_gpu_pairs[internode]: round 1") and lines[1].startswith("h5\tnode: ")
+    assert "SIGNED OFF: 3 hosts accepted, 2 excluded" in proc.stdout
+    assert 'class="cg-verdict">ACCEPT<' in (run / "signoff.html").read_text()
+
+
+def test_a_failed_per_gpu_figure_names_its_host(run: Path) -> None:
+    net = metric("net_allreduce_busbw_gbps", "gpu", [(h, 10.0 if h == "h2" else 48.0, h != "h2") for h in HOSTS],
+                 {"min": 40})
+    fabric(run, HOSTS, [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[net-all_gather]",
+                         "outcome": "failed", "duration_s": 1.0, "failed_ranks": [1],
+                         "message": "[call] 1 metric check failed:\n  net_allreduce_busbw_gbps=10 GB/s, expected >= 40",
+                         "problems": [],
+                         "metrics": [net], "details": {}}])
+    out = signoff(run)
+    assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h3", "h4"]
+    [h2] = [e for e in out["excluded"] if e["host"] == "h2"]
+    assert h2["phase"] == "fabric" and h2["reasons"] == [
+        "test_collective_bandwidth[net-all_gather]: net_allreduce_busbw_gbps=10 GB/s, >= 40"]
+
+
+@pytest.mark.parametrize(("case", "reason"), [
+    ("world", "allreduce_busbw_gbps (>= 350) missed by the whole job"),
+    ("raised", "test_scaling_efficiency: RuntimeError: NCCL error"),
+    ("running", "still says running"),
+    ("outside", "the fabric phase ran on hosts the node phase did not accept (h5)"),
+    ("none", "no fabric phase results at"),
+    ("skipped", "fabric phase: all 1 tests were skipped: nothing was measured"),
+    ("ceiling", "above the physical ceiling 64: a measurement error"),
+])
+def test_what_keeps_the_accepted_set_from_being_signed_off(run: Path, case: str, reason: str) -> None:
+    if case == "world":
+        fabric(run, HOSTS, [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[world-all_reduce]",
+                             "outcome": "failed", "duration_s": 1.0, "failed_ranks": [0],
+                             "message": "[call] 1 metric check failed:\n  allreduce_busbw_gbps=300 GB/s",
+                             "problems": [],
+                             "metrics": [metric("allreduce_busbw_gbps", "world", [("h1", 300.0, False)], {"min": 350})],
+                             "details": {}}])
+    elif case == "raised":
+        fabric(run, HOSTS, [{"nodeid": "acceptance/test_training.py::test_scaling_efficiency", "outcome": "failed",
+                             "duration_s": 1.0, "failed_ranks": [2],
+                             "message": "[call] failed on 1/4 ranks: 2\n--- rank 2 (h3) ---\n"
+                                        "E   RuntimeError: NCCL error",
+                             "problems": ["[call] failed on 1/4 ranks: 2\n--- rank 2 (h3) ---\n"
+                                          "E   RuntimeError: NCCL error"],
+                             "metrics": [], "details": {}}])
+    elif case == "running":
+        fabric(run, HOSTS, [], verdict="running")
+    elif case == "outside":
+        fabric(run, [*HOSTS, "h5"], [])
+    elif case == "skipped":
+        fabric(run, HOSTS, [], net="skipped")
+    elif case == "ceiling":  # e.g. "nodes" on one host, where NVLink carries what the network should
+        net = metric("net_allgather_busbw_gbps", "gpu", [(h, 300.0, False) for h in HOSTS], {"min": 40, "ceiling": 64})
+        fabric(run, HOSTS, [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[net-all_gather]",
+                             "outcome": "failed", "duration_s": 1.0, "failed_ranks": [0, 1, 2, 3],
+                             "message": "[call] 4 metric checks failed:\n  net_allgather_busbw_gbps=300 GB/s, ...",
+                             "problems": [],
+                             "metrics": [net], "details": {}}])
+    proc = signoff_cli(str(run))
+    assert proc.returncode == 1, proc.stdout
+    out = json.loads((run / "signoff.json").read_text())
+    assert out["verdict"] == "reject" and any(reason in r for r in out["reasons"]), out["reasons"]
+    assert schema_errors(out) == [] and "NOT SIGNED OFF" in proc.stdout
+    if case in ("world", "ceiling"):  # the whole job's figure, or an impossible one: no host to blame
+        assert [e["host"] for e in out["excluded"]] == ["h5"] and out["accepted"] == HOSTS
+
+
+def test_an_accepted_host_missing_from_the_fabric_job_is_excluded(run: Path) -> None:
+    fabric(run, ["h1", "h2", "h4"], [])
+    out = signoff(run)
+    assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h2", "h4"]
+    assert [e["reasons"] for e in out["excluded"] if e["host"] == "h3"] == [
+        ["accepted by the node phase but not in the fabric phase's job: its links were never tested"]]
+
+
+def test_warn_severity_pair_criterion_warns(run: Path) -> None:
+    fabric(run, HOSTS, [pair_test(HOSTS, "h3", severity="warn")])
+    out = signoff(run)
+    assert out["verdict"] == "accept" and out["accepted"] == HOSTS
+    assert any(w.startswith("h3: test_gpu_pairs[internode]: round 1") for w in out["warnings"])
+
+
+def test_one_accepted_node_needs_no_fabric(tmp_path: Path) -> None:
+    write_node(tmp_path / "nodes", "solo", node_results("solo", 1))
+    merge([tmp_path / "nodes" / "solo"], tmp_path / "run")
+    out = signoff(tmp_path / "run")
+    assert out["verdict"] == "accept" and out["accepted"] == ["solo"]
+    assert out["warnings"] == ["one node accepted: there is no fabric between nodes to test"]
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    proc = signoff_cli(str(tmp_path))
+    assert proc.returncode == 2 and "results.json: not found; run `python -m clustergate.report merge" in proc.stdout
+    write_node(tmp_path, "n", node_results("n", 1))
+    proc = signoff_cli(str(tmp_path / "n"))
+    assert proc.returncode == 2 and "is not a merged cluster results.json" in proc.stdout

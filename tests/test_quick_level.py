@@ -1,0 +1,47 @@
+"""--level quick, the day-2 node check: what it shortens, and that the standard level is untouched.
+
+The settings only (pure configs); the quick level's own run on CPU is timed by hand (README.md,
+"Signing off a cluster") and on GPUs by the lead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workloads.finetune import fsdp, lora, zero3
+from workloads.interconnect import pairs
+from workloads.training import checkpoint, gpt
+
+GPU, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+def test_gpt_compiles_one_block_at_quick_and_the_whole_model_otherwise() -> None:
+    quick, standard = gpt.Config.for_level("quick", GPU), gpt.Config.for_level("standard", GPU)
+    assert (quick.preset, quick.compile, quick.bf16) == ("gpt2-124m", "regional", True)
+    assert standard.compile == "model" and quick.steps < standard.steps
+    assert gpt.Config.for_level("quick", CPU).compile == "off"
+    assert gpt.Config.for_level("quick", GPU, "original").compile == "off"  # the original benchmark stays eager
+
+
+def test_checkpoint_round_trip_uses_the_small_model_at_quick() -> None:
+    assert checkpoint.Config.for_level("quick", GPU, "/tmp").preset == "tiny"
+    assert checkpoint.Config.for_level("standard", GPU, "/tmp").preset == "gpt2-124m"
+
+
+def test_fine_tunes_train_shorter_on_as_much_data_at_quick() -> None:
+    for device in (GPU, CPU):
+        q, s = lora.Config.for_level("quick", device), lora.Config.for_level("standard", device)
+        assert q.steps < s.steps and q.pretrain_steps < s.pretrain_steps and q.train_samples == s.train_samples
+    for workload in (fsdp, zero3):
+        q, s = workload.Config.for_level("quick", GPU), workload.Config.for_level("standard", GPU)
+        assert (q.steps, q.num_layers, s.steps, s.num_layers) == (20, 6, 60, 12)
+        assert q.train_samples == s.train_samples and q.seq_len == s.seq_len == 1024
+    # A model the user gives keeps its validated recipe.
+    assert fsdp.Config.for_level("quick", GPU, model_path="/m").steps == 30
+
+
+def test_node_pair_rounds_are_fixed_per_level() -> None:
+    rounds = {level: pairs.Config.for_level(level, GPU, kind="internode", max_bytes=1 << 30).rounds
+              for level in ("quick", "standard", "extended")}
+    assert rounds == {"quick": 2, "standard": 3, "extended": 5}
+    assert pairs.Config.for_level("quick", CPU, kind="internode", max_bytes=1 << 30).rounds == 3
