@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from clustergate import expect as expect_section
+
 SCHEMA = 1
 
 CRITERION_KEYS = {
@@ -24,7 +26,12 @@ CRITERION_KEYS = {
     "(on its node, and across the cluster); only for gpu-scope metrics where higher is better",
     "unit": "the unit the metric must be recorded in",
     "description": "what the figure means, for the report",
+    "severity": "fail (default): a miss rejects the run; warn: a miss is reported, the run can still be accepted",
+    "source": "where the figure comes from: spec (a datasheet, a vendor's rule or the original criteria), "
+    "measured (runs of healthy hardware) or estimate",
 }
+SEVERITIES = ("fail", "warn")
+SOURCES = ("spec", "measured", "estimate")
 
 # Settings the code consults. Each name, its accepted types, and what it means. A profile's
 # settings must use these names: a typo is an error, not a silently ignored value.
@@ -56,7 +63,7 @@ SETTINGS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 TOP_KEYS = {"schema", "fallback_profile", "cpu_profile", "profiles"}
-PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics"}
+PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics", "expect"}
 
 
 REQUIRED: Any = object()
@@ -77,6 +84,8 @@ class Criterion:
     outlier_fraction: float | None = None
     unit: str | None = None
     description: str = ""
+    severity: str = "fail"
+    source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in (
@@ -102,6 +111,8 @@ class Profile:
     source: Path
     digest: str = field(default="")
     """Hash of the resolved profile, compared across ranks: every rank must judge alike."""
+    expect: dict[str, expect_section.Expected] = field(default_factory=dict)
+    """The profile's expect: section (clustergate.expect): how its nodes must be configured."""
 
     def setting(self, name: str, default: Any = REQUIRED) -> Any:
         """A setting's value; ``default`` when given and the profile lacks it, else a clear error."""
@@ -179,7 +190,11 @@ def _criterion(path: Path, where: str, raw: Any) -> Criterion:
     for key in ("unit", "description"):
         if key in raw and not isinstance(raw[key], str):
             raise _fail(path, f"{where}.{key}", f"must be a string, got {raw[key]!r}")
-    return Criterion(**numbers, unit=raw.get("unit"), description=raw.get("description", ""))
+    for key, allowed in (("severity", SEVERITIES), ("source", SOURCES)):
+        if key in raw and raw[key] not in allowed:
+            raise _fail(path, f"{where}.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
+    return Criterion(**numbers, unit=raw.get("unit"), description=raw.get("description", ""),
+                     severity=raw.get("severity", "fail"), source=raw.get("source"))
 
 
 def _settings(path: Path, where: str, raw: Any) -> dict[str, Any]:
@@ -209,7 +224,7 @@ def _resolve(path: Path, raw_profiles: dict[str, Any], name: str, seen: tuple[st
         raise _fail(path, f"profiles.{name}.extends", f"no profile {parent_name!r} to extend")
     parent = _resolve(path, raw_profiles, parent_name, (*seen, name))
     merged = {**parent, **raw}
-    for key in ("settings", "metrics"):
+    for key in ("settings", "metrics", "expect"):
         merged[key] = {**(parent.get(key) or {}), **(raw.get(key) or {})}
     return merged
 
@@ -260,11 +275,13 @@ def load(path: str | Path) -> Thresholds:
             raise _fail(path, f"{where}.metrics", "must be a mapping of metric names to criteria")
         metrics = {m: _criterion(path, f"{where}.metrics.{m}", c) for m, c in raw_metrics.items()}
         settings = _settings(path, f"{where}.settings", raw.get("settings"))
+        expect = expect_section.parse(raw.get("expect"), f"{where}.expect", lambda key, why: _fail(path, key, why))
         digest = hashlib.sha256(repr((sorted(settings.items()), sorted(
-            (m, c.as_dict()) for m, c in metrics.items()))).encode()).hexdigest()[:16]
+            (m, c.as_dict()) for m, c in metrics.items()), sorted((k, e.text) for k, e in expect.items())
+        )).encode()).hexdigest()[:16]
         profiles[name] = Profile(
             name=name, description=str(raw.get("description", "")), match=tuple(match),
-            sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest,
+            sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest, expect=expect,
         )
     fallback = data.get("fallback_profile")
     cpu = data.get("cpu_profile")
