@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from acceptance.evidence import error_baseline  # noqa: F401  (a session fixture: error-counter snapshots)
+
 FINETUNE_OPTIONS = (
     ("--lora-model", "CLUSTERGATE_LORA_MODEL",
      "local Hugging Face model directory for the LoRA fine-tune (e.g. Qwen2-7B-Instruct); default: a small "
@@ -27,11 +29,25 @@ FINETUNE_OPTIONS = (
 )
 
 
+DCGM_ENV = "CLUSTERGATE_DCGM_DIAG"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("clustergate-finetune", "clustergate fine-tune inputs (local files only)")
     for flag, env, text in FINETUNE_OPTIONS:
         group.addoption(flag, default=os.environ.get(env) or None, metavar="PATH",
                         help=f"{text} (environment: {env})")
+    parser.getgroup("clustergate").addoption(
+        "--dcgm-diag", default=os.environ.get(DCGM_ENV) or None, metavar="1|2|3",
+        help=f"also run NVIDIA DCGM's diagnostics at this run level (dcgmi diag -r N), one test per DCGM test "
+             f"(environment: {DCGM_ENV}; default: not run)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    level = config.getoption("dcgm_diag")
+    if level is not None and str(level) not in ("1", "2", "3"):
+        raise pytest.UsageError(f"--dcgm-diag {level!r} (or {DCGM_ENV}): the DCGM run level must be 1, 2 or 3")
+    config.option.dcgm_diag = int(level) if level is not None else None
 
 
 SHARED_DIR_ENV = "CLUSTERGATE_SHARED_DIR"
@@ -48,8 +64,11 @@ def shared_dir(request: pytest.FixtureRequest, cg: Any) -> str | None:
 # Cheapest and most basic first: a job that is wired wrong (world, inventory) fails in seconds,
 # before minutes of training. Every test file is listed: a file missing here is a usage error (and
 # tests/test_acceptance_layout.py fails), never silently last. The sort is the same on every rank.
-RUN_ORDER = ("test_world", "test_gpu_inventory", "test_gpu_compute", "test_interconnect", "test_node",
-             "test_training", "test_finetune")
+# The error-counter snapshot comes before the first load and its difference after the last (DCGM's
+# diagnostics included, so what they provoke is counted too).
+RUN_ORDER = ("test_world", "test_errors_before", "test_gpu_inventory", "test_node_config", "test_gpu_compute",
+             "test_gpu_memory", "test_interconnect", "test_node", "test_training", "test_finetune", "test_dcgm",
+             "test_errors_after")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

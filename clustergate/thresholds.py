@@ -13,13 +13,14 @@ from typing import Any
 
 import yaml
 
+from clustergate import expect as expect_section
 from clustergate.criteria import Criterion, CriterionError
 from clustergate.settings import SETTINGS, setting_problem
 
 SCHEMA = 1
 
 TOP_KEYS = {"schema", "fallback_profile", "cpu_profile", "profiles"}
-PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics"}
+PROFILE_KEYS = {"description", "extends", "match", "sign_off", "settings", "metrics", "expect"}
 
 
 REQUIRED: Any = object()
@@ -43,6 +44,8 @@ class Profile:
     source: Path
     digest: str = field(default="")
     """Hash of the resolved profile, compared across ranks: every rank must judge alike."""
+    expect: dict[str, expect_section.Expected] = field(default_factory=dict)
+    """The profile's expect: section (clustergate.expect): how its nodes must be configured."""
 
     def setting(self, name: str, default: Any = REQUIRED) -> Any:
         """A setting's value; ``default`` when given and the profile lacks it, else a clear error."""
@@ -92,12 +95,17 @@ class Thresholds:
         return self.profile(self.fallback_profile)
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _Loader(yaml.SafeLoader):
     """yaml.safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:
+                continue  # ``<<: *anchor``: keys given here override the merged ones, as YAML intends
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -136,7 +144,7 @@ def _resolve(path: Path, raw_profiles: dict[str, Any], name: str, seen: tuple[st
         raise _fail(path, f"profiles.{name}.extends", f"no profile {parent_name!r} to extend")
     parent = _resolve(path, raw_profiles, parent_name, (*seen, name))
     merged = {**parent, **raw}
-    for key in ("settings", "metrics"):
+    for key in ("settings", "metrics", "expect"):
         merged[key] = {**(parent.get(key) or {}), **(raw.get(key) or {})}
     return merged
 
@@ -190,11 +198,13 @@ def load(path: str | Path) -> Thresholds:
         except CriterionError as exc:
             raise _fail(path, exc.where, exc.problem) from None
         settings = _settings(path, f"{where}.settings", raw.get("settings"))
+        expect = expect_section.parse(raw.get("expect"), f"{where}.expect", lambda key, why: _fail(path, key, why))
         digest = hashlib.sha256(repr((sorted(settings.items()), sorted(
-            (m, c.as_json()) for m, c in metrics.items()))).encode()).hexdigest()[:16]
+            (m, c.as_json()) for m, c in metrics.items()), sorted((k, e.text) for k, e in expect.items())
+        )).encode()).hexdigest()[:16]
         profiles[name] = Profile(
             name=name, description=str(raw.get("description", "")), match=tuple(match),
-            sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest,
+            sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest, expect=expect,
         )
     fallback = data.get("fallback_profile")
     cpu = data.get("cpu_profile")

@@ -141,3 +141,17 @@ def test_missing_setting_is_a_clear_error(tmp_path: Path) -> None:
         cpu.setting("peak_bf16_tflops")
     with pytest.raises(KeyError, match="not a known setting"):
         cpu.setting("warp_speed")
+
+
+def test_yaml_merge_keys_share_criteria_and_explicit_keys_override_them(tmp_path: Path) -> None:
+    """``<<: *anchor`` (the shipped file shares its error-evidence criteria this way) is YAML, not a duplicate."""
+    text = GOOD.replace("      gpu_memory_gib: {min: 79}\n",
+                        "      gpu_memory_gib: {min: 79}\n      <<: &shared\n        xid_critical_events: {max: 0}\n"
+                        "        ecc_corrected_delta: {max: 10}\n") \
+        .replace("  cpu: {settings: {gpus_per_node: 0}}\n",
+                 "  cpu:\n    settings: {gpus_per_node: 0}\n    metrics:\n      <<: *shared\n"
+                 "      ecc_corrected_delta: {max: 50}\n")
+    t = load(write(tmp_path, text))
+    assert t.profile("base").metrics["xid_critical_events"].get("max") == 0
+    assert t.profile("cpu").metrics["xid_critical_events"].get("max") == 0
+    assert t.profile("cpu").metrics["ecc_corrected_delta"].get("max") == 50

@@ -261,6 +261,9 @@ def summary(results: dict[str, Any]) -> str:
     if len(gpu.columns) > 5 or any(c.state for row in gpu.rows for c in row):
         parts += ["<h3>Per GPU</h3>", LEGEND, grid_table(gpu)]
     parts += ["<h3>Per node</h3>", grid_table(tables.node_table(results))]
+    from clustergate.report import support  # it draws with this module's helpers: imported here, not above
+
+    parts += support.sections(results)
     parts += ["<h3>Figures</h3>", figures_section(results), "<h3>Tests</h3></div>"]
     return "".join(parts)
 

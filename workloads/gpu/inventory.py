@@ -65,15 +65,21 @@ class _Reader:
         self.values.update(dict(zip(names, out, strict=True)) if len(names) > 1 else {names[0]: out})
 
 
-def read_gpu(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    """Every field this suite judges or records, from one NVML device handle."""
-    r, h = _Reader(nvml), handle
+def read_identity(r: _Reader, h: Any) -> None:
+    """Which GPU this is: name, UUID, serial, NVML index, PCI address, VBIOS."""
+    nvml = r.nvml
     r.read("name", nvml.nvmlDeviceGetName, h, convert=_text)
     r.read("uuid", nvml.nvmlDeviceGetUUID, h, convert=_text)
     r.read("serial", nvml.nvmlDeviceGetSerial, h, convert=_text)
     r.read("index", nvml.nvmlDeviceGetIndex, h, convert=int)
     r.read("pci_bus_id", lambda: nvml.nvmlDeviceGetPciInfo(h).busId, convert=_text)
     r.read("vbios_version", nvml.nvmlDeviceGetVbiosVersion, h, convert=_text)
+
+
+def read_gpu(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Every field this suite judges or records, from one NVML device handle."""
+    r, h = _Reader(nvml), handle
+    read_identity(r, h)
     r.read("nvml_memory_total_bytes", lambda: nvml.nvmlDeviceGetMemoryInfo(h).total, convert=int)
     r.read(("ecc_mode_current", "ecc_mode_pending"), nvml.nvmlDeviceGetEccMode, h,
            convert=lambda v: (bool(v[0]), bool(v[1])))
