@@ -81,8 +81,12 @@ def annotate(report_dir: Path, results: dict[str, Any], note: str) -> None:
                                 error=results["error"], finished=True).verdict
     path = report_dir / "results.json"
     write_json(path, results)
-    subprocess.run([sys.executable, "-m", "clustergate.report", str(path), "-o", str(report_dir / "report.html")],
-                   cwd=ROOT, stdout=subprocess.DEVNULL, check=False, timeout=300)
+    render = subprocess.run([sys.executable, "-m", "clustergate.report", str(path), "-o",
+                             str(report_dir / "report.html")], cwd=ROOT, stdout=subprocess.DEVNULL, check=False,
+                            timeout=300)
+    if render.returncode not in (0, 1):  # 0 accept, 1 reject: a report was written either way
+        print(f"{PREFIX}: report.html was not rendered again (status {render.returncode}): "
+              f"python -m clustergate.report {path}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

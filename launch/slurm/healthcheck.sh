@@ -2,9 +2,9 @@
 # Day-2 node health check for a Slurm Epilog or Prolog: run clustergate on this node alone at
 # --level quick and drain the node when it fails, with the reason taken from results.json:
 #
-#   $ sinfo -R
-#   REASON                                                              USER  TIMESTAMP           NODELIST
-#   clustergate reject: test_matmul_tflops[bf16]: matmul_bf16_tflops=... root  2026-11-23T12:20:01 gpu017
+#   $ scontrol show node gpu017 | grep Reason
+#      Reason=clustergate reject: test_matmul_tflops[bf16]: matmul_bf16_tflops=512.3 TFLOPS, expected >= 700
+#      [h100-sxm-80gb, rank 5 gpu017 gpu 5 serial 1650...] (report: /var/log/clustergate/gpu017/...) [root@...]
 #
 # An EXAMPLE to adapt. slurm.conf runs a small site file that sets the environment and execs this:
 #
