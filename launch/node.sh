@@ -129,7 +129,8 @@ if ((status != 0)); then
                 "RendezvousConnectionError means the endpoint did not answer within ${read_timeout} s." >&2
         fi
     else
-        echo "clustergate FAILED on $where: torchrun exited $status; the verdict and reasons are in" \
+        # Every node of a rejected run ends here too: the verdict, not this line, says what failed.
+        echo "clustergate on $where: torchrun exited $status; the verdict and reasons are in" \
             "$report_dir/results.json (report.html beside it)" >&2
     fi
 fi

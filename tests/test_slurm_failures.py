@@ -68,7 +68,7 @@ def test_a_node_killed_mid_run_ends_the_job_and_is_named(slurm: SlurmCluster, tm
     assert job.status != 0, output[-4000:]
     # Slurm and the launcher name the node in the job's output ...
     assert f"srun: error: {BAD}: task 2: Exited with exit code 1" in output
-    assert f"clustergate FAILED on {BAD} (node index 2): torchrun exited 1" in output
+    assert f"clustergate on {BAD} (node index 2): torchrun exited 1" in output
     named = f"node {BAD} (node index 2) failed first: its torchrun exited 1"
     assert f"clustergate: {named}" in output
     # ... and results.json and the report carry it, with a verdict that is not accept.
