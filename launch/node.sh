@@ -7,37 +7,58 @@
 #   CLUSTERGATE_NNODES          nodes in the job (required)
 #   CLUSTERGATE_GPUS_PER_NODE   GPUs every node must have; 0 runs CPU ranks (required)
 #   CLUSTERGATE_NPROC_PER_NODE  ranks per node (default: CLUSTERGATE_GPUS_PER_NODE)
-#   CLUSTERGATE_RDZV_ENDPOINT   HOST:PORT of the rendezvous, on the job's first node (required)
-#   CLUSTERGATE_RDZV_ID         an id unique to this job, the same on every node (required)
+#   CLUSTERGATE_RDZV_ENDPOINT   HOST:PORT of the rendezvous, on the job's first node (required, except
+#                               with CLUSTERGATE_NNODES=1: then this node runs alone, torchrun --standalone)
+#   CLUSTERGATE_RDZV_ID         an id unique to this job, the same on every node (required with an endpoint)
 #   CLUSTERGATE_NODE_INDEX      0 on the node that hosts the rendezvous store (default: SLURM_NODEID,
 #                               else JOB_COMPLETION_INDEX; unset: torchrun guesses from the host name)
 #   CLUSTERGATE_RDZV_TIMEOUT    seconds every node may take to join (torchrun's join_timeout; default 600)
 #   CLUSTERGATE_RDZV_READ_TIMEOUT  seconds for one rendezvous store operation (read_timeout; default 60)
-#   CLUSTERGATE_REPORT_DIR      where results.json and the report go; a shared path (required)
+#   CLUSTERGATE_REPORT_DIR      where results.json and the report go; a shared path (required). "{node}"
+#                               in it becomes this node's name (each node alone: REPORTS/RUN/nodes/{node})
 #   CLUSTERGATE_SHARED_DIR      directory of the shared-filesystem test (default: CLUSTERGATE_REPORT_DIR)
 #   CLUSTERGATE_NCCL_ENV        optional KEY=VALUE file sourced before torchrun (slurm/nccl-ib.env.example)
 #   CLUSTERGATE_NUMA_BINDING    torchrun --numa-binding mode with GPUs (default: node; none: no binding)
 #   CLUSTERGATE_PYTHON          Python with torch and the suite's dependencies (default: python3)
+#   CLUSTERGATE_NODE_NAME       this node's name in messages, reports and results (default: Slurm's
+#                               SLURMD_NODENAME, else the host name; the rule is workloads/node/name.py)
 #
 # Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`.
+# A preflight or torchrun that ends non-zero leaves REPORT_DIR/node-exits/NODE.json (node, node_index,
+# stage, status, time): launch/first_failure.py names the node that failed first from these.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here/.."  # the checkout (or the image's copy of it): pytest finds conftest.py and thresholds.yaml here
+py=${CLUSTERGATE_PYTHON:-python3}
+# One naming rule for every report, message and directory (several Slurm nodes may share a host name).
+node=$("$py" -c 'from workloads.node.name import node_name; print(node_name())' 2>/dev/null || true)
+node=${node:-$(hostname)}
 
 fail() {
-    echo "clustergate FAILED on $(hostname): $*" >&2
+    echo "clustergate FAILED on $node: $*" >&2
     exit 2
 }
 need() {
     [[ -n ${!1:-} ]] || fail "$1 is not set (see the top of launch/node.sh)"
 }
+record_exit() {  # STAGE STATUS: this node's ending, for launch/first_failure.py
+    if mkdir -p "$report_dir/node-exits" 2>/dev/null; then
+        printf '{"node": "%s", "node_index": "%s", "stage": "%s", "status": %d, "time": %s}\n' "$node" \
+            "$node_index" "$1" "$2" "$(date +%s.%N)" >"$report_dir/node-exits/$node.json" || true
+    fi
+}
 
 need CLUSTERGATE_NNODES
 need CLUSTERGATE_GPUS_PER_NODE
-need CLUSTERGATE_RDZV_ENDPOINT
-need CLUSTERGATE_RDZV_ID
 need CLUSTERGATE_REPORT_DIR
+standalone=0
+if [[ $CLUSTERGATE_NNODES == 1 && -z ${CLUSTERGATE_RDZV_ENDPOINT:-} ]]; then
+    standalone=1  # this node alone (the sign-off's node phase, a health check): no rendezvous to find
+else
+    need CLUSTERGATE_RDZV_ENDPOINT
+    need CLUSTERGATE_RDZV_ID
+fi
 gpus=$CLUSTERGATE_GPUS_PER_NODE
 [[ $gpus =~ ^[0-9]+$ ]] || fail "CLUSTERGATE_GPUS_PER_NODE is '$gpus', not a number"
 nproc=${CLUSTERGATE_NPROC_PER_NODE:-$gpus}
@@ -45,9 +66,8 @@ nproc=${CLUSTERGATE_NPROC_PER_NODE:-$gpus}
 node_index=${CLUSTERGATE_NODE_INDEX:-${SLURM_NODEID:-${JOB_COMPLETION_INDEX:-}}}
 join_timeout=${CLUSTERGATE_RDZV_TIMEOUT:-600}
 read_timeout=${CLUSTERGATE_RDZV_READ_TIMEOUT:-60}
-report_dir=$CLUSTERGATE_REPORT_DIR
+report_dir=${CLUSTERGATE_REPORT_DIR//\{node\}/$node}
 export CLUSTERGATE_SHARED_DIR=${CLUSTERGATE_SHARED_DIR:-$report_dir}
-py=${CLUSTERGATE_PYTHON:-python3}
 
 if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
     [[ -r $CLUSTERGATE_NCCL_ENV ]] || fail "CLUSTERGATE_NCCL_ENV=$CLUSTERGATE_NCCL_ENV is not a readable file"
@@ -57,24 +77,32 @@ if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
     set +a
 fi
 
-"$py" launch/preflight.py --gpus "$gpus" --report-dir "$report_dir" --shared-dir "$CLUSTERGATE_SHARED_DIR" \
-    --rdzv-endpoint "$CLUSTERGATE_RDZV_ENDPOINT" --node-index "$node_index" --timeout "$join_timeout" \
-    || exit 2
+if ! "$py" launch/preflight.py --gpus "$gpus" --report-dir "$report_dir" --shared-dir "$CLUSTERGATE_SHARED_DIR" \
+    --rdzv-endpoint "${CLUSTERGATE_RDZV_ENDPOINT:-}" --node-index "$node_index" --timeout "$join_timeout"; then
+    record_exit preflight 2
+    exit 2
+fi
 
-rdzv_conf="join_timeout=$join_timeout,read_timeout=$read_timeout"
-if [[ $node_index == 0 ]]; then
-    rdzv_conf+=",is_host=1"  # host the store here even where the endpoint name is not this host's own name
-elif [[ -n $node_index ]]; then
-    rdzv_conf+=",is_host=0"
+if ((standalone)); then
+    rendezvous=(--standalone)  # a free local port: nodes sharing one machine (tests) never collide
+else
+    rdzv_conf="join_timeout=$join_timeout,read_timeout=$read_timeout"
+    if [[ $node_index == 0 ]]; then
+        rdzv_conf+=",is_host=1"  # host the store here even where the endpoint name is not this host's own name
+    elif [[ -n $node_index ]]; then
+        rdzv_conf+=",is_host=0"
+    fi
+    rendezvous=(--nnodes="$CLUSTERGATE_NNODES" --rdzv-backend=c10d --rdzv-endpoint="$CLUSTERGATE_RDZV_ENDPOINT"
+        --rdzv-id="$CLUSTERGATE_RDZV_ID" --rdzv-conf="$rdzv_conf")
 fi
 
 launcher=("$py" -m torch.distributed.run)
 binding=${CLUSTERGATE_NUMA_BINDING:-node}
 if ((gpus > 0)) && [[ $binding != none ]]; then
     if ! "${launcher[@]}" --help 2>/dev/null | grep -q -- '--numa-binding'; then
-        echo "clustergate on $(hostname): this torchrun has no --numa-binding (torch < 2.8): ranks run unbound" >&2
+        echo "clustergate on $node: this torchrun has no --numa-binding (torch < 2.8): ranks run unbound" >&2
     elif ! command -v numactl >/dev/null; then
-        echo "clustergate on $(hostname): numactl not found: torchrun --numa-binding needs it; ranks run unbound" >&2
+        echo "clustergate on $node: numactl not found: torchrun --numa-binding needs it; ranks run unbound" >&2
     else
         launcher+=(--numa-binding="$binding")
     fi
@@ -84,20 +112,25 @@ if (($# == 0)); then
     set -- acceptance
 fi
 status=0
-"${launcher[@]}" --nnodes="$CLUSTERGATE_NNODES" --nproc-per-node="$nproc" \
-    --rdzv-backend=c10d --rdzv-endpoint="$CLUSTERGATE_RDZV_ENDPOINT" --rdzv-id="$CLUSTERGATE_RDZV_ID" \
-    --rdzv-conf="$rdzv_conf" --max-restarts=0 \
+"${launcher[@]}" "${rendezvous[@]}" --nproc-per-node="$nproc" --max-restarts=0 \
     -m pytest --report-dir "$report_dir" "$@" || status=$?
 
 if ((status != 0)); then
+    where="$node${node_index:+ (node index $node_index)}"
+    record_exit torchrun "$status"
     if [[ ! -e $report_dir/progress.jsonl ]]; then
         # Rank 0 writes progress.jsonl as soon as pytest starts: without it the job never got that far.
-        echo "clustergate FAILED on $(hostname)${node_index:+ (node index $node_index)}: torchrun exited $status" \
-            "before pytest started. A RendezvousTimeoutError above means not all $CLUSTERGATE_NNODES nodes" \
-            "joined $CLUSTERGATE_RDZV_ENDPOINT (id $CLUSTERGATE_RDZV_ID) within ${join_timeout} s; a" \
-            "RendezvousConnectionError means the endpoint did not answer within ${read_timeout} s." >&2
+        if ((standalone)); then
+            echo "clustergate FAILED on $where: torchrun exited $status before pytest started (see above)" >&2
+        else
+            echo "clustergate FAILED on $where: torchrun exited $status" \
+                "before pytest started. A RendezvousTimeoutError above means not all $CLUSTERGATE_NNODES nodes" \
+                "joined $CLUSTERGATE_RDZV_ENDPOINT (id $CLUSTERGATE_RDZV_ID) within ${join_timeout} s; a" \
+                "RendezvousConnectionError means the endpoint did not answer within ${read_timeout} s." >&2
+        fi
     else
-        echo "clustergate on $(hostname): torchrun exited $status; the verdict and reasons are in" \
+        # Every node of a rejected run ends here too: the verdict, not this line, says what failed.
+        echo "clustergate on $where: torchrun exited $status; the verdict and reasons are in" \
             "$report_dir/results.json (report.html beside it)" >&2
     fi
 fi

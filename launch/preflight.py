@@ -5,6 +5,9 @@ rendezvous, on what would otherwise end as a timeout somewhere else: a node whos
 differs, a report or shared directory that is missing, a rendezvous endpoint that never answers.
 
     python3 launch/preflight.py --gpus 8 --report-dir /shared/r --rdzv-endpoint node-001:29500 --node-index 3
+
+The node is named as in every report (workloads/node/name.py): $CLUSTERGATE_NODE_NAME, else Slurm's
+$SLURMD_NODENAME, else the host name. It runs before torch is imported and needs only the checkout.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for workloads.node.name
+from workloads.node.name import node_name  # noqa: E402  (needs the path above)
 
 PREFIX = "clustergate preflight"
 
@@ -101,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs this node must have (0: CPU ranks)")
     parser.add_argument("--report-dir", required=True, help="the job's report directory (created if absent)")
     parser.add_argument("--shared-dir", default="", help="the shared-filesystem test's directory (must exist)")
-    parser.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of the c10d rendezvous")
+    parser.add_argument("--rdzv-endpoint", default="",
+                        help="HOST:PORT of the c10d rendezvous (none: a single node with torchrun --standalone)")
     parser.add_argument("--node-index", default="", help="this node's index; 0 hosts the rendezvous")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the endpoint")
     args = parser.parse_args(argv)
-    host = socket.gethostname()
+    host = node_name()
     problems = []
     if args.gpus > 0:
         seen, note = cuda_device_count()
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         # so an unreachable endpoint is reported here, by name, instead of as a torchrun traceback.
         hosting = args.node_index == "0"
         known = args.node_index != ""
-        if p := wait_for_endpoint(args.rdzv_endpoint, args.timeout, connect=known and not hosting):
+        if args.rdzv_endpoint and (p := wait_for_endpoint(args.rdzv_endpoint, args.timeout,
+                                                          connect=known and not hosting)):
             problems.append(p)
     except ValueError as exc:
         problems.append(str(exc))
@@ -129,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"{PREFIX} FAILED on {host}{index}: {p}", file=sys.stderr, flush=True)
         return 2
+    rendezvous = args.rdzv_endpoint or "none (this node alone)"
     print(f"{PREFIX} ok on {host}{index}: {args.gpus} GPUs, report dir {args.report_dir}, "
-          f"rendezvous {args.rdzv_endpoint}", flush=True)
+          f"rendezvous {rendezvous}", flush=True)
     return 0
 
 

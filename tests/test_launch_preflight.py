@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from workloads.node.name import node_name
+
 from torchrun_job import free_port, job_env
 
 ROOT = Path(__file__).resolve().parent.parent
-HOST = socket.gethostname()
+HOST = node_name()  # how preflight names this node (the host name unless Slurm or the user names it)
 
 _spec = importlib.util.spec_from_file_location("preflight", ROOT / "launch" / "preflight.py")
 assert _spec is not None and _spec.loader is not None

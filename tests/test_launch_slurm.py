@@ -6,10 +6,12 @@ and the tests read back the exact commands and environment a cluster would get.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "launch" / "slurm" / "clustergate.sbatch"
 NODE = ROOT / "launch" / "node.sh"
-SCRIPTS = [SBATCH, NODE, ROOT / "launch" / "k8s" / "render.sh"]
+SCRIPTS = [*sorted((ROOT / "launch" / "slurm").glob("*.s*")), NODE, ROOT / "launch" / "k8s" / "render.sh"]
 
 
 def _exe(path: Path, text: str) -> Path:
@@ -49,7 +51,8 @@ def test_bash_syntax(script: Path) -> None:
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_shellcheck_clean(script: Path) -> None:
-    proc = subprocess.run(["shellcheck", "--shell=bash", str(script)], capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--external-sources", str(script)], capture_output=True,
+                          text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -72,9 +75,9 @@ def test_sbatch_starts_one_torchrun_agent_per_node(tmp_path: Path) -> None:
     proc, log = _slurm(tmp_path)
     assert proc.returncode == 0, proc.stderr
     args, env = _read(log)
-    assert args[:5] == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpu-bind=none",
-                        "--cpus-per-task=224"]
-    assert args[5:] == ["bash", str(ROOT / "launch" / "node.sh"), "acceptance", "-m", "multinode"]
+    assert args[:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpu-bind=none", "--cpus-per-task=224",
+                        "--kill-on-bad-exit=1"]
+    assert args[6:] == ["bash", str(ROOT / "launch" / "node.sh"), "acceptance", "-m", "multinode"]
     assert env["CLUSTERGATE_RDZV_ENDPOINT"] == "gpu-a07:29500"  # the allocation's first node
     assert env["CLUSTERGATE_RDZV_ID"] == "4242"
     assert env["CLUSTERGATE_NNODES"] == "2" and env["CLUSTERGATE_GPUS_PER_NODE"] == "8"
@@ -115,6 +118,7 @@ def _node(tmp_path: Path, index: str | None, *, numactl: bool = True, **extra: s
     log = tmp_path / "torchrun.log"
     _exe(bin_dir / "python", f"""#!/usr/bin/env bash
 case "$1 $2 $3" in
+  "-c "*) echo gpu-a08; exit 0 ;;  # this node's name (workloads/node/name.py)
   "launch/preflight.py"*) echo "preflight $*" >> '{tmp_path}/preflight.log'; exit 0 ;;
   "-m torch.distributed.run --help") echo "  --numa-binding {{node,socket,exclusive,core-complex}}"; exit 0 ;;
 esac
@@ -137,10 +141,11 @@ exit ${{FAKE_STATUS:-0}}
 def test_node_script_runs_torchrun_with_c10d(tmp_path: Path) -> None:
     proc, args = _node(tmp_path, "0")
     assert proc.returncode == 0, proc.stderr
-    assert args == ["-m", "torch.distributed.run", "--numa-binding=node", "--nnodes=2", "--nproc-per-node=8",
-                    "--rdzv-backend=c10d", "--rdzv-endpoint=gpu-a07:29500", "--rdzv-id=4242",
-                    "--rdzv-conf=join_timeout=600,read_timeout=60,is_host=1", "--max-restarts=0",
-                    "-m", "pytest", "--report-dir", str(tmp_path / "r"), "acceptance", "--level", "quick"]
+    assert args == ["-m", "torch.distributed.run", "--numa-binding=node", "--nnodes=2", "--rdzv-backend=c10d",
+                    "--rdzv-endpoint=gpu-a07:29500", "--rdzv-id=4242",
+                    "--rdzv-conf=join_timeout=600,read_timeout=60,is_host=1", "--nproc-per-node=8",
+                    "--max-restarts=0", "-m", "pytest", "--report-dir", str(tmp_path / "r"),
+                    "acceptance", "--level", "quick"]
     preflight = (tmp_path / "preflight.log").read_text()
     assert "--gpus 8" in preflight and "--node-index 0" in preflight and f"--shared-dir {tmp_path / 'r'}" in preflight
 
@@ -178,8 +183,23 @@ def test_node_script_sources_the_nccl_file(tmp_path: Path) -> None:
 def test_node_script_names_the_node_when_pytest_never_started(tmp_path: Path) -> None:
     proc, _ = _node(tmp_path, "1", FAKE_STATUS="1")
     assert proc.returncode == 1
-    assert "before pytest started" in proc.stderr and "RendezvousTimeoutError" in proc.stderr
-    assert "gpu-a07:29500 (id 4242)" in proc.stderr and "(node index 1)" in proc.stderr
+    assert "clustergate FAILED on gpu-a08 (node index 1): torchrun exited 1 before pytest started" in proc.stderr
+    assert "RendezvousTimeoutError" in proc.stderr and "gpu-a07:29500 (id 4242)" in proc.stderr
+    record = json.loads((tmp_path / "r" / "node-exits" / "gpu-a08.json").read_text())
+    assert record["node"] == "gpu-a08" and record["node_index"] == "1" and record["status"] == 1
+    assert abs(record["time"] - time.time()) < 60
+
+
+def test_node_script_alone_per_node_report_directory(tmp_path: Path) -> None:
+    """One node alone (the sign-off's node phase): torchrun --standalone, reports under the node's name."""
+    proc, args = _node(tmp_path, "2", CLUSTERGATE_NNODES="1", CLUSTERGATE_RDZV_ENDPOINT="", CLUSTERGATE_RDZV_ID="",
+                       CLUSTERGATE_REPORT_DIR=str(tmp_path / "run" / "nodes" / "{node}"))
+    assert proc.returncode == 0, proc.stderr
+    node_dir = str(tmp_path / "run" / "nodes" / "gpu-a08")
+    assert args[2:6] == ["--numa-binding=node", "--standalone", "--nproc-per-node=8", "--max-restarts=0"]
+    assert args[-5:] == ["--report-dir", node_dir, "acceptance", "--level", "quick"]
+    preflight = (tmp_path / "preflight.log").read_text()
+    assert f"--report-dir {node_dir} --shared-dir {node_dir} --rdzv-endpoint  --node-index 2" in preflight
 
 
 @pytest.mark.parametrize(("var", "value", "message"), [

@@ -1,0 +1,71 @@
+"""The one-line reason a node failed its clustergate health check, from its results.json.
+
+    python3 launch/health_reason.py REPORT_DIR [--max-chars 250]
+
+Prints nothing and exits 0 when the verdict is accept; otherwise prints the reason and exits 1:
+"clustergate <verdict>: <failed tests>: <first line of the first failure>" (or the run's error, or
+why there is no usable results.json). launch/slurm/healthcheck.sh drains the node with it
+(`scontrol update ... state=drain reason=...`), so `sinfo -R` says what failed.
+Standard library only: it runs in a Slurm prolog or epilog, before or after any job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _first_line(text: str) -> str:
+    """The first line that says something (failure messages start with a '[call] ...' header)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    for line in lines:
+        if not line.startswith("[") or not line.endswith(":"):
+            return line
+    return lines[0] if lines else ""
+
+
+def reason(results: dict[str, Any] | None, why_missing: str = "") -> str:
+    """Empty for an accept; else what a person reading `sinfo -R` needs first."""
+    if results is None:
+        return f"clustergate: no results ({why_missing})"
+    verdict = results.get("verdict", "unknown")
+    if verdict == "accept":
+        return ""
+    failed = [t for t in results.get("tests", []) if t.get("outcome") in ("failed", "error")]
+    names = [t.get("nodeid", "?").split("::")[-1] for t in failed]
+    if failed:
+        more = f" (+{len(names) - 2} more)" if len(names) > 2 else ""
+        detail = _first_line(failed[0].get("message", ""))
+        return f"clustergate {verdict}: {', '.join(names[:2])}{more}: {detail}".rstrip(": ")
+    if results.get("error"):
+        return f"clustergate {verdict}: {_first_line(results['error'])}"
+    return f"clustergate {verdict}: no test failed, but the run did not finish (see its report)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report_dir", type=Path, help="the health check's report directory")
+    parser.add_argument("--max-chars", type=int, default=250, help="cut the reason to this length")
+    args = parser.parse_args(argv)
+    path = args.report_dir / "results.json"
+    results, why = None, ""
+    try:
+        results = json.loads(path.read_text())
+    except OSError as exc:
+        why = f"{path}: {exc.strerror or exc}"
+    except ValueError as exc:
+        why = f"{path} is not JSON: {exc}"
+    text = reason(results, why)
+    if not text:
+        return 0
+    # A drain reason is one line; Slurm shows it in sinfo -R and scontrol show node.
+    text = " ".join(text.split())
+    print(text if len(text) <= args.max_chars else text[: args.max_chars - 3] + "...")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

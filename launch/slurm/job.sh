@@ -1,0 +1,62 @@
+# shellcheck shell=bash
+# What every clustergate batch script does first, sourced by clustergate.sbatch and signoff.sbatch:
+# check the job and its settings, and build the srun options of a step that runs launch/node.sh once
+# per node. Not run on its own.
+#
+#   . "$checkout/launch/slurm/job.sh"  # sets root: the checkout this file is in
+#   job_checks                  # sets gpus and py, exports CLUSTERGATE_GPUS_PER_NODE
+#   node_step NODES REPORT_DIR  # sets the array step=(srun options); add --nodelist, --kill-on-bad-exit ...
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+fail() {
+    echo "clustergate: $*" >&2
+    exit 2
+}
+
+job_checks() {
+    [[ -n ${SLURM_JOB_ID:-} ]] || fail "submit this with sbatch (SLURM_JOB_ID is not set)"
+    [[ -n ${CLUSTERGATE_REPORT_DIR:-} ]] || fail "set CLUSTERGATE_REPORT_DIR to a directory every node mounts"
+    # node.sh runs in the checkout: a path relative to where sbatch ran must not change meaning there
+    CLUSTERGATE_REPORT_DIR=$(realpath -m "$CLUSTERGATE_REPORT_DIR")
+    gpus=${CLUSTERGATE_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}}
+    gpus=${gpus##*:}  # --gpus-per-node=h100:8 arrives as "h100:8"
+    [[ $gpus =~ ^[0-9]+$ ]] || fail "how many GPUs per node? pass sbatch --gpus-per-node=G or set CLUSTERGATE_GPUS_PER_NODE"
+    export CLUSTERGATE_GPUS_PER_NODE=$gpus
+    py=${CLUSTERGATE_PYTHON:-python3}
+}
+
+# One task per node that may use every CPU of the node: torchrun's --numa-binding then places each
+# rank near its GPU. Without --cpu-bind=none and the full CPU count, Slurm's task affinity would pin
+# the agent and all its ranks to the one CPU a default task gets.
+node_step() {
+    local nodes=$1 reports=$2 mounts
+    # --ntasks too: srun would otherwise take the job's SLURM_NTASKS, more tasks than a subset of nodes holds.
+    step=(--nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --cpu-bind=none
+        --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}")
+    if [[ -n ${CLUSTERGATE_CONTAINER_IMAGE:-} ]]; then
+        mounts="$root:$root,$reports:$reports"
+        if [[ -n ${CLUSTERGATE_SHARED_DIR:-} ]]; then
+            mounts+=",$CLUSTERGATE_SHARED_DIR:$CLUSTERGATE_SHARED_DIR"
+        fi
+        if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
+            mounts+=",$CLUSTERGATE_NCCL_ENV:$CLUSTERGATE_NCCL_ENV"
+        fi
+        mounts+=${CLUSTERGATE_CONTAINER_MOUNTS:+,$CLUSTERGATE_CONTAINER_MOUNTS}
+        step+=(--container-image="$CLUSTERGATE_CONTAINER_IMAGE" --container-mounts="$mounts"
+            --container-workdir="$root")
+    fi
+}
+
+# The checkout's report command (merge, signoff, re-render), whatever directory sbatch ran in.
+report_cli() {
+    (cd "$root" && "$py" -m clustergate.report "$@")
+}
+
+# After a step that ended non-zero: name the node that failed first, in this output and in the
+# step's results.json / report.html (launch/first_failure.py; silent when the run finished normally).
+name_first_failure() {
+    if [[ -d $1 ]]; then
+        "$py" "$root/launch/first_failure.py" "$1" --annotate || true
+    fi
+}
