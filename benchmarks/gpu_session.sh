@@ -62,6 +62,13 @@ if [ -d "$WHEELS" ] && ! python3 -c "import pytest_html, pytest_metadata" 2>/dev
   python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl >>"$LOG" 2>&1 \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
+# DeepSpeed has no wheel: its sdist, built without its compiled ops (the suite uses torch's AdamW).
+DS_SDIST=$(find "$(realpath "$WHEELS" 2>/dev/null)" -maxdepth 1 -name "deepspeed-*.tar.gz" 2>/dev/null | head -1)
+if [ -n "$DS_SDIST" ] && ! python3 -c "import deepspeed" 2>/dev/null; then
+  (cd /tmp && DS_BUILD_OPS=0 PYTHONPATH=/tmp/site timeout 180 python3 -m pip install -q --no-index --no-deps \
+    --no-build-isolation --target /tmp/site "$DS_SDIST") >>"$LOG" 2>&1 || say "deepspeed did not install (see $LOG)"
+  export PYTHONPATH="${PYTHONPATH%:/tmp/site}:/tmp/site"
+fi
 if [ -z "$MAMF_FINDER" ] && [ -d .peers ]; then
   MAMF_FINDER=$(find .peers -name mamf-finder.py -path '*benchmarks*' 2>/dev/null | head -1)
 fi

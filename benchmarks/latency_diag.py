@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workloads.clocks import ClockSampler  # noqa: E402
 from workloads.common import distributed  # noqa: E402
-from workloads.gpu.inventory import ClockSampler  # noqa: E402
 from workloads.interconnect import collectives, comm_groups  # noqa: E402
 from workloads.interconnect import latency as lat  # noqa: E402
 from workloads.interconnect.nccl_log import Capture, _loaded_nccl_paths  # noqa: E402

@@ -28,10 +28,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workloads.clocks import ClockSampler  # noqa: E402
 from workloads.common import distributed, time_runs  # noqa: E402
 from workloads.gpu import _hw as hw  # noqa: E402
 from workloads.gpu import matmul  # noqa: E402
-from workloads.gpu.inventory import ClockSampler  # noqa: E402
 
 SHAPES = ((4096, 4096, 8192), (8192, 8192, 8192))
 
@@ -85,7 +85,7 @@ def main() -> None:
         with matmul.precision(args.dtype):
             for shape in shapes:
                 bench = matmul.Bench(shape, cfg, device, torch.Generator(device=device).manual_seed(here.rank), flush)
-                settle = hw.settle(bench.burst_tflops, cfg.settle_s, least_s=min(cfg.settle_s, 2.0))
+                settle = hw.settle(bench.burst_tflops, 2 * cfg.warm_s, least_s=cfg.warm_s)
                 for name in ("mamf", "no_flush", "batched", "mamf"):
                     rows.append({**variant(name, bench), "settle_s": settle["seconds"]})
                 del bench

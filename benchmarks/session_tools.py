@@ -46,7 +46,9 @@ def session_profile(shipped: Path, gpus: int, gpu_name: str) -> tuple[str, str]:
                  if any(m.lower() in gpu_name.lower() for m in p.get("match") or [])), data["fallback_profile"])
     name = f"{base}-{gpus}gpu"
     mine = {"description": f"{base} for a node of {gpus} GPU(s) (GPU session)", "extends": base,
-            "match": data["profiles"][base].get("match") or [], "settings": {"gpus_per_node": gpus},
+            "match": data["profiles"][base].get("match") or [],
+            # One GPU lent alone to a VM: NVML shows no NVLink (its switch ports are not passed through).
+            "settings": {"gpus_per_node": gpus, **({"nvlinks_per_gpu": 0} if gpus == 1 else {})},
             # The lent machine's own shape (its description says how many GPUs it has): a spec, not a measurement.
             "metrics": {"gpu_count": {"min": gpus, "max": gpus, "unit": "GPUs", "source": "spec"}}}
     data["profiles"] = {name: mine, **data["profiles"]}

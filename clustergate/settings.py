@@ -52,8 +52,8 @@ SETTINGS: dict[str, Setting] = {
     "peak_tf32_tflops": Setting(NUMBER, "dense tf32 peak of one device", positive),
     "peak_fp16_tflops": Setting(NUMBER, "dense fp16 peak of one device", positive),
     "peak_fp8_tflops": Setting(NUMBER, "dense fp8 peak of one device", positive),
-    "nvlinks_per_gpu": Setting((int,), "NVLink links that must be active on every GPU (18 on H100/H200 SXM)",
-                               at_least(1)),
+    "nvlinks_per_gpu": Setting((int,), "NVLink links that must be active on every GPU (18 on H100/H200 SXM; "
+                               "0: none expected, as on a PCIe card or one GPU passed through to a VM)", at_least(0)),
     "mig_mode": Setting((str,), "required MIG mode: 'disabled' or 'enabled'"),
     "min_driver_version": Setting((str,), "lowest acceptable NVIDIA driver version, e.g. '550.54'"),
     "pcie_generation": Setting((int,), "PCIe link generation every GPU must train at", at_least(1)),

@@ -40,7 +40,7 @@ def test_gpu_sweeps_are_mamf_sweeps() -> None:
 
 def test_config_for_levels() -> None:
     cpu = matmul.Config.for_level("standard", CPU, "tf32", peak_tflops=1.0)
-    assert max(max(s) for s in cpu.shapes) <= 512 and cpu.tolerance == 2e-3 and cpu.settle_s == 0
+    assert max(max(s) for s in cpu.shapes) <= 512 and cpu.tolerance == 2e-3 and cpu.warm_s == 0
     with pytest.raises(ValueError, match="multiple of 16"):
         matmul.Config(dtype="fp8", shapes=((100, 128, 128),))
     with pytest.raises(ValueError, match="dtype"):
@@ -56,6 +56,19 @@ def test_each_call_is_timed_alone_and_the_refresh_is_not_timed() -> None:
                           before=lambda: (calls.append("before"), time.sleep(0.02)))
     assert calls == ["before", "call"] * 5
     assert len(times) == 5 and all(0.002 <= t < 0.015 for t in times)  # 20 ms refresh never counted
+
+
+def test_the_device_warms_as_long_as_mamf_finder_and_load_moments_ago_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert matmul.GPU_CALLS["standard"][2] == 30.0  # mamf-finder's warm-up: a cool GPU reads high
+    monkeypatch.setattr(matmul, "_LOADED", {"cuda:0": (100.0, 130.0)})
+    assert matmul.warmed_for("cuda:0", now=135.0) == 30.0  # the last sweep ended 5 s ago: still warm
+    assert matmul.warmed_for("cuda:0", now=130.0 + matmul.STILL_WARM_S + 1) == 0.0  # it has cooled
+    assert matmul.warmed_for("cuda:1", now=135.0) == 0.0  # never loaded
+    out = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warm_s=0.2))
+    settle = out.details["settle"]
+    assert settle["warm_s"] == 0.2 and settle["seconds"] >= 0.2  # this CPU "device" was cold: warmed first
+    again = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warm_s=0.2))
+    assert again.details["settle"]["already_warm_s"] > 0  # the first run's load counted
 
 
 def test_settle_waits_for_the_throughput_to_stop_drifting() -> None:

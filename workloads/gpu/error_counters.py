@@ -127,13 +127,13 @@ def read(nvml: Any, handle: Any) -> dict[str, Any]:
 
 def read_device(device: Any) -> dict[str, Any]:
     """``read`` for a CUDA device, or {'error': why} where NVML cannot be used."""
-    from workloads.gpu.inventory import _handle, _nvml
+    from workloads.clocks import device_handle, init_nvml
 
     if getattr(device, "type", "cpu") != "cuda":
         return {"error": "no GPU on this rank"}
     try:
-        nvml = _nvml()
-        return read(nvml, _handle(nvml, device))
+        nvml = init_nvml()
+        return read(nvml, device_handle(nvml, device))
     except Exception as exc:  # ImportError, NVMLError: the reason is reported, the checks skip or fail on it
         return {"error": f"NVML unavailable: {type(exc).__name__}: {exc}"}
 

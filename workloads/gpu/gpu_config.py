@@ -68,13 +68,13 @@ def read_device(device: Any) -> dict[str, Any]:
     """``read`` plus the CUDA attributes and torch's NCCL for this rank's GPU, or {'error': why}."""
     import torch
 
-    from workloads.gpu.inventory import _handle, _nvml
+    from workloads.clocks import device_handle, init_nvml
 
     if getattr(device, "type", "cpu") != "cuda":
         return {"error": "no GPU on this rank"}
     try:
-        nvml = _nvml()
-        out = read(nvml, _handle(nvml, device))
+        nvml = init_nvml()
+        out = read(nvml, device_handle(nvml, device))
     except Exception as exc:  # ImportError, NVMLError
         return {"error": f"NVML unavailable: {type(exc).__name__}: {exc}"}
     out["values"]["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -5,7 +5,10 @@ sweep, warm-up calls, then about 100 calls, each timed on its own with CUDA even
 untimed, by a write of a buffer past the L2 cache (A and B then come from HBM, as in training) and a
 fresh copy into C (the output really changes). A shape's figure is 2*M*N*K / its median call time;
 the metric is the best shape's figure, the shape recorded. Before the sweep the device runs the first
-shape until its throughput stops drifting (clocks settled at the power limit). B is stored (N, K) and
+shape until it has been under load for ``warm_s`` (mamf-finder's 30 s at the standard level; load
+from a sweep that ended moments ago counts) and its throughput stops drifting: a GPU fresh from idle
+is cool, and under its power cap a cool GPU holds higher clocks (an H100 read 807 TFLOPS after a 3 s
+warm-up where mamf-finder, after its 30 s, read 737 on the same GPU in the same session). B is stored (N, K) and
 used transposed, as nn.Linear does (and as fp8's torch._scaled_mm requires). Every rank measures at once.
 
 Why per call with a flush between, not batches of back-to-back products: that is what the field's
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,8 +58,14 @@ CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
     "standard": ((256, 256, 256), (512, 512, 512), (384, 512, 256)),
     "extended": ((256, 256, 256), (512, 512, 512), (384, 512, 256), (768, 768, 768)),
 }
-GPU_CALLS = {"quick": (10, 30, 2.0), "standard": (20, 100, 5.0), "extended": (50, 200, 45.0)}
-"""Per level: warm-up calls per shape, timed calls per shape, most seconds to settle the device."""
+GPU_CALLS = {"quick": (10, 30, 2.0), "standard": (20, 100, 30.0), "extended": (50, 200, 45.0)}
+"""Per level: warm-up calls per shape, timed calls per shape, seconds of load before timing (``warm_s``).
+Quick keeps 2 s to stay a one-minute check: its figure comes from a cooler GPU and reads higher."""
+STILL_WARM_S = 10.0
+"""A sweep that ended less than this long ago left the device warm: its load counts towards ``warm_s``
+(the next dtype's test starts within seconds of the last one's end)."""
+_LOADED: dict[str, tuple[float, float]] = {}
+"""Per device: (monotonic time its current stretch of load began, time it last ended)."""
 CPU_CALLS = {"quick": (1, 5, 0.0), "standard": (2, 10, 0.0), "extended": (2, 30, 0.0)}
 FLUSH_BYTES = 256 << 20
 """Written before every call on a GPU: mamf-finder's 256 MiB (4x H200's L2), so the gap between calls
@@ -78,8 +88,9 @@ class Config:
     """Timed calls per shape; a shape's figure is their median (MAMF: 100)."""
     warmup_calls: int = 2
     """Untimed calls per shape before its timed calls (cuBLAS picks and loads its kernel)."""
-    settle_s: float = 0.0
-    """Most seconds the device runs the first shape before the sweep, until its throughput stops drifting."""
+    warm_s: float = 0.0
+    """Seconds of load the device must have had before anything is timed (the first shape runs until then,
+    and then until its throughput stops drifting, at most twice as long)."""
     flush_bytes: int = 8 << 20
     """Bytes written before every call to evict the inputs from the cache (GPU: FLUSH_BYTES)."""
     sample: int = 64
@@ -99,8 +110,8 @@ class Config:
             raise ValueError(f"shapes must be non-empty (M, N, K) triples of positive ints, got {self.shapes}")
         if self.dtype == "fp8" and any(d % 16 for s in self.shapes for d in s):
             raise ValueError(f"fp8 (torch._scaled_mm) needs every dimension a multiple of 16, got {self.shapes}")
-        if self.calls < 1 or self.warmup_calls < 0 or self.settle_s < 0 or self.flush_bytes < 4:
-            raise ValueError(f"calls >= 1, warmup_calls >= 0, settle_s >= 0 and flush_bytes >= 4 needed, got {self}")
+        if self.calls < 1 or self.warmup_calls < 0 or self.warm_s < 0 or self.flush_bytes < 4:
+            raise ValueError(f"calls >= 1, warmup_calls >= 0, warm_s >= 0 and flush_bytes >= 4 needed, got {self}")
 
     @property
     def tolerance(self) -> float:
@@ -111,13 +122,13 @@ class Config:
                   peak_tflops: float | None = None) -> Config:
         check_level(level)
         if device.type == "cpu":
-            warmup, calls, settle_s = CPU_CALLS[level]
+            warmup, calls, warm_s = CPU_CALLS[level]
             return cls(dtype=dtype, shapes=CPU_SHAPES[level], device=str(device), peak_tflops=peak_tflops,
-                       calls=calls, warmup_calls=warmup, settle_s=settle_s)
-        warmup, calls, settle_s = GPU_CALLS[level]
+                       calls=calls, warmup_calls=warmup, warm_s=warm_s)
+        warmup, calls, warm_s = GPU_CALLS[level]
         shapes = GPU_SHAPES[level] + (FP8_SHAPES if dtype == "fp8" else ())
         return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops, calls=calls,
-                   warmup_calls=warmup, settle_s=settle_s,
+                   warmup_calls=warmup, warm_s=warm_s,
                    flush_bytes=max(FLUSH_BYTES, 2 * hw.l2_cache_bytes(device)))
 
 
@@ -258,6 +269,16 @@ def measure_shape(bench: Bench) -> dict[str, Any]:
 _BEST: dict[tuple[str, str], Shape] = {}
 
 
+def warmed_for(device: str, now: float | None = None) -> float:
+    """Seconds the device has been under matmul load in this process, counting sweeps less than
+    ``STILL_WARM_S`` apart as one stretch; 0 after a longer pause (it has cooled)."""
+    if device not in _LOADED:
+        return 0.0
+    since, last_end = _LOADED[device]
+    now = time.monotonic() if now is None else now
+    return last_end - since if now - last_end < STILL_WARM_S else 0.0
+
+
 def best_shape(device: torch.device, dtype: str) -> Shape | None:
     """The best shape the last sweep in this process found for ``dtype`` on ``device`` (None before one):
     the shape the sustained measurement holds."""
@@ -274,12 +295,18 @@ def run(cfg: Config) -> Result:
 
     def measure(shape: Shape, gen: torch.Generator) -> dict[str, Any]:
         bench = Bench(shape, cfg, device, gen, flush)
-        if not settled:  # the first shape settles the device before anything is timed
-            settled.update(hw.settle(bench.burst_tflops, cfg.settle_s, least_s=min(cfg.settle_s, 2.0)))
+        if not settled:  # the first shape warms the device before anything is timed
+            already = warmed_for(cfg.device)
+            needed = max(cfg.warm_s - already, 0.0)
+            settled.update(hw.settle(bench.burst_tflops, 2 * needed, least_s=needed),
+                           warm_s=cfg.warm_s, already_warm_s=round(already, 1))
         return measure_shape(bench)
 
+    began = time.monotonic()
     with precision(cfg.dtype):
         shapes, clocks = hw.each_at_once(cfg.shapes, measure, device, cfg.seed)
+    loaded_since, last_end = _LOADED.get(cfg.device, (began, began))
+    _LOADED[cfg.device] = (loaded_since if began - last_end < STILL_WARM_S else began, time.monotonic())
     best = max(shapes, key=lambda s: s["tflops"])
     _BEST[(str(device), cfg.dtype)] = tuple(best["shape"])  # type: ignore[assignment]
     median = statistics.median(s["tflops"] for s in shapes)
@@ -316,7 +343,7 @@ def main() -> None:
         elif args.sweep == "wide" and here.device.type == "cuda":
             shapes = wide_sweep()
         cfg = Config(dtype=cfg.dtype, shapes=shapes, calls=args.calls or cfg.calls, warmup_calls=cfg.warmup_calls,
-                     settle_s=cfg.settle_s, flush_bytes=cfg.flush_bytes, device=cfg.device)
+                     warm_s=cfg.warm_s, flush_bytes=cfg.flush_bytes, device=cfg.device)
         result = run(cfg)
         d = result.details
         for s in d["shapes"]:

@@ -77,12 +77,12 @@ class XidWatcher:
 
 def watch(device: Any) -> XidWatcher | str:
     """A started watcher for a CUDA device, or why there is none."""
-    from workloads.gpu.inventory import _handle, _nvml
+    from workloads.clocks import device_handle, init_nvml
 
     if getattr(device, "type", "cpu") != "cuda":
         return "no GPU on this rank"
     try:
-        nvml = _nvml()
-        return XidWatcher(nvml, _handle(nvml, device)).start()
+        nvml = init_nvml()
+        return XidWatcher(nvml, device_handle(nvml, device)).start()
     except Exception as exc:  # ImportError, NVMLError
         return f"NVML unavailable: {type(exc).__name__}: {exc}"
