@@ -71,6 +71,13 @@ def test_the_device_warms_as_long_as_mamf_finder_and_load_moments_ago_counts(mon
     assert again.details["settle"]["already_warm_s"] > 0  # the first run's load counted
 
 
+def test_each_shape_runs_warmup_s_of_untimed_calls_before_its_timed_ones() -> None:
+    # The figure must not come from the boost a GPU gets after a pause: warm-up calls fill warmup_s.
+    start = time.monotonic()
+    out = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warmup_calls=0, warmup_s=0.3))
+    assert time.monotonic() - start >= 0.3 and "0.3 s of them" in out.details["method"]
+
+
 def test_settle_waits_for_the_throughput_to_stop_drifting() -> None:
     falling = iter([900, 880, 860, 840, 820, 800, 780, 760] + [700] * 100)  # boost, then the power cap
     out = hw.settle(lambda: float(next(falling)), most_s=5.0, least_s=0.0, window=4, tolerance=0.01)

@@ -21,6 +21,7 @@ Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.matmul --dtype bf16 [--s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -61,6 +62,9 @@ CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
 GPU_CALLS = {"quick": (10, 30, 2.0), "standard": (20, 100, 30.0), "extended": (50, 200, 45.0)}
 """Per level: warm-up calls per shape, timed calls per shape, seconds of load before timing (``warm_s``).
 Quick keeps 2 s to stay a one-minute check: its figure comes from a cooler GPU and reads higher."""
+WARMUP_CALLS_S = 1.0
+"""Untimed calls per shape on a GPU, in seconds, ending where the timed calls begin: long enough for the
+power controller to leave the boost it allows after a pause (0.2 s bursts read 5% high after one)."""
 STILL_WARM_S = 10.0
 """A sweep that ended less than this long ago left the device warm: its load counts towards ``warm_s``
 (the next dtype's test starts within seconds of the last one's end)."""
@@ -87,7 +91,9 @@ class Config:
     calls: int = 10
     """Timed calls per shape; a shape's figure is their median (MAMF: 100)."""
     warmup_calls: int = 2
-    """Untimed calls per shape before its timed calls (cuBLAS picks and loads its kernel)."""
+    """Untimed calls per shape before its timed calls (cuBLAS picks and loads its kernel), at least."""
+    warmup_s: float = 0.0
+    """Seconds of untimed calls per shape right before its timed calls (GPU: ``WARMUP_CALLS_S``)."""
     warm_s: float = 0.0
     """Seconds of load the device must have had before anything is timed (the first shape runs until then,
     and then until its throughput stops drifting, at most twice as long)."""
@@ -110,7 +116,7 @@ class Config:
             raise ValueError(f"shapes must be non-empty (M, N, K) triples of positive ints, got {self.shapes}")
         if self.dtype == "fp8" and any(d % 16 for s in self.shapes for d in s):
             raise ValueError(f"fp8 (torch._scaled_mm) needs every dimension a multiple of 16, got {self.shapes}")
-        if self.calls < 1 or self.warmup_calls < 0 or self.warm_s < 0 or self.flush_bytes < 4:
+        if self.calls < 1 or self.warmup_calls < 0 or self.warmup_s < 0 or self.warm_s < 0 or self.flush_bytes < 4:
             raise ValueError(f"calls >= 1, warmup_calls >= 0, warm_s >= 0 and flush_bytes >= 4 needed, got {self}")
 
     @property
@@ -128,7 +134,7 @@ class Config:
         warmup, calls, warm_s = GPU_CALLS[level]
         shapes = GPU_SHAPES[level] + (FP8_SHAPES if dtype == "fp8" else ())
         return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops, calls=calls,
-                   warmup_calls=warmup, warm_s=warm_s,
+                   warmup_calls=warmup, warm_s=warm_s, warmup_s=WARMUP_CALLS_S,
                    flush_bytes=max(FLUSH_BYTES, 2 * hw.l2_cache_bytes(device)))
 
 
@@ -254,7 +260,11 @@ def measure_shape(bench: Bench) -> dict[str, Any]:
     bench.refresh()
     bench.call()
     err_before = bench.check("")
-    for _ in range(cfg.warmup_calls):
+    # Untimed calls for warmup_s right up to the timed ones, with no pause between: after any pause (the
+    # check above, new operands) the power controller lets the clocks boost for a while, and calls timed
+    # then read high (an H100 at its power cap: 797 TFLOPS after a pause, 700 without, as mamf-finder).
+    one = statistics.median(bench.times(3))
+    for _ in range(max(cfg.warmup_calls, math.ceil(cfg.warmup_s / one))):
         bench.refresh()
         bench.call()
     times = bench.times(cfg.calls)
@@ -312,7 +322,7 @@ def run(cfg: Config) -> Result:
     median = statistics.median(s["tflops"] for s in shapes)
     details: dict[str, Any] = {
         "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance,
-        "method": f"MAMF: per shape {cfg.warmup_calls} warm-up calls, then the median of {cfg.calls} calls each "
+        "method": f"MAMF: per shape at least {cfg.warmup_calls} warm-up calls and {cfg.warmup_s:g} s of them, then the median of {cfg.calls} calls each "
                   f"timed alone, a {cfg.flush_bytes >> 20} MiB cache flush and a fresh C before each (untimed)",
         "settle": settled, "shapes": shapes, "best_shape": best["shape"], "best_tflops": best["tflops"],
         "median_over_shapes_tflops": median, "clocks": clocks,
@@ -334,6 +344,8 @@ def main() -> None:
                         help="wide: 144 shapes, the reference the level's sweep is compared with")
     parser.add_argument("--shapes", nargs="*", default=None, metavar="MxNxK", help="shapes to sweep instead")
     parser.add_argument("--calls", type=int, default=None, help="timed calls per shape")
+    parser.add_argument("--warmup-s", type=float, default=None,
+                        help="seconds of untimed calls right before each shape's timed calls (default: the level's)")
     args = parser.parse_args()
     with distributed() as here:
         cfg = Config.for_level(args.level, here.device, args.dtype)
@@ -342,8 +354,8 @@ def main() -> None:
             shapes = tuple(tuple(int(d) for d in s.lower().split("x")) for s in args.shapes)  # type: ignore[misc]
         elif args.sweep == "wide" and here.device.type == "cuda":
             shapes = wide_sweep()
-        cfg = Config(dtype=cfg.dtype, shapes=shapes, calls=args.calls or cfg.calls, warmup_calls=cfg.warmup_calls,
-                     warm_s=cfg.warm_s, flush_bytes=cfg.flush_bytes, device=cfg.device)
+        cfg = dataclasses.replace(cfg, shapes=shapes, calls=args.calls or cfg.calls,
+                                  warmup_s=cfg.warmup_s if args.warmup_s is None else args.warmup_s)
         result = run(cfg)
         d = result.details
         for s in d["shapes"]:
