@@ -322,8 +322,9 @@ def run(cfg: Config) -> Result:
     median = statistics.median(s["tflops"] for s in shapes)
     details: dict[str, Any] = {
         "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance,
-        "method": f"MAMF: per shape at least {cfg.warmup_calls} warm-up calls and {cfg.warmup_s:g} s of them, then the median of {cfg.calls} calls each "
-                  f"timed alone, a {cfg.flush_bytes >> 20} MiB cache flush and a fresh C before each (untimed)",
+        "method": f"MAMF: per shape at least {cfg.warmup_calls} warm-up calls and {cfg.warmup_s:g} s of them, "
+                  f"then the median of {cfg.calls} calls each timed alone, a {cfg.flush_bytes >> 20} MiB cache "
+                  "flush and a fresh C before each (untimed)",
         "settle": settled, "shapes": shapes, "best_shape": best["shape"], "best_tflops": best["tflops"],
         "median_over_shapes_tflops": median, "clocks": clocks,
     }
