@@ -59,12 +59,14 @@ CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
     "standard": ((256, 256, 256), (512, 512, 512), (384, 512, 256)),
     "extended": ((256, 256, 256), (512, 512, 512), (384, 512, 256), (768, 768, 768)),
 }
-GPU_CALLS = {"quick": (10, 30, 2.0), "standard": (20, 100, 30.0), "extended": (50, 200, 45.0)}
-"""Per level: warm-up calls per shape, timed calls per shape, seconds of load before timing (``warm_s``).
-Quick keeps 2 s to stay a one-minute check: its figure comes from a cooler GPU and reads higher."""
 WARMUP_CALLS_S = 1.0
-"""Untimed calls per shape on a GPU, in seconds, ending where the timed calls begin: long enough for the
-power controller to leave the boost it allows after a pause (0.2 s bursts read 5% high after one)."""
+"""Untimed calls per shape on a GPU at standard, in seconds, ending where the timed calls begin: long enough
+for the power controller to leave the boost it allows after a pause (0.2 s bursts read 5% high after one)."""
+GPU_CALLS = {"quick": (10, 30, 2.0, 0.2), "standard": (20, 100, 30.0, WARMUP_CALLS_S),
+             "extended": (50, 200, 45.0, WARMUP_CALLS_S)}
+"""Per level: warm-up calls per shape, timed calls per shape, seconds of load before the sweep (``warm_s``),
+seconds of untimed calls right before each shape's timed ones (``warmup_s``, see WARMUP_CALLS_S). Quick
+keeps both short to stay a one-minute check: its figure comes from a cooler GPU and reads higher."""
 STILL_WARM_S = 10.0
 """A sweep that ended less than this long ago left the device warm: its load counts towards ``warm_s``
 (the next dtype's test starts within seconds of the last one's end)."""
@@ -131,10 +133,10 @@ class Config:
             warmup, calls, warm_s = CPU_CALLS[level]
             return cls(dtype=dtype, shapes=CPU_SHAPES[level], device=str(device), peak_tflops=peak_tflops,
                        calls=calls, warmup_calls=warmup, warm_s=warm_s)
-        warmup, calls, warm_s = GPU_CALLS[level]
+        warmup, calls, warm_s, warmup_s = GPU_CALLS[level]
         shapes = GPU_SHAPES[level] + (FP8_SHAPES if dtype == "fp8" else ())
         return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops, calls=calls,
-                   warmup_calls=warmup, warm_s=warm_s, warmup_s=WARMUP_CALLS_S,
+                   warmup_calls=warmup, warm_s=warm_s, warmup_s=warmup_s,
                    flush_bytes=max(FLUSH_BYTES, 2 * hw.l2_cache_bytes(device)))
 
 
