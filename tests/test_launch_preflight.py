@@ -57,6 +57,7 @@ def test_endpoint_that_never_answers_ends_at_its_timeout() -> None:
     port = free_port()
     start = time.monotonic()
     problem = preflight.wait_for_endpoint(f"127.0.0.1:{port}", 1.5, connect=True, poll_s=0.5)
+    # Asked to wait 1.5 s, polling every 0.5 s: 5 s is the timer plus a generous scheduling margin.
     assert time.monotonic() - start < 5
     assert problem is not None and problem.startswith(f"rendezvous endpoint 127.0.0.1:{port} not reachable within 2 s")
     assert f"connect to 127.0.0.1:{port}" in problem and "pod <job>-0" in problem
@@ -90,6 +91,8 @@ def _node_sh(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess[
 
 def test_node_script_unreachable_rendezvous_named_within_timeout(tmp_path: Path) -> None:
     proc, seconds = _node_sh(tmp_path, CLUSTERGATE_NODE_INDEX="1")
+    # node.sh waits 2 s for the endpoint, then names it: the lower bound shows it waited, the upper one
+    # (bash and a Python start-up on a busy machine, 10x the usual) that it did not wait for torchrun's 600 s.
     assert proc.returncode == 2 and 2 <= seconds < 20
     assert f"clustergate preflight FAILED on {HOST} (node index 1): rendezvous endpoint 127.0.0.1:" in proc.stderr
     assert "not reachable within 2 s" in proc.stderr

@@ -25,6 +25,8 @@ from torchrun_job import ROOT, free_port, job_env
 pytestmark = pytest.mark.slow
 
 LIMIT_S = 110
+"""Two agents, two ranks each, a full c10d rendezvous and the multinode tests at quick: 30-50 s on CI's
+2 cores. A hang-guard, not a performance check: past it both agents are ended and the test fails."""
 
 
 def test_two_nodes_run_multinode_and_node_tests(tmp_path: Path) -> None:
