@@ -6,11 +6,16 @@ The settings only (pure configs); the quick level's own run on CPU is timed by h
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from workloads.finetune import fsdp, lora, zero3
 from workloads.interconnect import pairs
 from workloads.training import checkpoint, gpt
+
+from torchrun_job import ROOT, run_job
 
 GPU, CPU = torch.device("cuda", 0), torch.device("cpu")
 
@@ -45,3 +50,12 @@ def test_node_pair_rounds_are_fixed_per_level() -> None:
               for level in ("quick", "standard", "extended")}
     assert rounds == {"quick": 2, "standard": 3, "extended": 5}
     assert pairs.Config.for_level("quick", CPU, kind="internode", max_bytes=1 << 30).rounds == 3
+
+
+@pytest.mark.slow  # a torchrun job
+def test_quick_leaves_out_the_fine_tunes_that_test_software_not_the_node(tmp_path: Path) -> None:
+    r = run_job(tmp_path, [str(ROOT / "acceptance"), "--level", "quick", "-k", "lora or zero3"], nproc=1,
+                timeout=180)  # a hang guard: one CPU rank starts and skips two tests in 10-30 s
+    skipped = {t["nodeid"].split("::")[1]: t for t in r.results["tests"]}
+    assert set(skipped) == {"test_lora_finetune_learns", "test_zero3_finetune"}, r.output
+    assert all(t["outcome"] == "skipped" and "day-2 node check" in t["message"] for t in skipped.values())

@@ -27,6 +27,8 @@
 #   CLUSTERGATE_HEALTH_FAILED_STATUS  exit status after draining (default 0). In a Prolog, 1 makes Slurm
 #                                requeue the job elsewhere (Slurm then also notes the prolog failure).
 #   CLUSTERGATE_PYTHON           Python with torch and the suite's dependencies (default: python3)
+#   TORCHINDUCTOR_CACHE_DIR      torch.compile's kernels, kept between checks so later ones compile from the
+#                                cache (default: DIR/<node>/inductor-cache under CLUSTERGATE_HEALTH_DIR)
 # Exit status: 0 when the node passed (or the failed status above after draining); 2 on bad settings.
 set -uo pipefail
 export PATH=${PATH:-/usr/sbin:/usr/bin:/sbin:/bin}  # slurmd gives prologs an almost empty environment
@@ -44,6 +46,9 @@ nproc=${CLUSTERGATE_NPROC_PER_NODE:-$gpus}
 ((nproc > 0)) || nproc=1  # no GPU: one CPU rank (the cpu profile)
 limit=${CLUSTERGATE_HEALTH_TIMEOUT:-300}
 report_dir=${CLUSTERGATE_HEALTH_DIR:-/var/tmp/clustergate-health}/$node/$(date -u +%Y%m%dT%H%M%SZ)
+# The GPT test's compile is the quick level's largest cost; a cache kept beside the reports makes every check
+# after the first load its kernels instead (slurmd gives each prolog a fresh environment, often a fresh /tmp).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${CLUSTERGATE_HEALTH_DIR:-/var/tmp/clustergate-health}/$node/inductor-cache}
 if (($# == 0)); then
     set -- acceptance --level quick
 fi
