@@ -28,7 +28,7 @@ import torch
 from workloads.clocks import BAD_CLOCK_EVENTS, ClockSampler, reason_names
 from workloads.common import check_level, distributed, place, synchronize
 from workloads.gpu import _hw as hw
-from workloads.gpu.matmul import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
+from workloads.gpu._gemm import RTOL, Shape, check_error, operands, precision, product_fn, sample_error, tflops
 from workloads.result import Metric, Result, WorkloadError
 
 DEFAULT_SHAPE: Shape = (4096, 4096, 8192)
