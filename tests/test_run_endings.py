@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from report_runs import schema_errors
 
-from torchrun_job import ROOT, JobResult, job_env, plant, run_job, start_job, start_ranks, wait_for
+from torchrun_job import ROOT, JobResult, foreground_signals, job_env, plant, run_job, start_job, start_ranks, wait_for
 
 HOST = socket.gethostname()
 LEFT_WITHIN_S = 60.0
@@ -83,11 +83,17 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "clustergate",
                              "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--report-dir",
                              str(tmp_path / "report"), "--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
-                            cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=foreground_signals)
     wait_for(tmp_path / "ready-0")
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)  # a hang guard: the product's own bound is 20 s, asserted below
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"pytest still running 60 s after SIGINT; its output:\n{out[-6000:]}")
     res = json.loads((tmp_path / "report" / "results.json").read_text())
     note("SIGINT to plain pytest (world size 1)", JobResult([proc.returncode], out, time.monotonic() - sent,
                                                             tmp_path / "report"), time.monotonic() - sent, res,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +48,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def foreground_signals() -> None:
+    """preexec_fn of every job: SIGINT back to its default, as a shell does for a foreground command.
+    A test runner started in the background (``cmd &`` in a script, nohup) ignores SIGINT and its
+    children inherit that; the plugin rightly respects an ignored SIGINT, so a planted Ctrl-C would
+    then be lost and the job run to its timeout."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -107,7 +116,8 @@ def start_job(cwd: Path, pytest_args: list[str], *, nodes: int = 1, nproc: int =
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *opts,
                                *_pytest_args(cwd, pytest_args, report_dir), *(node_args[i] if node_args else [])],
                               cwd=cwd, env=job_env({**(env or {}), **(node_env[i] if node_env else {})}),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=foreground_signals)
              for i, opts in enumerate(launch)]
     return Job(procs, start, timeout, report_dir)
 
@@ -132,7 +142,7 @@ def start_ranks(cwd: Path, pytest_args: list[str], *, nproc: int = 2, timeout: f
                     "MASTER_PORT": str(port), **(env or {})}
         procs.append(subprocess.Popen([sys.executable, *_pytest_args(cwd, pytest_args)], cwd=cwd,
                                       env=job_env(rank_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+                                      text=True, preexec_fn=foreground_signals))
     return Job(procs, start, timeout, cwd / "report")
 
 
