@@ -52,7 +52,7 @@ def _settle(cg: Recorder, expected: Expected, seen: dict[int, Seen], scope: str)
         elif problem:
             failures.setdefault(owner, []).append(
                 f"{where}: {problem} ({shown}). Next step: {faults.next_step(expected.rule.category)}")
-    cg.record_result(Result(metrics=(), details={"expect": {"key": expected.key, "what": expected.rule.what,
+    cg.record_result(Result(metrics=(), details={"expect": {"setting": expected.key, "what": expected.rule.what,
                                                             "expected": expected.text, "rows": rows}}))
     decide(cg, f"expect.{expected.key}", failures, unreadable)
 

@@ -24,7 +24,7 @@ RESULTS = {
              {"metric": "ecc_corrected_delta", "where": "rank 0 gpu-07 gpu 2", "label": "gpu 2", "value": 0.0,
               "unit": "count", "status": "ok", "evidence": [], "next_step": ""}]}},
         {"nodeid": "acceptance/test_node_config.py::test_node_setting[numa_balancing]", "outcome": "failed",
-         "metrics": [], "details": {"expect": {"key": "numa_balancing", "what": "automatic NUMA balancing",
+         "metrics": [], "details": {"expect": {"setting": "numa_balancing", "what": "automatic NUMA balancing",
                                                "expected": "false", "rows": [
                                                    {"where": "node 0 (gpu-07)", "seen": "kernel.numa_balancing=1",
                                                     "status": "fail"}]}}},

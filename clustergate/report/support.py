@@ -31,7 +31,7 @@ def expected_configuration(results: dict[str, Any]) -> str:
         more = len(e.get("rows", [])) - 8
         outcome = test.get("outcome", "")
         cls = {"failed": "cg-fail", "passed": "cg-pass"}.get(outcome, "cg-muted")
-        rows.append([html._td(e.get("key", ""), title=e.get("what", "")), html._td(e.get("expected", "")),
+        rows.append([html._td(e.get("setting", ""), title=e.get("what", "")), html._td(e.get("expected", "")),
                      html._td(outcome.upper() if outcome != "skipped" else "not readable", cls),
                      html._td(seen + (f"; ... {more} more" if more > 0 else ""))])
     return html._table(["setting", "expected", "result", "seen"], rows) if rows else ""
