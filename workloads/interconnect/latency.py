@@ -34,6 +34,8 @@ from workloads.common import synchronize
 
 WARMUP_S = 0.2
 """Seconds of back-to-back calls before any is timed (and at least the configured warm-up count)."""
+WARMUP_BATCHES = 8
+"""Most warm-up batches (the same on every rank, so they stay in step); two or three suffice at a steady pace."""
 
 
 def issue_all_reduce(tensor: torch.Tensor, group: Any) -> Callable[[], Any]:
@@ -53,18 +55,24 @@ def time_rounds(issue: Callable[[], Any], device: torch.device, warmup: int, cal
     ``calls`` back-to-back launches: ``host`` by the host's wall clock (nccl-tests' figure), ``device`` by
     CUDA events around the round (the host clock on CPU).
 
-    Every rank must launch the same number of collectives: the warm-up's ``warmup`` calls are timed,
-    and the calls that fill ``warmup_s`` are counted from them and agreed (``agree``: the largest count
-    of any rank; a collective over the group) before they run."""
+    Every rank must launch the same number of collectives. The warm-up runs in batches: first ``warmup``
+    calls, then as many as the last batch's pace says fill what is left of ``warmup_s``, the count agreed
+    before each batch (``agree``: the largest count of any rank; a collective over the group), until every
+    rank has had its seconds. One estimate from the first calls is not enough: they are the slow ones
+    (NCCL connecting, clocks rising, a busy host), so it undercounts and the warm-up ends early."""
     t0 = time.perf_counter()
-    for _ in range(warmup):
-        finish(issue())
-    synchronize(device)
-    elapsed = time.perf_counter() - t0
-    more = math.ceil((warmup_s - elapsed) / (elapsed / max(1, warmup))) if elapsed < warmup_s else 0
-    for _ in range(agree(min(more, 100_000))):
-        finish(issue())
-    synchronize(device)
+    batch = warmup
+    for _ in range(WARMUP_BATCHES):
+        b0 = time.perf_counter()
+        for _ in range(batch):
+            finish(issue())
+        synchronize(device)
+        now = time.perf_counter()
+        left = warmup_s - (now - t0)
+        pace = max((now - b0) / max(1, batch), 1e-7)
+        batch = agree(min(math.ceil(left / pace), 100_000) if left > 0 else 0)
+        if batch == 0:
+            break
     host: list[float] = []
     span: list[float] = []
     cuda = device.type == "cuda"
