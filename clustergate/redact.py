@@ -94,12 +94,17 @@ def _site_names(listed: str) -> tuple[str, ...]:
 
 def is_secret_name(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether values under ``name`` are secrets: a secret-looking name, or one of CLUSTERGATE_REDACT_VARS."""
+    return _is_secret_name(name, (os.environ if environ is None else environ).get(SITE_LIST, ""))
+
+
+@lru_cache(maxsize=8192)
+def _is_secret_name(name: str, site_list: str) -> bool:
+    # Cached: a results record asks about the same few hundred keys hundreds of thousands of times.
     if NOT_SECRET_NAME.fullmatch(name):
         return False
     if SECRET_NAME.search(name):
         return True
-    site = _site_names((os.environ if environ is None else environ).get(SITE_LIST, ""))
-    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in site)
+    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in _site_names(site_list))
 
 
 def _url(m: re.Match[str]) -> str:
@@ -159,6 +164,10 @@ def _cut_parts(text: str, secret: str) -> str:
     return text
 
 
+_LIVE: list[Any] = [None, None]
+"""The scrubber of the live environment and the environment it was built from (``Scrubber.from_environment``)."""
+
+
 class Scrubber:
     """Removes known secret values (and URL credentials, secret ``Name=value`` pairs) from free text."""
 
@@ -175,9 +184,19 @@ class Scrubber:
     def from_environment(cls, environ: Mapping[str, str] | None = None,
                          extra: Mapping[str, Any] | None = None) -> Scrubber:
         """Secrets = values of secret-named environment variables (and of ``extra``, e.g. metadata)."""
-        environ = os.environ if environ is None else environ
+        if environ is None and not extra:
+            # The live environment's scrubber, built again only when the environment changed: redacting
+            # results.json asks for it at every write, and a test may set a variable between two.
+            snapshot = tuple(os.environ.items())
+            if _LIVE[0] != snapshot:
+                _LIVE[:] = [snapshot, cls._of(os.environ, {})]
+            return _LIVE[1]
+        return cls._of(os.environ if environ is None else environ, extra or {})
+
+    @classmethod
+    def _of(cls, environ: Mapping[str, str], extra: Mapping[str, Any]) -> Scrubber:
         found = [v for k, v in environ.items() if is_secret_name(k, environ)]
-        found += _secret_values(extra or {})
+        found += _secret_values(extra)
         return cls(found)
 
     def __call__(self, text: str) -> str:

@@ -100,14 +100,17 @@ class RunRecord:
     def verdict(self) -> str:
         return self.decision.verdict
 
-    def as_json(self) -> dict[str, Any]:
-        """The record as every output shows it: redacted here, once, for all of them."""
+    def as_json(self, only_test: str | None = None) -> dict[str, Any]:
+        """The record as every output shows it: redacted here, once, for all of them.
+
+        ``only_test``: the run with that one test in ``tests`` (none if it has no entry), for a view of one
+        test while the run goes on; redacting every test for each of them costs tests x tests."""
         decision = self.decision
         tests = [
             {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
              "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
              "metrics": t.metrics, "details": t.details}
-            for t in self.tests.values()
+            for t in self.tests.values() if only_test is None or t.nodeid == only_test
         ]
         return redact({
             "schema": SCHEMA,

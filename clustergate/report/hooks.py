@@ -57,11 +57,12 @@ def _active(config: pytest.Config) -> bool:
     return bool(config.getoption("htmlpath", None))
 
 
-def results_of(config: pytest.Config, final: bool = False) -> dict[str, Any] | None:
+def results_of(config: pytest.Config, final: bool = False, only_test: str | None = None) -> dict[str, Any] | None:
     """The run as results.json says it: the replayed dict, or rank 0's live record.
 
     ``final``: at the end of the session, the record as decided (the one results.json gets once every
     output is written), so the report and the terminal summary say exactly what the file will say.
+    ``only_test``: of the live record's tests, that one alone (a replayed or decided record has them all).
     """
     if REPLAYED in config.stash:
         return config.stash[REPLAYED]
@@ -70,7 +71,7 @@ def results_of(config: pytest.Config, final: bool = False) -> dict[str, Any] | N
         return None
     if final and gate.decided is not None:
         return gate.decided
-    return gate.run.as_json()
+    return gate.run.as_json(only_test=only_test)
 
 
 def _scrub(config: pytest.Config) -> Scrubber:
@@ -164,7 +165,7 @@ def _page_text(value: Any) -> Any:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_report_title(report: Any) -> None:
-    results = results_of(report.config)
+    results = results_of(report.config, only_test="")
     report.title = f"clustergate sign-off: {results['profile']}" if results else "clustergate sign-off"
 
 
@@ -216,7 +217,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = yield
     if not _active(item.config):
         return report
-    results = results_of(item.config) or {}
+    results = results_of(item.config, only_test=item.nodeid) or {}
     # pytest-html's row and log hooks get the report but not the config: what they need rides on it.
     report.clustergate_cells = _row_cells(report, results)  # type: ignore[attr-defined]
     report.clustergate_scrub = _scrub(item.config)  # type: ignore[attr-defined]
