@@ -76,8 +76,9 @@ def test_run_is_torchrun_on_this_node_over_the_packaged_suite(capsys: pytest.Cap
                      "--", "--print-command"]) == 0
     cmd = capsys.readouterr().out.split()
     suite = str(ROOT / "acceptance")
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3", "-m", "pytest",
-                   "-c", str(ROOT / "clustergate" / "run.ini"), "--rootdir", str(ROOT), "-p", "clustergate", suite,
+    assert cmd == ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node=3", "-m", "pytest", "-c", str(ROOT / "clustergate" / "run.ini"), "--rootdir",
+                   str(ROOT), "-p", "html", "-p", "metadata", "-p", "clustergate", suite,
                    "-k", "world", "--level", "quick", "--print-command"]
     assert cli.main(["run", "--nproc-per-node=0", "--print-command"]) == 2
     assert "--nproc-per-node '0' must be a whole number >= 1" in capsys.readouterr().err
@@ -96,3 +97,26 @@ def test_runs_configuration_says_what_the_checkouts_does() -> None:
     ini.read(cli.RUN_INI)
     checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert ini["pytest"]["addopts"] == checkout["addopts"]
+
+
+def test_run_counts_the_gpus_with_nvml_and_leaves_cuda_visible_devices_to_torch(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default rank count: NVML's GPUs (no torch import before torchrun starts); torch's where
+    CUDA_VISIBLE_DEVICES narrows the set, or where NVML cannot say; 2 CPU ranks without a GPU."""
+    from types import SimpleNamespace
+
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 8)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cli.local_gpu_count() == 8
+    assert cli.main(["run", "--print-command"]) == 0 and "--nproc-per-node=8" in capsys.readouterr().out
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch's rules: no GPU (this machine has none either way)
+    assert cli.local_gpu_count() == 0
+    assert cli.main(["run", "--print-command"]) == 0 and "--nproc-per-node=2" in capsys.readouterr().out
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=no_driver))
+    assert cli.local_gpu_count() == 0

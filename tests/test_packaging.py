@@ -98,9 +98,37 @@ def test_an_unrelated_project_never_sees_the_plugin(bare_env: Path, tmp_path: Pa
     assert "--clustergate" in listed and "--thresholds" not in listed  # the switch, and none of the plugin's options
 
 
+def _plant_plugin(bin_dir: Path, mark: Path) -> list[Path]:
+    """A pytest plugin installed in the environment, as another package brings one: it writes ``mark`` when
+    pytest loads it. Returns what to remove."""
+    purelib = Path(_ok(_sh([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           bin_dir)).stdout.strip())
+    module = purelib / "cg_planted_plugin.py"
+    module.write_text(f"def pytest_configure(config):\n    open({str(mark)!r}, 'w').write('loaded')\n")
+    info = purelib / "cg_planted-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cg-planted\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\nplanted = cg_planted_plugin\n")
+    return [module, info]
+
+
 def test_the_wheel_runs_its_packaged_suite_from_any_directory(full_env: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    mark = tmp_path / "planted-plugin-loaded"
+    planted = _plant_plugin(full_env, mark)
+    try:
+        _ran_the_packaged_suite(full_env, tmp_path, elsewhere)
+        assert not mark.exists(), "clustergate run loaded a pytest plugin it was not asked for"
+        (elsewhere / "test_x.py").write_text("def test_x():\n    pass\n")
+        _ok(_sh([str(full_env / "python"), "-m", "pytest", "-q", "test_x.py", "-p", "no:cacheprovider"], elsewhere))
+        assert mark.read_text() == "loaded"  # the planted plugin is live in every other pytest run
+    finally:
+        for path in planted:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _ran_the_packaged_suite(full_env: Path, tmp_path: Path, elsewhere: Path) -> None:
     cli = str(full_env / "clustergate")
     assert _ok(_sh([cli, "--version"], elsewhere)).stdout.startswith("clustergate ")
     helped = _ok(_sh([str(full_env / "python"), "-m", "clustergate", "--help"], elsewhere)).stdout
@@ -116,4 +144,5 @@ def test_the_wheel_runs_its_packaged_suite_from_any_directory(full_env: Path, tm
     assert f"clustergate: profile cpu ({shipped}" in proc.stdout and "thresholds.yaml), level quick" in proc.stdout
     results = json.loads((report / "results.json").read_text())
     assert results["verdict"] == "accept" and [t["outcome"] for t in results["tests"]] == ["passed"]
+    assert (report / "report.html").stat().st_size > 0  # pytest-html, named with -p: autoload is off
     assert not (elsewhere / "reports").exists()  # --report-dir given: nothing of ours where it ran
