@@ -170,15 +170,23 @@ def results(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+_NO_CONTROLLER: list[str] = []
+"""Why sinfo failed, once it has (a cluster does not come up in the middle of a test run)."""
+
+
 def _unavailable(nodes: int) -> str | None:
     """Why the Slurm tests cannot run here; None when they can."""
     if shutil.which("sbatch") is None:
         return f"sbatch not found: Slurm is not installed (as root: {START} installs and starts a local cluster)"
     if os.geteuid() != 0:
         return "the Slurm tests need root: they plant per-node faults in the cluster's hooks and drain nodes"
+    if _NO_CONTROLLER:
+        return _NO_CONTROLLER[0]
     info = _run(["sinfo", "-h", "-N", "-o", "%N %t"])
     if info.returncode != 0:
-        return f"no Slurm cluster is up (sinfo: {info.stderr.strip()}): start one with {START}"
+        # sinfo takes 9 s to give up on a controller that is not there: asked once per test process.
+        _NO_CONTROLLER.append(f"no Slurm cluster is up (sinfo: {info.stderr.strip()}): start one with {START}")
+        return _NO_CONTROLLER[0]
     up = [line.split()[0] for line in info.stdout.splitlines() if line.split()[1].rstrip("*~#") in
           ("idle", "mix", "alloc", "drain", "drng")]
     if len(up) < nodes:
