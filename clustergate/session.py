@@ -104,7 +104,7 @@ class ClusterGate(Endings):
         self.progress = Progress(None)
         """progress.jsonl, opened when the session starts (nothing is written before: a usage error leaves none)."""
         self.version = {"version": clustergate.__version__, "code_digest": code_digest(),
-                        "thresholds_digest": thresholds_digest(profile)}
+                        "thresholds_digest": profile.run_digest}
         """What this rank runs: compared across ranks at collection, recorded in results.json."""
         self.run.extra["clustergate"] = dict(self.version)
         step = Step(None, "identities", within(STARTUP_S))
@@ -361,11 +361,6 @@ def code_digest() -> str:
             if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
                 h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
-
-
-def thresholds_digest(profile: Profile) -> str:
-    """A digest of the criteria and settings this rank judges by, its profile's name and sign_off included."""
-    return hashlib.sha256(f"{profile.name}\0{profile.digest}\0{profile.sign_off}".encode()).hexdigest()[:16]
 
 
 # ---- the shapes of the control messages (clustergate.control checks every one it receives) ------------

@@ -53,6 +53,13 @@ class Profile:
     expect: dict[str, expect_section.Expected] = field(default_factory=dict)
     """The profile's expect: section (clustergate.expect): how its nodes must be configured."""
 
+    @property
+    def run_digest(self) -> str:
+        """What a run records of the thresholds that judged it (results.json ``clustergate.thresholds_digest``):
+        a digest of the profile's name, criteria, settings, expect and sign_off. Ranks compare it at collection;
+        merge and sign-off compare it with the site's thresholds (``clustergate.cluster.judged_by``)."""
+        return hashlib.sha256(f"{self.name}\0{self.digest}\0{self.sign_off}".encode()).hexdigest()[:16]
+
     def setting(self, name: str, default: Any = REQUIRED) -> Any:
         """A setting's value; ``default`` when given and the profile lacks it, else a clear error."""
         if name not in SETTINGS:

@@ -101,6 +101,7 @@ def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], floa
                                                 "name": "NVIDIA H100 80GB HBM3", "rank": w.rank, "local_rank": w.rank}
                                                for w in wheres]}],
             "environment": {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.133.20"},
+            "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": PROFILE.run_digest},
             "tests": tests}
 
 

@@ -69,8 +69,8 @@ def test_slow_node_is_excluded_after_repairing_with_a_known_good_node(tmp_path: 
     # with -k and so did not test every multinode check (the sign-off signs only what was tested).
     for i, name in enumerate(NAMES):
         write_node(tmp_path / "nodes", name, node_results(name, i))
-    merge(sorted((tmp_path / "nodes").iterdir()), tmp_path)
-    out = signoff(tmp_path)
+    merge(sorted((tmp_path / "nodes").iterdir()), tmp_path, thresholds=thresholds)
+    out = signoff(tmp_path, thresholds=thresholds)  # the thresholds every phase ran under
     assert out["accepted"] == [n for n in NAMES if n != SLOW], out["reasons"]
     [reason] = out["reasons"]
     assert out["verdict"] == "reject" and reason.startswith("the fabric run left out ") and \

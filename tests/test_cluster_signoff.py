@@ -7,19 +7,24 @@ tests/test_cluster_fabric.py sign off real runs.)
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from cluster_runs import node_results, write_node
 
 from clustergate.cluster.merge import merge
 from clustergate.cluster.signoff import signoff
+from clustergate.criteria import Criterion
+from clustergate.thresholds import Thresholds, load
 
 from torchrun_job import ROOT, job_env
 
@@ -31,9 +36,33 @@ def schema_errors(data: dict[str, Any]) -> list[str]:
     return [e.message for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(data)]
 
 
+FABRIC_CRITERIA = {"net_allreduce_busbw_gbps": {"min": 40},
+                   "internode_pair_bw_gbps": {"min": 40, "outlier_fraction": 0.9},
+                   "allreduce_busbw_gbps": {"min": 350}, "net_allgather_busbw_gbps": {"min": 40, "ceiling": 64}}
+"""The fabric cases' criteria (a site's own: the shipped ones only warn for these metrics)."""
+
+
+def write_site(path: Path) -> Path:
+    """A site's thresholds: the shipped file with two fabric profiles, which fail (or warn) by FABRIC_CRITERIA."""
+    data = yaml.safe_load((ROOT / "thresholds.yaml").read_text())
+    for name, severity in (("fabric-fail", None), ("fabric-warn", "warn")):
+        data["profiles"][name] = {"extends": "h100-sxm-80gb", "metrics": {
+            m: {**c, **({"severity": severity} if severity and m == "internode_pair_bw_gbps" else {})}
+            for m, c in FABRIC_CRITERIA.items()}}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+SITE_DIR = Path(tempfile.mkdtemp(prefix="cg-signoff-site-"))
+atexit.register(shutil.rmtree, SITE_DIR, True)
+SITE = write_site(SITE_DIR / "site.yaml")
+SITE_THRESHOLDS: Thresholds = load(SITE)
+
+
 def signoff_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clustergate.report", "signoff", *args], cwd=ROOT, env=job_env(),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    return subprocess.run([sys.executable, "-m", "clustergate.report", "signoff", *args, "--thresholds", str(SITE)],
+                          cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +72,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i, host in enumerate([*HOSTS, "h5"]):
         write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
                                                       else None))
-    merge(sorted((base / "nodes").iterdir()), base / "run")
+    merge(sorted((base / "nodes").iterdir()), base / "run", thresholds=SITE)
     return base / "run"
 
 
@@ -66,8 +95,15 @@ def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = 
               "outcome": net, "duration_s": 1.0, "failed_ranks": [], "message": "", "problems": [],
               "metrics": [metric("net_allreduce_busbw_gbps", "gpu", [(h, 48.0, True) for h in hosts],
                                  {"min": 40})] if net == "passed" else [], "details": {}}, *tests]
+    warned = any((m.get("criterion") or {}).get("severity") == "warn" for t in tests for m in t["metrics"])
+    profile = SITE_THRESHOLDS.profile("fabric-warn" if warned else "fabric-fail")
+    for m in (m for t in tests for m in t["metrics"]):  # what the run's judge stores: the profile's criterion
+        assert Criterion.parse(m["criterion"], m["name"]).as_json() == profile.metrics[m["name"]].as_json()
+        m["criterion"] = profile.metrics[m["name"]].as_json()
     res = {"schema": 1, "verdict": "accept" if all(t["outcome"] == "passed" for t in tests) else "reject",
-           "profile": "h100-sxm-80gb", "sign_off": True, "level": "standard", "started": "2026-01-01T00:00:00+00:00",
+           "profile": profile.name, "sign_off": True,
+           "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
+           "level": "standard", "started": "2026-01-01T00:00:00+00:00",
            "duration_s": 60.0, "world_size": len(hosts), "error": None,
            "nodes": [{"host": h, "node_rank": i, "ranks": [i], "gpus": []} for i, h in enumerate(hosts)],
            "environment": {}, "tests": tests,
@@ -121,7 +157,7 @@ def test_a_failed_per_gpu_figure_names_its_host(run: Path) -> None:
                          "message": "[call] 1 metric check failed:\n  net_allreduce_busbw_gbps=10 GB/s, expected >= 40",
                          "problems": [],
                          "metrics": [net], "details": {}}])
-    out = signoff(run)
+    out = signoff(run, thresholds=SITE)
     assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h3", "h4"]
     [h2] = [e for e in out["excluded"] if e["host"] == "h2"]
     assert h2["phase"] == "fabric" and h2["reasons"] == [
@@ -177,7 +213,7 @@ def test_what_keeps_the_accepted_set_from_being_signed_off(run: Path, case: str,
 
 def test_an_accepted_host_missing_from_the_fabric_job_is_excluded(run: Path) -> None:
     fabric(run, ["h1", "h2", "h4"], [])
-    out = signoff(run)
+    out = signoff(run, thresholds=SITE)
     assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h2", "h4"]
     assert [e["reasons"] for e in out["excluded"] if e["host"] == "h3"] == [
         ["accepted by the node phase but not in the fabric phase's job: its links were never tested"]]
@@ -185,7 +221,7 @@ def test_an_accepted_host_missing_from_the_fabric_job_is_excluded(run: Path) -> 
 
 def test_warn_severity_pair_criterion_warns(run: Path) -> None:
     fabric(run, HOSTS, [pair_test(HOSTS, "h3", severity="warn")])
-    out = signoff(run)
+    out = signoff(run, thresholds=SITE)
     assert out["verdict"] == "accept" and out["accepted"] == HOSTS
     assert any(w.startswith("h3: test_gpu_pairs[internode]: round 1") for w in out["warnings"])
 

@@ -133,9 +133,19 @@ def test_one_job_over_every_node_is_unchanged_but_for_the_node_name() -> None:
 
 def test_signoff_job(tmp_path: Path) -> None:
     [c] = pod(docs(CG_PHASE="signoff")["Job"])["containers"]
-    assert c["command"] == ["python3", "-m", "clustergate.report", "signoff", "/reports/r0412"]
+    assert c["command"] == ["bash", "-c", "exec python3 -m clustergate.report signoff /reports/r0412 "]
     proc = run_here(c["command"], tmp_path)
     assert proc.returncode == 2 and "give the run directory that `python -m clustergate.report merge" in proc.stderr
+
+
+def test_merge_and_signoff_take_the_site_thresholds(tmp_path: Path) -> None:
+    """CG_THRESHOLDS reaches merge and signoff as --thresholds; the file is read (a missing one: exit 2)."""
+    [merge] = pod(docs(CG_PHASE="merge", CG_THRESHOLDS="site/thresholds.yaml")["Job"])["initContainers"]
+    [signoff] = pod(docs(CG_PHASE="signoff", CG_THRESHOLDS="site/thresholds.yaml")["Job"])["containers"]
+    assert "--thresholds 'site/thresholds.yaml'" in merge["command"][2]
+    assert signoff["command"][2].endswith("signoff /reports/r0412 --thresholds 'site/thresholds.yaml'")
+    proc = run_here(signoff["command"], tmp_path)
+    assert proc.returncode == 2 and "--thresholds" in proc.stderr and "site/thresholds.yaml" in proc.stderr
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -30,7 +30,8 @@ def _exe(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _signoff(tmp_path: Path, *, accepted: list[str], until: str = "") -> tuple[subprocess.CompletedProcess[str], str]:
+def _signoff(tmp_path: Path, *, accepted: list[str], until: str = "",
+             args: tuple[str, ...] | list[str] = ()) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run signoff.sbatch with srun and the report commands replaced by recorders; the merge accepts
     ``accepted``. Returns the process and the recorded calls (one line each)."""
     bin_dir = tmp_path / "bin"
@@ -58,8 +59,8 @@ exit 0
             "SLURM_JOB_NODELIST": "gpu[1-3]", "SLURM_CPUS_ON_NODE": "64", "SLURM_SUBMIT_DIR": str(ROOT),
             "CLUSTERGATE_GPUS_PER_NODE": "8", "CLUSTERGATE_REPORT_DIR": str(tmp_path / "r"),
             "CLUSTERGATE_PYTHON": str(bin_dir / "python"), "CLUSTERGATE_SIGNOFF_UNTIL": until}
-    proc = subprocess.run(["bash", str(SIGNOFF), "acceptance", "--level", "quick"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(["bash", str(SIGNOFF), "acceptance", "--level", "quick", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
     return proc, calls.read_text() if calls.exists() else ""
 
 
@@ -78,6 +79,16 @@ def test_signoff_runs_the_four_phases_in_order(tmp_path: Path) -> None:
     assert fabric.endswith(f"-m multinode | NNODES=2 ENDPOINT=gpu1:29500 REPORTS={run}/fabric")
     assert signoff == f"python -m clustergate.report signoff {run}"
     assert "2 of 3 nodes accepted (gpu1,gpu2); excluded: gpu3" in proc.stdout
+
+
+@pytest.mark.parametrize("given", [["--thresholds", "site/t.yaml"], ["--thresholds=site/t.yaml"]])
+def test_signoff_gives_merge_and_signoff_the_runs_thresholds(tmp_path: Path, given: list[str]) -> None:
+    proc, calls = _signoff(tmp_path, accepted=["gpu1", "gpu2"], args=given)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    node, merge, fabric, signoff = calls.splitlines()
+    assert f"node.sh acceptance --level quick {' '.join(given)} -m not multinode" in node
+    assert merge.endswith("--expect-hosts gpu[1-3] --thresholds site/t.yaml")
+    assert signoff.endswith("signoff-77 --thresholds site/t.yaml")
 
 
 def test_signoff_skips_the_fabric_under_two_nodes_and_stops_where_asked(tmp_path: Path) -> None:

@@ -76,6 +76,26 @@ def _value_not_a_number(res: dict[str, Any]) -> None:
     _metric(res, "matmul_bf16_tflops")["per_rank"][0]["value"] = "fast"
 
 
+def _criterion_lowered(res: dict[str, Any]) -> None:
+    """GPU 3 at 100 TFLOPS, and the stored minimum lowered to 50 so that the records pass it."""
+    m = _metric(res, "matmul_bf16_tflops")
+    m["per_rank"][3]["value"] = 100.0
+    m["value"] = 100.0
+    m["criterion"]["min"] = 50.0
+
+
+def _other_thresholds(res: dict[str, Any]) -> None:
+    res["clustergate"]["thresholds_digest"] = "0123456789abcdef"
+
+
+def _no_thresholds_digest(res: dict[str, Any]) -> None:
+    del res["clustergate"]
+
+
+def _profile_not_in_thresholds(res: dict[str, Any]) -> None:
+    res["profile"] = "h100-site-calibrated"
+
+
 FORGERIES: dict[str, tuple[Forgery, str]] = {
     # name: (forgery, what the merge's reason says)
     "metric-passed-below-min": (_slow_gpu_marked_passed, "records contradict the stored verdict accept: "),
@@ -87,6 +107,10 @@ FORGERIES: dict[str, tuple[Forgery, str]] = {
     "test-without-outcome": (_no_outcome, "not a valid results.json"),
     "unknown-schema-version": (_unknown_schema, "not a valid results.json"),
     "value-not-a-number": (_value_not_a_number, "not a valid results.json"),
+    "criterion-lowered": (_criterion_lowered, "the file was edited after the run: "),
+    "other-thresholds": (_other_thresholds, "it was judged by other thresholds than profile 'h100-sxm-80gb'"),
+    "no-thresholds-digest": (_no_thresholds_digest, "does not say which thresholds judged it"),
+    "profile-not-in-thresholds": (_profile_not_in_thresholds, "which "),
 }
 RAW_FILES: dict[str, tuple[bytes, str]] = {
     "nan": (b'{"schema": 1, "verdict": "accept", "duration_s": NaN}', "NaN is not a number JSON allows"),
@@ -200,7 +224,8 @@ def test_signoff_does_not_take_the_merged_lists_on_trust(tmp_path: Path) -> None
     assert "gpu2" not in (tmp_path / "run" / "signoff-accepted-hosts.txt").read_text()
 
 
-@pytest.mark.parametrize("name", ["metric-passed-below-min", "fewer-tests-than-selected", "error-with-accept"])
+@pytest.mark.parametrize("name", ["metric-passed-below-min", "fewer-tests-than-selected", "error-with-accept",
+                                  "criterion-lowered", "other-thresholds"])
 def test_signoff_recomputes_the_fabric_verdict(tmp_path: Path, good: dict[str, Any], name: str) -> None:
     nodes = tmp_path / "nodes"
     for i, host in enumerate(["gpu1", "gpu2"]):
@@ -280,3 +305,21 @@ def test_calibrate_never_writes_over_its_thresholds_or_an_existing_file(tmp_path
     proc = calibrate("-o", str(tmp_path / "site.yaml"), "--force")
     assert proc.returncode == 0, proc.stdout
     assert "h100-sxm-80gb-site" in (tmp_path / "site.yaml").read_text()
+
+
+def test_merge_and_signoff_hold_every_run_to_the_thresholds_they_are_given(tmp_path: Path) -> None:
+    """A thresholds file that cannot be read is one usage error; a sign-off given other thresholds than its
+    merge was given is not signed off; runs under a site file are accepted only when merged with it."""
+    nodes = tmp_path / "nodes"
+    write_node(nodes, "gpu1", node_results("gpu1", 1))
+    missing = cli("merge", str(nodes / "gpu1"), "-o", str(tmp_path / "run"), "--thresholds", str(tmp_path / "no.yaml"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stdout, missing.stdout
+    assert len(missing.stdout.strip().splitlines()) == 1 and "--thresholds" in missing.stdout
+    site = tmp_path / "site.yaml"  # the shipped file under another name: the same h100 profile and digest
+    shutil.copy(ROOT / "thresholds.yaml", site)
+    assert cli("merge", str(nodes / "gpu1"), "-o", str(tmp_path / "run"), "--thresholds", str(site)).returncode == 0
+    merged = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert merged["thresholds"] == str(site) and merged["accepted"] == ["gpu1"]
+    proc = cli("signoff", str(tmp_path / "run"))  # the shipped thresholds, not the merge's
+    assert proc.returncode == 1 and f"the merge held the nodes to {site}" in proc.stdout, proc.stdout
+    assert cli("signoff", str(tmp_path / "run"), "--thresholds", str(site)).returncode == 0

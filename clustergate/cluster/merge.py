@@ -1,6 +1,7 @@
 """``python -m clustergate.report merge``: the node phase's directories -> one cluster report.
 
     python3 -m clustergate.report merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
+        [--thresholds FILE]
 
 Writes into the output directory:
 
@@ -16,7 +17,9 @@ A node is accepted when its own run accepted it and no GPU of it is a fleet outl
 criterion's ``outlier_fraction`` of the fleet median; a ``severity: warn`` criterion only warns).
 Each node's results.json is checked against the schema and its verdict computed again from its
 records (``clustergate.verdict.of_record``): a stored "accept" the records do not support is excluded,
-saying "records contradict the stored verdict". The host the file names must be its directory's name.
+saying "records contradict the stored verdict". Every run is held to ``--thresholds`` (default the shipped
+file, ``clustergate.cluster.judged_by``): its profile must be there, its recorded digest that profile's and
+each stored criterion the profile's. The host the file names must be its directory's name.
 Expected hosts (``--expect-hosts``) with no directory, directories without a usable results.json, and
 results that still say "running" (a killed or hung run) are excluded as missing; a host with results
 that is not expected is excluded too. ``-o`` may not be a node directory, nor hold a node's results.
@@ -33,7 +36,7 @@ Cluster results.json (schema 1)::
                 "fleet_outliers": int},
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node", "reasons": [str]}], "excluded_hostlist": str,
-     "profiles": [str], "levels": [str], "warnings": [str],
+     "thresholds": str, "profiles": [str], "levels": [str], "warnings": [str],
      "nodes": [{"host", "directory", "status": "accepted" | "excluded",
                 "verdict": "accept" | "reject" | "running" | "unreadable" | "missing",
                 "profile", "level", "started", "duration_s", "ranks", "gpus", "gpu_models": [str],
@@ -61,6 +64,7 @@ from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.hostlist import HostlistError, compress, read_hosts
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
 from clustergate.results import write_json
+from clustergate.thresholds import Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
 
 SCHEMA = 1
@@ -78,10 +82,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--expect-hosts", metavar="FILE_OR_HOSTLIST", default=None,
                    help="the hosts that should have a result: a file (one name or hostlist a line) or a Slurm "
                         "hostlist such as gpu[001-016]; a host without a result is excluded as missing")
+    add_thresholds_option(p)
     return p
 
 
-def gather(paths: list[Path], expected: list[str] | None) -> tuple[list[NodeRun], list[str]]:
+def add_thresholds_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
+                   help="the thresholds the runs were started with (default: the shipped thresholds.yaml); a run "
+                        "judged by other criteria, or whose stored criteria differ from them, is not accepted")
+
+
+def load_thresholds(path: Path | None) -> Thresholds:
+    """The thresholds runs are held to (MergeInputError naming the file when it cannot be used)."""
+    try:
+        return load(path if path is not None else shipped_thresholds())
+    except (ThresholdsError, OSError) as exc:
+        raise MergeInputError(f"--thresholds: {exc}") from None
+
+
+def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds) -> tuple[list[NodeRun], list[str]]:
     """Every node given or expected, in host order, and warnings about the input."""
     runs: dict[str, NodeRun] = {}
     warnings: list[str] = []
@@ -91,7 +110,7 @@ def gather(paths: list[Path], expected: list[str] | None) -> tuple[list[NodeRun]
         if path.is_file() and path.name != "results.json":
             warnings.append(f"{path}: not a node directory, left out")
             continue
-        run = read_node(path)
+        run = read_node(path, thresholds)
         if run.host in runs:
             first = runs[run.host]
             first.reasons.append(f"two result directories name this host ({first.directory} and {run.directory}): "
@@ -110,10 +129,10 @@ def gather(paths: list[Path], expected: list[str] | None) -> tuple[list[NodeRun]
     return [runs[h] for h in sorted(runs)], warnings
 
 
-def judge_nodes(paths: list[Path], expected: list[str] | None) -> tuple[list[NodeRun], list[fleet_mod.FleetMetric],
-                                                                    int, list[str]]:
+def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
+                ) -> tuple[list[NodeRun], list[fleet_mod.FleetMetric], int, list[str]]:
     """Every node read and judged, then set against the fleet: what merge writes and sign-off checks again."""
-    runs, warnings = gather(paths, expected)
+    runs, warnings = gather(paths, expected, thresholds)
     fleet = fleet_mod.collect(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
     return runs, fleet, outliers, warnings
@@ -182,19 +201,22 @@ def write_lists(output: Path, lists: dict[str, Any], prefix: str = "",
     (output / f"{prefix}excluded-hostlist.txt").write_text(lists["excluded_hostlist"] + "\n")
 
 
-def merge(paths: list[Path], output: Path, expect: str | None = None) -> dict[str, Any]:
+def merge(paths: list[Path], output: Path, expect: str | None = None,
+          thresholds: Path | None = None) -> dict[str, Any]:
     """Read, judge the fleet, write every output; the cluster results dict. Raises MergeInputError,
     HostlistError (ValueErrors) and OSError with what to fix."""
     t0 = time.perf_counter()
+    site = load_thresholds(thresholds)
     expected = read_hosts(expect) if expect is not None else None
     if not paths and expected is None:
         raise MergeInputError("no node directories given: pass REPORTS/RUN_ID/nodes/* (and --expect-hosts to "
                               "count nodes that wrote nothing)")
     check_output(output, paths)
-    runs, fleet, outliers, warnings = judge_nodes(paths, expected[0] if expected else None)
+    runs, fleet, outliers, warnings = judge_nodes(paths, expected[0] if expected else None, site)
     output.mkdir(parents=True, exist_ok=True)
     cluster = cluster_results(runs, fleet, outliers, (expected[1], expected[0]) if expected else None, warnings,
                               output, time.perf_counter() - t0)
+    cluster["thresholds"] = str(site.path)
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
     write_json(output / "results.json", cluster)
     write_lists(output, cluster)
@@ -208,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     t0 = time.perf_counter()
     try:
-        cluster = merge(args.nodes, args.output, args.expect_hosts)
+        cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds)
     except (MergeInputError, HostlistError, OSError) as exc:
         print(f"clustergate.report merge: {exc}", file=sys.stderr)
         return 2

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import resultsfile
+from clustergate.cluster import judged_by
 from clustergate.criteria import Criterion
 from clustergate.report.model import fmt, short_test_name
+from clustergate.thresholds import Thresholds
 from clustergate.verdict import of_record
 from workloads.node.name import problem as name_problem
 
@@ -137,9 +139,10 @@ def _identity_problem(host: str | None, directory: Path) -> str | None:
     return None
 
 
-def read_node(path: Path) -> NodeRun:
-    """One node's directory (or its results.json), judged again by the run's rule; never raises for what a
-    dead run, a broken disk or a hand-edited file leaves behind: such a node is excluded, saying why."""
+def read_node(path: Path, thresholds: Thresholds) -> NodeRun:
+    """One node's directory (or its results.json), judged again by the run's rule against ``thresholds``;
+    never raises for what a dead run, a broken disk or a hand-edited file leaves behind: such a node is
+    excluded, saying why."""
     directory = path.parent if path.name == "results.json" else path
     if not directory.is_dir():
         raise MergeInputError(f"{path}: not a directory; give the node directories, e.g. REPORTS/RUN_ID/nodes/*")
@@ -158,6 +161,9 @@ def read_node(path: Path) -> NodeRun:
         return NodeRun(host, str(directory), "unreadable", [_cut(str(exc))])
     if problem := _identity_problem(_host_of(results, directory), directory):
         return NodeRun(host, str(directory), "unreadable", [problem])
+    if (str(results["verdict"]) != "running"
+            and (why := judged_by.problem(results, thresholds)) is not None):  # its figures stay out of the fleet
+        return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")])
     stored, decision = str(results["verdict"]), of_record(results)
     run = NodeRun(host, str(directory), decision.verdict, results=results)
     run.warnings += [_cut(f"{w.get('metric', '?')}={w.get('value')} ({w.get('where', '')}): warning")

@@ -39,13 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import resultsfile
+from clustergate.cluster import judged_by
 from clustergate.cluster.hostlist import compress
-from clustergate.cluster.merge import judge_nodes, write_lists
+from clustergate.cluster.merge import add_thresholds_option, judge_nodes, load_thresholds, write_lists
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
 from clustergate.criteria import Criterion
 from clustergate.report.model import fmt, short_test_name
 from clustergate.report.rejudge import problems_of
 from clustergate.results import write_json
+from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
 SCHEMA = 1
@@ -59,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path, metavar="REPORTS/RUN_ID", help="the run's directory: results.json of merge")
     p.add_argument("--fabric", type=Path, default=None, metavar="DIR",
                    help="the fabric phase's report directory (default: REPORTS/RUN_ID/fabric)")
+    add_thresholds_option(p)
     return p
 
 
@@ -80,13 +83,13 @@ def _node_directory(stored: str, run_dir: Path) -> Path:
     return path if path.is_absolute() or path.exists() else run_dir / path
 
 
-def merged_again(cluster: dict[str, Any], run_dir: Path) -> tuple[list[str], dict[str, list[str]]]:
+def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds) -> tuple[list[str], dict[str, list[str]]]:
     """The node phase judged again from its node directories, as merge judged it: the hosts accepted now,
     and, for each host the merged file accepts but its directory no longer supports, why. The merged
     results.json's own lists are never taken on trust."""
     paths = [_node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
     expected = (cluster.get("expected") or {}).get("hosts")
-    runs, _, _, _ = judge_nodes([p for p in paths if p.is_dir()], expected)
+    runs, _, _, _ = judge_nodes([p for p in paths if p.is_dir()], expected, site)
     now = {r.host: r for r in runs}
     accepted = [r.host for r in runs if r.status == ACCEPTED]
     unsupported: dict[str, list[str]] = {}
@@ -124,8 +127,9 @@ def fabric_selection_problem(results: dict[str, Any]) -> str | None:
 class Fabric:
     """What the fabric run says: hosts it excludes with evidence, and failures that block the sign-off."""
 
-    def __init__(self, results: dict[str, Any]) -> None:
+    def __init__(self, results: dict[str, Any], site: Thresholds) -> None:
         self.results = results
+        self.site = site
         self.excluded: dict[str, list[str]] = {}
         self.blocking: list[str] = []
         self.warnings: list[str] = []
@@ -151,6 +155,8 @@ class Fabric:
             self.blocking.append(f"fabric phase: {decision.reason}")
         if (problem := fabric_selection_problem(res)) is not None:
             self.blocking.append(problem)
+        if res.get("verdict") != "running" and (problem := judged_by.problem(res, self.site)) is not None:
+            self.blocking.append(f"the fabric run was not judged by the site's thresholds: {problem}")
         for test in res.get("tests", []):
             self._pair_rounds(test)
         for test in res.get("tests", []):
@@ -203,13 +209,18 @@ class Fabric:
                              str(crit.get("severity", "fail")))
 
 
-def signoff(run_dir: Path, fabric_dir: Path | None = None) -> dict[str, Any]:
+def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | None = None) -> dict[str, Any]:
     """The sign-off of ``run_dir``, written there; raises MergeInputError when an input cannot be used."""
+    site = load_thresholds(thresholds)
     cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `python -m clustergate.report "
                                                          "merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/` wrote")
     reasons: list[str] = []
     warnings: list[str] = list(cluster.get("warnings", []))
-    node_accepted, unsupported = merged_again(cluster, run_dir)
+    merged_with = cluster.get("thresholds")
+    if merged_with is not None and Path(merged_with).resolve() != site.path.resolve():
+        reasons.append(f"the merge held the nodes to {merged_with}, this sign-off to {site.path}: give merge and "
+                       "signoff the same --thresholds")
+    node_accepted, unsupported = merged_again(cluster, run_dir, site)
     node_accepted = [h for h in cluster["accepted"] if h in node_accepted]  # accepted by the file and the records
     if unsupported:
         reasons.append(f"the merged results.json accepts {len(unsupported)} hosts its node directories do not "
@@ -224,7 +235,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None) -> dict[str, Any]:
     fabric_path = fabric_dir / "results.json"
     fabric: Fabric | None = None
     if fabric_path.exists():
-        fabric = Fabric(_load(fabric_path, "results", "the fabric phase's results.json")).read()
+        fabric = Fabric(_load(fabric_path, "results", "the fabric phase's results.json"), site).read()
         reasons += fabric.blocking
         warnings += fabric.warnings
         outside = sorted(set(fabric.hosts) - set(node_accepted))
@@ -281,7 +292,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        out = signoff(args.run_dir, args.fabric)
+        out = signoff(args.run_dir, args.fabric, args.thresholds)
     except (MergeInputError, OSError) as exc:
         print(f"clustergate.report signoff: {exc}", file=sys.stderr)
         return 2

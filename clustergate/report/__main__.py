@@ -74,6 +74,16 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         results = rejudge(results, profile)
         if tolerance is None:
             tolerance = profile.settings.get("baseline_tolerance")
+    elif results["verdict"] == "accept":
+        # The recorded criteria judged it again: an accept stands only if they are the shipped thresholds'
+        # (a site's run is re-rendered with its --thresholds), as merge and signoff hold every run to them.
+        from clustergate.cluster import judged_by
+        from clustergate.thresholds import load, shipped_thresholds
+
+        if (why := judged_by.problem(results, load(shipped_thresholds()))) is not None:
+            results["verdict"] = "unjudged"
+            results["reason"] = f"not judged by the shipped thresholds: {why}"
+            print(f"clustergate.report: {results['reason']}", file=sys.stderr)
     if args.baseline is not None:
         if tolerance is None:
             tolerance = (results.get("baseline") or {}).get("tolerance", baseline_mod.DEFAULT_TOLERANCE)

@@ -19,6 +19,8 @@
 #                      commas (merge's accepted-hosts.txt); CG_NODES becomes their count (required)
 #   CG_EXPECT_HOSTS    merge: the hosts that should have a result, a Slurm hostlist (node[001-016]) or a
 #                      file on the reports volume (/reports/...) []
+#   CG_THRESHOLDS      merge and signoff: the thresholds file the node and fabric phases ran with, in the image
+#                      or under /reports (pass the same file with --thresholds in CG_PYTEST_ARGS) [the shipped one]
 #   CG_REPORT_DIR      where the job's reports go [/reports/<job>-<job uid>; fabric: /reports/<run>/fabric]
 #   CG_NAME            Job and Service name, also the pods' DNS subdomain [clustergate; with CG_PHASE:
 #                      cg-<run>-<phase>]
@@ -77,6 +79,7 @@ export CG_HOSTS=${CG_HOSTS:-}
 export CG_HOSTS_JSON=""
 export CG_EXPECT_HOSTS=${CG_EXPECT_HOSTS:-}
 export CG_EXPECT_ARGS=""
+export CG_THRESHOLDS_ARGS=""
 case $CG_PHASE in
     "") default_manifest=clustergate.yaml ;;
     node) default_manifest=node-phase.yaml ;;
@@ -112,6 +115,12 @@ if [[ -n $CG_EXPECT_HOSTS ]]; then
     [[ $CG_EXPECT_HOSTS =~ $hostlist_chars ]] \
         || fail "CG_EXPECT_HOSTS=${CG_EXPECT_HOSTS@Q}: give a hostlist (node[001-016]) or a file under /reports"
     CG_EXPECT_ARGS="--expect-hosts '$CG_EXPECT_HOSTS'"
+fi
+if [[ -n ${CG_THRESHOLDS:-} ]]; then
+    [[ $CG_PHASE == merge || $CG_PHASE == signoff ]] || fail "CG_THRESHOLDS is for CG_PHASE=merge and signoff"         "(the node and fabric phases take --thresholds in CG_PYTEST_ARGS)"
+    [[ $CG_THRESHOLDS =~ ^[A-Za-z0-9._/-]+$ ]] \
+        || fail "CG_THRESHOLDS=${CG_THRESHOLDS@Q}: a path of letters, digits and ._-/ (in the image or under /reports)"
+    CG_THRESHOLDS_ARGS="--thresholds '$CG_THRESHOLDS'"
 fi
 
 manifest=${1:-$default_manifest}

@@ -53,6 +53,21 @@ report_cli() {
     (cd "$root" && "$py" -m clustergate.report "$@")
 }
 
+# The --thresholds of pytest's arguments ("$@"), as merge and signoff take it: they hold every run to the
+# thresholds it was started with. Sets the array thresholds_args (empty: the shipped file). Paths resolve
+# alike: node.sh and report_cli both run in the checkout.
+# shellcheck disable=SC2034  # thresholds_args is read by the batch scripts that source this file
+thresholds_option() {
+    thresholds_args=()
+    while (($# > 0)); do
+        case $1 in
+            --thresholds) (($# > 1)) && thresholds_args=(--thresholds "$2"); shift ;;
+            --thresholds=*) thresholds_args=(--thresholds "${1#--thresholds=}") ;;
+        esac
+        shift
+    done
+}
+
 # After a step that ended non-zero: name the node that failed first, in this output and in the
 # step's results.json / report.html (launch/first_failure.py; silent when the run finished normally).
 name_first_failure() {
