@@ -48,3 +48,19 @@ def test_votes_and_gathers(gloo_world: None) -> None:
     assert common.reduce_int(7, "max") == 7 and common.reduce_int(7, "sum") == 7
     assert common.gather_numbers([1.5, 2.0]) == [[1.5, 2.0]]
     assert common.gather_objects({"a": 1}) == [{"a": 1}]
+
+
+def test_objects_cross_ranks_as_json_never_pickled(gloo_world: None) -> None:
+    """A peer's bytes are parsed as JSON, never unpickled: what is not JSON cannot be sent at all."""
+    assert common.gather_objects(("host", 3, [1.5, None], {"k": float("inf")})) == [
+        ["host", 3, [1.5, None], {"k": float("inf")}]]  # a tuple comes back a list
+    assert common.broadcast_object({"path": "/x", "token": "t"}) == {"path": "/x", "token": "t"}
+
+    class Payload:  # what a pickle exploit sends: an object whose loading runs code
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("ran",))
+
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        common.gather_objects(Payload())
+    with pytest.raises(TypeError, match="mapping key 0 is not a string"):
+        common.gather_objects({"per_node": {0: 1.0}})

@@ -10,6 +10,7 @@ every rank raises the same ``WorkloadError``, naming the node, host and ranks th
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -156,10 +157,41 @@ def gather_numbers(values: Sequence[float], group: dist.ProcessGroup | None = No
 
 
 def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
-    """Every rank's picklable ``obj``, in group rank order."""
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+    """Every rank's ``obj``, in group rank order, exchanged as JSON.
+
+    Never pickled: unpickling another process's bytes runs whatever code they name, and a collective's
+    peer is only as trustworthy as the network it came over. ``obj`` is JSON: tuples come back as lists,
+    mapping keys must be strings (a TypeError, not a silent conversion), NaN and infinities pass."""
+    _check_keys(obj)
+    raw = json.dumps(obj).encode()
+    device = backend_device(group)
+    n = dist.get_world_size(group)
+    size = torch.tensor([len(raw)], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size, group=group)
+    lengths = [int(t.item()) for t in sizes]
+    mine = torch.zeros(max(lengths), dtype=torch.uint8)
+    mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    mine = mine.to(device)
+    out = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(out, mine, group=group)
+    return [json.loads(t[:length].cpu().numpy().tobytes()) for t, length in zip(out, lengths, strict=True)]
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank of the default group, as JSON (``gather_objects``' rules)."""
+    return gather_objects(obj if dist.get_rank() == src else None)[src]
+
+
+def _check_keys(obj: Any) -> None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise TypeError(f"gather_objects: mapping key {key!r} is not a string (JSON would turn it into one)")
+            _check_keys(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _check_keys(value)
 
 
 MAX_PROBLEM_LINES = 32

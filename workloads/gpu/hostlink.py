@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from workloads.common import check_level, distributed, place, synchronize
+from workloads.common import check_level, distributed, gather_objects, place, synchronize
 from workloads.gpu import _hw as hw
 from workloads.result import Metric, Result, WorkloadError
 
@@ -167,8 +166,7 @@ def together(sweep: Callable[[], tuple[list[dict[str, Any]], dict[str, Any]]]
     everyone: list[Any] = [mine]
     group = hw.host_group()
     if group is not None:
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine, group=group)
+        everyone = gather_objects(mine, group=group)
     if error is not None:
         raise error
     peers = {rank: e for rank, e in enumerate(everyone) if e["node"] == node_rank}

@@ -18,10 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from workloads.clocks import device_handle, init_nvml
-from workloads.common import distributed, place
+from workloads.common import distributed, gather_objects, place
 from workloads.node.name import node_name
 
 SCHEMA = 1
@@ -201,8 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     with distributed() as here:
         mine = snapshot(here.device, pcie_load_s=args.pcie_load)
-        everyone: list[Any] = [None] * here.world_size
-        dist.all_gather_object(everyone, mine)
+        everyone = gather_objects(mine)
         if here.rank == 0:
             # The layout tests/data/gpu/*.json replay: a capture can be dropped in as it is.
             text = json.dumps({"source": f"captured by workloads.gpu.inventory on {mine['host']} "

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.clocks import device_handle, init_nvml
-from workloads.common import distributed
+from workloads.common import distributed, gather_objects
 from workloads.gpu.health import OK, Check
 from workloads.node.name import node_name
 from workloads.result import Metric, Result
@@ -208,8 +208,7 @@ def run(cfg: Config) -> Result:
     mine = own_process(device)
     own = [mine]
     if dist.is_initialized() and dist.get_world_size() > 1:
-        own = [None] * dist.get_world_size()  # type: ignore[list-item]
-        dist.all_gather_object(own, mine)
+        own = gather_objects(mine)
     try:
         listing = read(device, Path(cfg.root))
     except Exception as exc:  # ImportError or NVMLError: judged as a failure to read, naming it

@@ -74,7 +74,7 @@ def store_problem(addr: str, port: int, rank: int, world_size: int, timeout_s: f
 def run(cfg: Config) -> Result:
     """``details["problems"]`` names every rank's problems (the same list on every rank; empty: fine)."""
     here = place()
-    names = gather_objects((socket.gethostname(), socket.getfqdn()))
+    names = [(host, fqdn) for host, fqdn in gather_objects((socket.gethostname(), socket.getfqdn()))]
     mine = name_problems(names)
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if here.world_size > 1 and addr and port:

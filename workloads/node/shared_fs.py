@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import agree, check_level, distributed, gather_objects, place
+from workloads.common import agree, broadcast_object, check_level, distributed, gather_objects, place
 from workloads.node.name import node_name
 from workloads.result import Metric, Result, WorkloadError
 
@@ -146,9 +146,7 @@ def _token_phase(cfg: Config, here: Any, host: str) -> tuple[Path, str, dict[str
             os.close(fd)
         except OSError as exc:
             problem = f"rank 0 cannot write the token under {cfg.directory}: {exc}"
-    box = [(str(workdir) if workdir else None, token, problem)]
-    dist.broadcast_object_list(box, src=0)
-    path, token, problem = box[0]
+    path, token, problem = broadcast_object((str(workdir) if workdir else None, token, problem))
     if problem:
         raise WorkloadError(f"{problem} (host {host})")
     workdir = Path(path)
