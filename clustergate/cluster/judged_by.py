@@ -14,7 +14,7 @@ from typing import Any
 
 from clustergate.thresholds import Thresholds
 
-ASK = "give merge and signoff the thresholds the runs were started with (--thresholds FILE)"
+ASK = "give the thresholds the run was started with (--thresholds FILE)"
 
 
 def problem(results: dict[str, Any], thresholds: Thresholds) -> str | None:
