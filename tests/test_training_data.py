@@ -97,6 +97,13 @@ def test_checkpoint_round_trip_one_rank(gloo_world: None, tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == []  # removed after success
 
 
+def test_kept_checkpoint_is_the_jobs_own(gloo_world: None, tmp_path: Path) -> None:
+    """The checkpoint's directory admits no other user: DCP unpickles its metadata when it loads."""
+    result = checkpoint.run(checkpoint.Config(directory=str(tmp_path), keep=True))
+    kept = Path(result.details["directory"])
+    assert kept.parent == tmp_path and kept.stat().st_mode & 0o777 == 0o700
+
+
 def test_checkpoint_into_unwritable_directory_fails(gloo_world: None, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

@@ -92,7 +92,8 @@ def _shared_path(cfg: Config, device: torch.device, group: dist.ProcessGroup | N
     problem = None
     if dist.get_rank(group) == 0:
         try:
-            path.mkdir(parents=True)
+            # The job's own (0700): DCP loads its metadata with pickle, so no other user may put a file there.
+            path.mkdir(parents=True, mode=0o700)
             probe.write_text("written by rank 0\n")
         except OSError as exc:
             problem = f"cannot create {path} ({exc})"
