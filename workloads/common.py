@@ -164,16 +164,11 @@ def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any
     mapping keys must be strings (a TypeError, not a silent conversion), NaN and infinities pass."""
     _check_keys(obj)
     raw = json.dumps(obj).encode()
-    device = backend_device(group)
-    n = dist.get_world_size(group)
-    size = torch.tensor([len(raw)], dtype=torch.int64, device=device)
-    sizes = [torch.empty_like(size) for _ in range(n)]
-    dist.all_gather(sizes, size, group=group)
-    lengths = [int(t.item()) for t in sizes]
+    lengths = [int(n) for [n] in gather_numbers([len(raw)], group)]
     mine = torch.zeros(max(lengths), dtype=torch.uint8)
     mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    mine = mine.to(device)
-    out = [torch.empty_like(mine) for _ in range(n)]
+    mine = mine.to(backend_device(group))
+    out = [torch.empty_like(mine) for _ in lengths]
     dist.all_gather(out, mine, group=group)
     return [json.loads(t[:length].cpu().numpy().tobytes()) for t, length in zip(out, lengths, strict=True)]
 

@@ -18,7 +18,10 @@ ASK = "give the thresholds the run was started with (--thresholds FILE)"
 
 
 def problem(results: dict[str, Any], thresholds: Thresholds) -> str | None:
-    """Why ``results`` (a schema-checked run) was not judged by ``thresholds``; None when it was."""
+    """Why ``results`` (a schema-checked run) was not judged by ``thresholds``; None when it was, or when it
+    still says "running" (no verdict yet to hold to anything: its readers exclude it as unfinished)."""
+    if results.get("verdict") == "running":
+        return None
     name = str(results.get("profile"))
     profile = thresholds.profiles.get(name)
     if profile is None:

@@ -161,8 +161,7 @@ def read_node(path: Path, thresholds: Thresholds) -> NodeRun:
         return NodeRun(host, str(directory), "unreadable", [_cut(str(exc))])
     if problem := _identity_problem(_host_of(results, directory), directory):
         return NodeRun(host, str(directory), "unreadable", [problem])
-    if (str(results["verdict"]) != "running"
-            and (why := judged_by.problem(results, thresholds)) is not None):  # its figures stay out of the fleet
+    if (why := judged_by.problem(results, thresholds)) is not None:  # its figures stay out of the fleet
         return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")])
     stored, decision = str(results["verdict"]), of_record(results)
     run = NodeRun(host, str(directory), decision.verdict, results=results)

@@ -155,7 +155,7 @@ class Fabric:
             self.blocking.append(f"fabric phase: {decision.reason}")
         if (problem := fabric_selection_problem(res)) is not None:
             self.blocking.append(problem)
-        if res.get("verdict") != "running" and (problem := judged_by.problem(res, self.site)) is not None:
+        if (problem := judged_by.problem(res, self.site)) is not None:
             self.blocking.append(f"the fabric run was not judged by the site's thresholds: {problem}")
         for test in res.get("tests", []):
             self._pair_rounds(test)

@@ -117,7 +117,8 @@ if [[ -n $CG_EXPECT_HOSTS ]]; then
     CG_EXPECT_ARGS="--expect-hosts '$CG_EXPECT_HOSTS'"
 fi
 if [[ -n ${CG_THRESHOLDS:-} ]]; then
-    [[ $CG_PHASE == merge || $CG_PHASE == signoff ]] || fail "CG_THRESHOLDS is for CG_PHASE=merge and signoff"         "(the node and fabric phases take --thresholds in CG_PYTEST_ARGS)"
+    [[ $CG_PHASE == merge || $CG_PHASE == signoff ]] || fail "CG_THRESHOLDS is for CG_PHASE=merge and signoff" \
+        "(the node and fabric phases take --thresholds in CG_PYTEST_ARGS)"
     [[ $CG_THRESHOLDS =~ ^[A-Za-z0-9._/-]+$ ]] \
         || fail "CG_THRESHOLDS=${CG_THRESHOLDS@Q}: a path of letters, digits and ._-/ (in the image or under /reports)"
     CG_THRESHOLDS_ARGS="--thresholds '$CG_THRESHOLDS'"
