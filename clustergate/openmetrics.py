@@ -1,0 +1,182 @@
+"""metrics.prom: a results document in the OpenMetrics text format, for node_exporter's textfile collector.
+
+Pure: a results dict in, text out. The text is valid OpenMetrics (``# EOF`` last) and equally valid in the
+Prometheus text format that node_exporter's textfile collector parses (gauges only, no timestamps on
+samples: the collector refuses them; the run's time is a sample of its own).
+
+Every figure is one sample of one family, ``clustergate_metric_value``, with the metric as a label: the
+suite's metric names stay data (a new metric adds series, never a new family), and each series is one
+part's figure: ``{host, gpu, serial, metric, unit}``. Its series count is GPUs x per-GPU metrics plus
+nodes x per-node metrics: about 25 x 8 for a node.
+
+A run's document (a node of the node phase, a fabric run):
+
+    clustergate_run_info{kind, profile, level, version} 1
+    clustergate_verdict{verdict="accept"|"reject"|"unjudged"|"running"} 1 for the run's, 0 for the others
+    clustergate_run_timestamp_seconds / clustergate_run_duration_seconds
+    clustergate_metric_value{host, gpu, serial, metric, unit}      the part's figure
+    clustergate_metric_verdict{host, gpu, serial, metric, unit}    0 pass, 1 warn, 2 fail (absent: unjudged)
+    clustergate_metric_drift_fraction{...}                         how far below its first accepted figure
+
+A merge's cluster document: its verdict, time, node counts, each node's status
+(``clustergate_node_accepted{host}``), the fleet's distribution of each metric
+(``clustergate_fleet_metric{metric, unit, stat}``) and its outliers. The GPUs' own figures are not repeated:
+each node's own metrics.prom carries them, and the same figure under two exporters would count twice in
+every sum and average. A sign-off's document gives its verdict, time and each host's status.
+
+Label values are escaped as both formats require (backslash, double quote, newline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from clustergate import __version__
+from clustergate.criteria import Criterion
+from clustergate.store.rows import kind_of, part_verdict, seconds
+
+RUN_VERDICTS = ("accept", "reject", "unjudged", "running")
+CLUSTER_VERDICTS = ("accept", "reject")
+FIGURE_VERDICT = {"pass": 0, "warn": 1, "fail": 2}
+FLEET_STATS = ("count", "min", "p05", "median", "p95", "max", "floor")
+
+Labels = Mapping[str, str]
+Sample = tuple[Labels, float]
+
+
+def escape(value: str) -> str:
+    """A label value as both text formats write it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def number(value: float) -> str:
+    """A sample value: a whole number without a fraction, else Python's shortest exact form (1e-05)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def family(name: str, help_text: str, samples: Iterable[Sample]) -> list[str]:
+    """One gauge family: its HELP and TYPE lines and a line per sample (none at all without samples)."""
+    lines = [f"{name}{{{','.join(f'{k}={chr(34)}{escape(v)}{chr(34)}' for k, v in labels.items())}}} {number(v)}"
+             if labels else f"{name} {number(v)}" for labels, v in samples]
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *lines] if lines else []
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _enum(values: tuple[str, ...], current: Any, label: str = "verdict") -> list[Sample]:
+    return [({label: v}, 1.0 if v == current else 0.0) for v in values]
+
+
+def _time(families: list[list[str]], when: Any, duration: Any = None) -> None:
+    t = seconds(_text(when) or None)
+    if t is not None:
+        families.append(family("clustergate_run_timestamp_seconds", "when the run (or merge, or sign-off) started, "
+                               "seconds since the epoch", [({}, t)]))
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        families.append(family("clustergate_run_duration_seconds", "how long the run took", [({}, float(duration))]))
+
+
+def _part_labels(metric: Mapping[str, Any], part: Mapping[str, Any], only_host: str | None) -> dict[str, str]:
+    scope = metric.get("scope", "gpu")
+    host = part.get("host") if scope != "world" else only_host
+    gpu = scope == "gpu"
+    return {"host": _text(host), "gpu": _text(part.get("gpu_index")) if gpu else "",
+            "serial": _text(part.get("gpu_serial")) if gpu else "", "metric": str(metric["name"]),
+            "unit": _text(metric.get("unit"))}
+
+
+def _run(results: Mapping[str, Any]) -> list[list[str]]:
+    nodes = results.get("nodes") or []
+    only_host = nodes[0].get("host") if len(nodes) == 1 else None
+    values: list[Sample] = []
+    verdicts: list[Sample] = []
+    seen: dict[tuple[str, ...], str] = {}
+    for test in results.get("tests") or []:
+        for m in test.get("metrics") or []:
+            criterion = Criterion.from_json(m.get("criterion"))
+            for p in m.get("per_rank") or [{"value": m["value"], "passed": m.get("passed", True),
+                                            "warned": m.get("warned", False), "host": only_host}]:
+                labels = _part_labels(m, p, only_host)
+                key = tuple(labels.values())
+                if key in seen:
+                    raise ValueError(f"metric {m['name']} of {labels['host'] or 'the whole job'} is recorded by "
+                                     f"{seen[key]} and {test.get('nodeid')}: a metric's name is its series' "
+                                     "identity, so one test records it")
+                seen[key] = str(test.get("nodeid"))
+                values.append((labels, float(p["value"])))
+                verdict = part_verdict(criterion, p)
+                if verdict in FIGURE_VERDICT:
+                    verdicts.append((labels, float(FIGURE_VERDICT[verdict])))
+    drifted = [({"host": _text(d.get("host")), "gpu": _text(d.get("gpu_index")), "serial": _text(d.get("serial")),
+                 "metric": str(d.get("metric")), "unit": _text(d.get("unit"))}, float(d.get("fraction", 0)))
+               for d in (results.get("drift") or {}).get("findings") or []]
+    out = [
+        family("clustergate_run_info", "what was run (always 1)",
+               [({"kind": "run", "profile": _text(results.get("profile")), "level": _text(results.get("level")),
+                  "version": _text((results.get("clustergate") or {}).get("version") or __version__)}, 1.0)]),
+        family("clustergate_verdict", "1 for the run's verdict, 0 for the others", _enum(RUN_VERDICTS,
+                                                                                           results.get("verdict"))),
+    ]
+    _time(out, results.get("started"), results.get("duration_s"))
+    out += [
+        family("clustergate_metric_value", "a part's figure of one metric (a GPU's, a node's, or the whole job's); "
+               "its unit in the unit label", values),
+        family("clustergate_metric_verdict", "the figure against its criterion: 0 pass, 1 warn (missed a "
+               "severity-warn criterion), 2 fail; absent where the metric is not judged", verdicts),
+        family("clustergate_metric_drift_fraction", "how far the figure fell below its own first accepted "
+               "figure, where that is more than the profile allows", drifted),
+    ]
+    return out
+
+
+def _decided(results: Mapping[str, Any]) -> list[Sample]:
+    if kind_of(results) == "signoff":
+        hosts = {**{h: 1.0 for h in results.get("accepted") or []},
+                 **{e["host"]: 0.0 for e in results.get("excluded") or []}}
+    else:
+        hosts = {n["host"]: 1.0 if n.get("status") == "accepted" else 0.0 for n in results.get("nodes") or []}
+        hosts.update({e["host"]: 0.0 for e in results.get("excluded") or [] if e["host"] not in hosts})
+    return [({"host": str(h)}, v) for h, v in sorted(hosts.items())]
+
+
+def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
+    kind = kind_of(results)
+    counts = [({"status": k}, float(v)) for k, v in (results.get("counts") or {}).items() if isinstance(v, int)]
+    stats: list[Sample] = []
+    outliers: list[Sample] = []
+    for f in results.get("fleet") or []:
+        for stat in FLEET_STATS:
+            if isinstance(f.get(stat), (int, float)):
+                stats.append(({"metric": str(f["metric"]), "unit": _text(f.get("unit")), "stat": stat},
+                              float(f[stat])))
+        for o in f.get("outliers") or []:
+            outliers.append(({"host": _text(o.get("host")), "gpu": _text(o.get("gpu_index")),
+                              "serial": _text(o.get("gpu_serial")), "metric": str(f["metric"]),
+                              "unit": _text(f.get("unit")), "severity": _text(o.get("severity"))},
+                             float(o["value"])))
+    out = [
+        family("clustergate_run_info", "what was run (always 1)", [({"kind": kind, "version": __version__}, 1.0)]),
+        family("clustergate_verdict", f"1 for the {'sign-off' if kind == 'signoff' else 'merge'}'s verdict, 0 for "
+               "the other", _enum(CLUSTER_VERDICTS, results.get("verdict"))),
+    ]
+    _time(out, results.get("created"))
+    out += [
+        family("clustergate_cluster_nodes", "nodes of the merge by status (expected, results, accepted, excluded, "
+               "missing, fleet_outliers)", counts),
+        family("clustergate_node_accepted", "1 for a host accepted, 0 for one excluded", _decided(results)),
+        family("clustergate_fleet_metric", "the fleet's distribution of a metric over every GPU (or node): count, "
+               "min, p05, median, p95, max, and the outlier floor", stats),
+        family("clustergate_fleet_outlier_value", "a GPU's figure below the fleet's floor for that metric", outliers),
+    ]
+    return out
+
+
+def render(results: Mapping[str, Any]) -> str:
+    """metrics.prom for a run's results.json, a merge's cluster results.json or a signoff.json.
+    ValueError when one metric's figure of one part is recorded twice (by two tests)."""
+    families = _run(results) if kind_of(results) == "run" else _cluster(results)
+    return "\n".join([line for f in families for line in f] + ["# EOF"]) + "\n"

@@ -1,0 +1,110 @@
+"""metrics.prom (clustergate.openmetrics) parsed back with prometheus_client's OpenMetrics parser, and with its
+Prometheus text parser (the format node_exporter's textfile collector reads), for a real node run, a merge
+and a sign-off."""
+
+from __future__ import annotations
+
+import pytest
+from fleet_data import HOST, SERIALS, later, merged_docs, real_run
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
+from prometheus_client.parser import text_string_to_metric_families as prometheus_text
+
+from clustergate.openmetrics import render
+from clustergate.store.rows import seconds
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> [(labels, value)], by the OpenMetrics parser; the Prometheus text parser must read the same."""
+    families = list(openmetrics(text))
+    parsed = {f.name: [(s.labels, s.value) for s in f.samples] for f in families}
+    assert all(f.type == "gauge" for f in families)
+    # node_exporter's textfile collector refuses samples with timestamps: the run's time is a sample of its own
+    assert all(s.timestamp is None for f in families for s in f.samples)
+    assert {f.name: [(s.labels, s.value) for s in f.samples] for f in prometheus_text(text)} == parsed
+    assert text.endswith("# EOF\n")
+    return parsed
+
+
+def test_a_node_run_gives_one_sample_per_part_and_metric() -> None:
+    run = real_run()
+    got = samples(render(run))
+    values = {(s["host"], s["gpu"], s["serial"], s["metric"], s["unit"]): v for s, v in got["clustergate_metric_value"]}
+    expected = {(p["host"], "" if m["scope"] != "gpu" else str(p["gpu_index"]),
+                 "" if m["scope"] != "gpu" else p["gpu_serial"], m["name"], m["unit"]): p["value"]
+                for t in run["tests"] for m in t["metrics"] for p in m["per_rank"]}
+    assert values == expected and len(values) == 5
+    assert (HOST, "1", SERIALS[1], "matmul_bf16_tflops", "TFLOPS") in values
+    assert (HOST, "", "", "intranode_allreduce_busbw_gbps", "GB/s") in values
+    assert {v for _, v in got["clustergate_metric_verdict"]} == {0.0}
+    assert got["clustergate_verdict"] == [({"verdict": v}, 1.0 if v == "accept" else 0.0)
+                                          for v in ("accept", "reject", "unjudged", "running")]
+    assert got["clustergate_run_timestamp_seconds"] == [({}, seconds(run["started"]))]
+    assert got["clustergate_run_duration_seconds"] == [({}, run["duration_s"])]
+    assert got["clustergate_run_info"] == [({"kind": "run", "profile": "cpu", "level": "quick", "version": "0.1.0"},
+                                            1.0)]
+    assert "clustergate_metric_drift_fraction" not in got  # no drift judged: no family
+
+
+def test_failed_and_warned_figures_and_drift() -> None:
+    run = later(real_run(), "2027-01-01T00:00:00+00:00", scale={("hbm_bandwidth_tbps", SERIALS[0]): 1e-4})
+    run["drift"] = {"store": "fleet.db", "fraction": 0.05, "severity": "warn", "findings": [
+        {"metric": "matmul_bf16_tflops", "host": HOST, "gpu_index": 1, "serial": SERIALS[1], "unit": "TFLOPS",
+         "fraction": 0.1}]}
+    got = samples(render(run))
+    verdicts = {(s["serial"], s["metric"]): v for s, v in got["clustergate_metric_verdict"]}
+    assert verdicts[SERIALS[0], "hbm_bandwidth_tbps"] == 2 and verdicts[SERIALS[1], "hbm_bandwidth_tbps"] == 0
+    assert ({"verdict": "reject"}, 1.0) in got["clustergate_verdict"]
+    assert got["clustergate_metric_drift_fraction"] == [({"host": HOST, "gpu": "1", "serial": SERIALS[1],
+                                                          "metric": "matmul_bf16_tflops", "unit": "TFLOPS"}, 0.1)]
+
+
+def test_label_values_are_escaped() -> None:
+    run = real_run()
+    odd = 'gpu "07"\\rack\nB'  # no node may be named so (workloads.node.name): the escaping must still hold
+    for test in run["tests"]:
+        for m in test["metrics"]:
+            for p in m["per_rank"]:
+                p["host"] = odd
+            m["unit"] = 'T"B\\s'
+    text = render(run)
+    assert '\\"07\\"\\\\rack\\nB' in text
+    got = samples(text)
+    assert {s["host"] for s, _ in got["clustergate_metric_value"]} == {odd}
+    assert {s["unit"] for s, _ in got["clustergate_metric_value"]} == {'T"B\\s'}
+
+
+def test_a_metric_recorded_by_two_tests_is_refused() -> None:
+    run = real_run()
+    twin = {**run["tests"][0], "nodeid": "acceptance/test_other.py::test_twin"}
+    run["tests"].append(twin)
+    with pytest.raises(ValueError, match="metric matmul_bf16_tflops of gpu-node-07 is recorded by "
+                                         r"acceptance/test_gpu_compute.py::test_matmul_tflops\[bf16\] and "
+                                         "acceptance/test_other.py::test_twin"):
+        render(run)
+
+
+def test_a_merge_gives_the_fleet_and_each_node(tmp_path_factory: pytest.TempPathFactory) -> None:
+    cluster, signoff, _ = merged_docs(tmp_path_factory)
+    got = samples(render(cluster))
+    assert ({"verdict": "reject"}, 1.0) in got["clustergate_verdict"]
+    assert dict((s["host"], v) for s, v in got["clustergate_node_accepted"]) == {"m1": 1.0, "m2": 0.0, "m3": 0.0}
+    counts = {s["status"]: v for s, v in got["clustergate_cluster_nodes"]}
+    assert counts == {k: float(v) for k, v in cluster["counts"].items() if v is not None}
+    stats = {(s["metric"], s["stat"]): v for s, v in got["clustergate_fleet_metric"]}
+    hbm = next(f for f in cluster["fleet"] if f["metric"] == "hbm_bandwidth_tbps")
+    assert stats["hbm_bandwidth_tbps", "median"] == hbm["median"] and stats["hbm_bandwidth_tbps", "count"] == 24
+    assert stats["hbm_bandwidth_tbps", "floor"] == hbm["floor"]
+    outliers = {(s["host"], s["gpu"], s["metric"]): (s, v) for s, v in got["clustergate_fleet_outlier_value"]}
+    assert {h for h, _, m in outliers if m == "hbm_bandwidth_tbps"} == {"m2"}
+    label, value = outliers["m3", "3", "matmul_bf16_tflops"]
+    assert label["serial"] == "1654000033" and label["severity"] == "fail" and value < 400
+    assert "clustergate_metric_value" not in got  # each node's own file carries its GPUs' figures
+    assert got["clustergate_run_timestamp_seconds"] == [({}, seconds(cluster["created"]))]
+
+
+def test_a_signoff(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, signoff, _ = merged_docs(tmp_path_factory)
+    got = samples(render(signoff))
+    assert got["clustergate_node_accepted"] == [({"host": "solo"}, 1.0)]
+    assert ({"verdict": "accept"}, 1.0) in got["clustergate_verdict"]
+    assert got["clustergate_run_info"][0][0]["kind"] == "signoff"

@@ -1,0 +1,112 @@
+"""``clustergate history`` and ``clustergate record`` (clustergate.store.history_cli, record_cli): the
+commands as a user runs them, on real store files and results files."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fleet_data import HOST, SERIALS, later, merged_docs, real_run, write
+
+from clustergate.store import Store
+from clustergate.store.lock import StoreLock
+
+from torchrun_job import ROOT, job_env
+
+T2 = "2027-04-01T00:00:00+00:00"
+
+
+def cli(module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", f"clustergate.store.{module}", *args], cwd=ROOT,
+                          env=job_env(env), text=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The store, and two runs of the node as report directories (the second after a GPU swap: GPU 0's card
+    now in slot 1 and 1's in 0)."""
+    first = write(tmp_path / "reports" / "r1", real_run()).parent
+    second = write(tmp_path / "reports" / "r2", later(real_run(), T2, swap_serials=True)).parent
+    return tmp_path / "fleet.db", first, second
+
+
+def test_record_then_history_shows_both_runs(two_runs: tuple[Path, Path, Path]) -> None:
+    db, first, second = two_runs
+    done = cli("record_cli", "--store", str(db), str(first), str(second / "results.json"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{first / 'results.json'}: recorded as run #1 in {db}",
+                                        f"{second / 'results.json'}: recorded as run #2 in {db}"]
+    again = cli("record_cli", str(first), env={"CLUSTERGATE_STORE": str(db)})
+    assert again.returncode == 0 and again.stdout == f"{first / 'results.json'}: already stored as run #1 in {db}\n"
+    shown = cli("history_cli", SERIALS[0], "--metric", "matmul_bf16_tflops", "--store", str(db))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[:2] == [f"store: {db}", f"2 figures from 2 runs ({SERIALS[0]} metric matmul_bf16_tflops)"]
+    assert lines[2].split() == ["TIME", "RUN", "HOST", "GPU", "SERIAL", "METRIC", "VALUE", "UNIT", "VERDICT"]
+    rows = [line.split() for line in lines[3:]]
+    # the card followed by its serial: in slot 0 in the first run, in slot 1 after the swap
+    assert [(r[1], r[2], r[3], r[4], r[5], r[7], r[8]) for r in rows] == [
+        ("#1", HOST, "0", SERIALS[0], "matmul_bf16_tflops", "TFLOPS", "pass"),
+        ("#2", HOST, "1", SERIALS[0], "matmul_bf16_tflops", "TFLOPS", "pass")]
+    assert rows[0][0] == real_run()["started"] and rows[1][0] == T2
+
+
+def test_history_as_json(two_runs: tuple[Path, Path, Path]) -> None:
+    db, first, second = two_runs
+    Store(db).record_file(first / "results.json")
+    Store(db).record_file(second / "results.json")
+    shown = cli("history_cli", HOST, "--json", env={"CLUSTERGATE_STORE": str(db)})
+    data = json.loads(shown.stdout)
+    assert data["store"] == str(db) and data["query"] == {"who": HOST, "metric": None}
+    assert len(data["figures"]) == 10 and {f["run"] for f in data["figures"]} == {1, 2}
+    assert set(data["figures"][0]) == {"time", "run", "path", "run_verdict", "level", "profile", "test", "metric",
+                                       "scope", "host", "gpu_index", "serial", "uuid", "value", "unit", "verdict"}
+    assert data["decisions"] == []
+
+
+def test_a_host_history_lists_merge_decisions(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, _, base = merged_docs(tmp_path_factory)
+    db = tmp_path / "fleet.db"
+    assert cli("record_cli", "--store", str(db), str(base / "nodes" / "m3"), str(base / "run")).returncode == 0
+    shown = cli("history_cli", "m3", "--store", str(db))
+    assert shown.returncode == 0, shown.stderr
+    assert "merges and sign-offs:" in shown.stdout
+    decided = shown.stdout.split("merges and sign-offs:\n")[1]
+    assert "#2  cluster: m3 excluded (node phase): " in decided and "matmul_bf16_tflops" in decided
+    assert " m3 " in shown.stdout.splitlines()[3] and "fail" in shown.stdout  # its own failing figure, GPU 3
+
+
+def test_history_refusals_exit_as_the_table_says(tmp_path: Path) -> None:
+    none = cli("history_cli", env={"CLUSTERGATE_STORE": ""})
+    assert none.returncode == 2 and none.stderr == ("clustergate history: no store: pass --store PATH or set "
+                                                    "CLUSTERGATE_STORE\n")
+    text = tmp_path / "x.db"
+    text.write_text("not a database\n")
+    bad = cli("history_cli", "--store", str(text))
+    assert bad.returncode == 2 and bad.stderr.startswith(f"clustergate history: {text}: not a clustergate store")
+    assert "Traceback" not in bad.stderr
+    empty = cli("history_cli", "nobody", "--store", str(tmp_path / "missing.db"))
+    assert empty.returncode == 2 and "no store there" in empty.stderr
+    db = tmp_path / "fleet.db"
+    Store(db).record(real_run())
+    assert cli("history_cli", "nobody", "--store", str(db)).stdout.endswith("no figures recorded for nobody\n")
+    StoreLock(db, 1).path.write_text(f"pid 1 on other-{socket.gethostname()} boot b pidns p since 2026-01-01\n")
+    # held from another host past the wait: the store could not be read (4), and the holder is named
+    busy = cli("history_cli", "--store", str(db), "--wait", "0.3")
+    assert busy.returncode == 4 and "another process held the store for 0.3 s (pid 1 on other-" in busy.stderr
+
+
+def test_record_refusals(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    running = write(tmp_path / "running", {**real_run(), "verdict": "running"})
+    done = cli("record_cli", "--store", str(db), str(running), str(tmp_path / "nothing.json"), str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"clustergate record: {running}: the run still says 'running' (under way, or killed before it ended); the "
+        "store keeps finished runs only",
+        f"clustergate record: {tmp_path / 'nothing.json'}: file not found",
+        f"clustergate record: {tmp_path}: a directory without results.json or signoff.json: not a report directory"]
