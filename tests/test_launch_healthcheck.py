@@ -84,14 +84,14 @@ esac
         return [c for c in (self.calls.read_text().splitlines() if self.calls.exists() else []) if
                 c.startswith("update")]
 
-    def check(self, health: Path | None, *, env: dict[str, str] | None = None,
-              user: str | None = None) -> subprocess.CompletedProcess[str]:
+    def check(self, health: Path | None, *, env: dict[str, str] | None = None, user: str | None = None,
+              script: Path = HEALTHCHECK) -> subprocess.CompletedProcess[str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CLUSTERGATE_", "TORCHINDUCTOR"))}
         base |= {"PATH": f"{self.bin}{os.pathsep}{base['PATH']}", "SLURMD_NODENAME": NODE,
                  "CLUSTERGATE_GPUS_PER_NODE": "0", "CLUSTERGATE_PYTHON": str(self.python)}
         if health is not None:
             base["CLUSTERGATE_HEALTH_DIR"] = str(health)
-        cmd = ["bash", str(HEALTHCHECK)]
+        cmd = ["bash", str(script)]
         if user:
             cmd = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *cmd]
         return subprocess.run(cmd, env=base | (env or {}), capture_output=True, text=True, timeout=60)
@@ -169,14 +169,34 @@ def nobody_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py")
+"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only)."""
+
+
+def readable_copy(into: Path) -> Path:
+    """The parts of the checkout the check needs, copied where another user can read them (the checkout itself may
+    lie under a directory only its owner may enter, as a clone in a ``mktemp -d`` does); its healthcheck.sh."""
+    for rel in NOBODY_NEEDS:
+        source, target = ROOT / rel, into / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    for p in [into, *into.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+    return into / HEALTHCHECK.relative_to(ROOT)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
                     reason="needs root, setpriv and /usr/bin/python3 to run the check as another user")
 def test_another_user_defaults_to_its_own_state_directory(tmp_path: Path, nobody_dir: Path) -> None:
     node = Node(nobody_dir / "node", real_python="/usr/bin/python3")  # stdlib only: safe_dir, the node's name
     for p in [node.where, *node.where.rglob("*")]:
         os.chown(p, pwd.getpwnam("nobody").pw_uid, -1)
+    script = readable_copy(nobody_dir / "checkout")
     proc = node.check(None, env={"XDG_STATE_HOME": str(nobody_dir / "state"), "HOME": str(nobody_dir)},
-                      user="nobody")
+                      user="nobody", script=script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run] = sorted((nobody_dir / "state" / "clustergate" / "health" / NODE).glob("2*"))
     assert run.stat().st_uid == pwd.getpwnam("nobody").pw_uid and (run / "results.json").exists()
