@@ -19,12 +19,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from workloads.common import check_level
 from workloads.result import Result
+
+if TYPE_CHECKING:  # the readers run without torch (clustergate health); only for_level takes a device
+    import torch
 
 SHARED_FS_TYPES = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "cifs", "smb3", "ceph", "glusterfs", "virtiofs",
@@ -51,6 +51,8 @@ class Config:
     @classmethod
     def for_level(cls, level: str, device: torch.device, pci_bus_ids: tuple[str, ...] = ()) -> Config:
         """Discovery reads files: the same at every level; no topology without a GPU."""
+        from workloads.common import check_level
+
         check_level(level)
         return cls(topology=device.type == "cuda", pci_bus_ids=pci_bus_ids)
 
