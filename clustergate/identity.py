@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from workloads.node.gpu_presence import NvidiaDevices
 from workloads.node.name import node_name
 
 
@@ -84,6 +85,15 @@ def gpu_model_name() -> str | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_name(0)
+
+
+def gpu_node_problem(found: NvidiaDevices, device: torch.device) -> str | None:
+    """Why a run on a GPU node cannot be judged: an NVIDIA device exists, or the site expects GPUs
+    (``found``, workloads.node.gpu_presence), but this rank's torch sees no CUDA device; None otherwise."""
+    if device.type == "cuda" or not found.present:
+        return None
+    return found.broken(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device "
+                        f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
 
 
 def environment() -> dict[str, str]:

@@ -187,6 +187,16 @@ def sysfs_bus_id(bus_id: str) -> str:
 
 # ---- readers under a root ----------------------------------------------------------------------
 
+HOST_ROOT_ENV = "CLUSTERGATE_HOST_ROOT"
+"""Read the host's /proc, /sys and /dev/kmsg under this directory (a container that mounts them at /host, or
+the suite's own tests with a captured tree)."""
+
+
+def host_root() -> Path:
+    """The directory the host's /proc, /sys and /dev are read under: $CLUSTERGATE_HOST_ROOT, else /."""
+    return Path(os.environ.get(HOST_ROOT_ENV) or "/")
+
+
 def _read(root: Path, rel: str) -> str | None:
     try:
         return (root / rel).read_text()
