@@ -80,13 +80,6 @@ def rank_identity(rank: int, local_rank: int, node_rank: int, device: torch.devi
     return RankIdentity(rank, local_rank, node_rank, node_name(), gpu, error)
 
 
-def gpu_model_name() -> str | None:
-    """The name of this host's first visible GPU (for profile selection); None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_name(0)
-
-
 def gpu_node_problem(found: NvidiaDevices, device: torch.device) -> str | None:
     """Why a run on a GPU node cannot be judged: an NVIDIA device exists, or the site expects GPUs
     (``found``, workloads.node.gpu_presence), but this rank's torch sees no CUDA device; None otherwise."""

@@ -1,7 +1,8 @@
 """Which profile a node is judged by: a GPU node (an NVIDIA device, or the site's word) never gets the CPU profile.
 
 The rule (workloads.node.gpu_presence, clustergate.thresholds' select) on planted /sys and /dev trees and a fake
-NVML.
+NVML; then the run itself under torchrun on a CPU machine with a planted NVIDIA PCI device: the torch of this
+machine sees no CUDA, which on a GPU node is a broken driver or CUDA, a reject, never the cpu profile's accept.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from clustergate.identity import gpu_node_problem
 from clustergate.thresholds import load
 from workloads.node import gpu_presence
 
-from torchrun_job import ROOT
+from torchrun_job import ROOT, plant, run_job
 
 SHIPPED = load(ROOT / "thresholds.yaml")
 
@@ -78,3 +79,33 @@ def test_nvml_names_the_model_the_profile_is_chosen_by(tmp_path: Path) -> None:
     assert found.nvml_gpus == ("NVIDIA H200", "NVIDIA H200") and found.model == "NVIDIA H200"
     assert SHIPPED.select(found.model, gpu_node=found.present).name == "h200"
     assert SHIPPED.select(None).name == "cpu"  # callers that know of no GPU node: as before
+
+
+@pytest.mark.parametrize("how", ["a PCI device", "the site's word"])
+def test_a_gpu_node_whose_torch_sees_no_cuda_is_a_reject_not_a_cpu_accept(tmp_path: Path, how: str) -> None:
+    """This machine's torch has no CUDA: with an NVIDIA device planted under CLUSTERGATE_HOST_ROOT (or the site
+    saying 8 GPUs) the run stops at collection, rejects, and its error says the driver or CUDA is broken."""
+    root = tmp_path / "host"
+    root.mkdir()
+    env = {"CLUSTERGATE_HOST_ROOT": str(root)}
+    if how == "a PCI device":
+        pci(root, "0000:18:00.0", "0x030200")
+    else:
+        env[gpu_presence.EXPECTED_GPUS_ENV] = "8"
+    job = run_job(tmp_path, plant(tmp_path, "healthy"), env=env, timeout=180)
+    assert job.codes == [1], job.output[-3000:]
+    res = job.results
+    assert res["verdict"] == "reject" and res["profile"] == "nvidia-generic", job.output[-3000:]
+    assert "the NVIDIA driver or CUDA is broken" in res["error"] and "torch sees no CUDA" not in res["error"]
+    assert "sees no CUDA device" in res["error"] and res["tests"] == []
+    assert "REJECT" in job.output and "ACCEPT" not in job.output
+
+
+def test_profile_cpu_still_runs_the_cpu_suite_on_a_gpu_node(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    root.mkdir()
+    pci(root, "0000:18:00.0", "0x030200")
+    job = run_job(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "cpu"],
+                  env={"CLUSTERGATE_HOST_ROOT": str(root)}, timeout=180)
+    assert job.codes == [0], job.output[-3000:]
+    assert job.results["verdict"] == "accept" and job.results["profile"] == "cpu"
