@@ -147,6 +147,22 @@ def _pcie_under_load(nvml: Any, handle: Any, device: torch.device, seconds: floa
     return {"pcie_gen_current": gen, "pcie_width_current": width}
 
 
+def nvml_snapshot(nvml: Any, handle: Any) -> dict[str, Any]:
+    """One GPU as NVML alone describes it, in ``snapshot``'s layout, so ``workloads.gpu.health`` judges it alike:
+    no torch, no CUDA context (``clustergate health``). ``gpu`` holds NVML's fields (its name, and its memory
+    total as ``nvml_memory_total_bytes``); ``software`` the driver and the CUDA version it supports."""
+    values, unsupported, errors = read_gpu(nvml, handle)
+    software: dict[str, Any] = {}
+    for key, fn, convert in (("driver", nvml.nvmlSystemGetDriverVersion, _text),
+                             ("cuda_driver", nvml.nvmlSystemGetCudaDriverVersion, lambda v: _cuda_version(int(v)))):
+        try:
+            software[key] = convert(fn())
+        except nvml.NVMLError as exc:
+            errors[key] = f"{type(exc).__name__}: {exc}"
+    return {"schema": SCHEMA, "gpu": values, "unsupported": unsupported, "errors": errors, "software": software,
+            "nvml": {"ok": True, "error": None}}
+
+
 def snapshot(device: torch.device, *, pcie_load_s: float = 0.0) -> dict[str, Any]:
     """This rank's view of its GPU and node, as plain data (see the module docstring)."""
     import torch

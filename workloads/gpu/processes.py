@@ -197,8 +197,9 @@ def judge(listing: dict[str, Any], own: list[dict[str, Any]]) -> Check:
                      value)
     if foreign:
         return Check("fail", f"{len(foreign)} process(es) of another job on this GPU: "
-                             f"{'; '.join(_shown(p) for p in foreign)}; the job's own ranks here are pids "
-                             f"{sorted(own_pids)}. A shared GPU measures wrong (its time and memory are split): stop "
+                             f"{'; '.join(_shown(p) for p in foreign)}"
+                             + (f"; the job's own ranks here are pids {sorted(own_pids)}" if own_pids else "")
+                             + ". A shared GPU measures wrong (its time and memory are split): stop "
                              "the process (nvidia-smi shows it) or drain the node, then run again", value)
     return Check(OK, f"only the job's own processes on the GPU ({len(ours)})", value)
 
