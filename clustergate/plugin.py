@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.identity import gpu_node_problem
+from clustergate.identity import gpu_model, gpu_node_problem
 from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
 from clustergate.redact import Scrubber, ScrubbingStream, scrub_strings
@@ -171,7 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")
         found = gpu_presence.find(host_root())
-        profile = thresholds.profile(name) if name else thresholds.select(found.model, gpu_node=found.present)
+        profile = thresholds.profile(name) if name else thresholds.select(gpu_model(found), gpu_node=found.present)
         test_timeout = given_or(config.getoption("test_timeout"), profile.settings.get(
             "test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
         collective_timeout = given_or(config.getoption("collective_timeout"), profile.settings.get(

@@ -13,7 +13,7 @@ import pytest
 import torch
 from fake_pynvml import FakeNode, FakeNvml
 
-from clustergate.identity import gpu_node_problem
+from clustergate.identity import gpu_model, gpu_node_problem
 from clustergate.thresholds import load
 from workloads.node import gpu_presence
 
@@ -79,6 +79,16 @@ def test_nvml_names_the_model_the_profile_is_chosen_by(tmp_path: Path) -> None:
     assert found.nvml_gpus == ("NVIDIA H200", "NVIDIA H200") and found.model == "NVIDIA H200"
     assert SHIPPED.select(found.model, gpu_node=found.present).name == "h200"
     assert SHIPPED.select(None).name == "cpu"  # callers that know of no GPU node: as before
+
+
+def test_a_run_takes_cudas_model_name_where_nvml_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/nvidia0").write_text("")
+    found = find(tmp_path)  # NVML does not answer
+    assert gpu_model(found) is None  # this machine's torch sees no CUDA either
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    assert SHIPPED.select(gpu_model(found), gpu_node=found.present).name == "h100-sxm-80gb"
 
 
 @pytest.mark.parametrize("how", ["a PCI device", "the site's word"])
