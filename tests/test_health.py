@@ -168,7 +168,7 @@ def test_a_gpu_node_with_no_driver_fails_and_names_the_driver(node: GpuNode) -> 
                            "node (/dev/nvidia0, /dev/nvidia1, /dev/nvidia2 and 5 more; 8 GPUs and 4 other devices of "
                            "vendor 0x10de on the PCI bus")
     assert "NVMLError: Driver Not Loaded" in line and "the NVIDIA driver or CUDA is broken" in line
-    assert "profile nvidia-generic" in proc.stdout
+    assert "profile nvidia-generic" in proc.stdout and "has no criteria of its own" in proc.stdout
 
 
 def test_a_node_with_no_nvidia_device_is_judged_by_the_cpu_profile(tmp_path: Path) -> None:

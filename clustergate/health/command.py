@@ -125,7 +125,8 @@ def check_node(args: argparse.Namespace) -> tuple[Exit, dict[str, Any], dict[str
     report = {
         "schema": SCHEMA, "command": "health", "host": host,
         "status": "healthy" if status == Exit.ACCEPT else "not healthy", "exit_status": int(status), "error": None,
-        "profile": profile.name, "thresholds": str(profile.source), "thresholds_digest": profile.run_digest,
+        "profile": profile.name, "sign_off": profile.sign_off, "thresholds": str(profile.source),
+        "thresholds_digest": profile.run_digest,
         "gpus": [g.identity for g in node.gpus], "presence": asdict(presence),
         "kernel_log": None if node.kernel is None else {k: getattr(node.kernel, k) for k in (
             "readable", "reason", "source", "since", "marker")},
@@ -163,7 +164,9 @@ def _print(report: dict[str, Any], verbose: bool) -> None:
     verdict = "healthy" if report["exit_status"] == 0 else "NOT HEALTHY"
     print(f"{PROG}: {host} {verdict}" + (f": {', '.join(counts)}" if counts else "") +
           f" (profile {report['profile']}, {len(report['findings'])} checks, {report['duration_s']:.2f} s)"
-          + ("; -v lists what was not readable" if report["unreadable"] and not verbose else ""))
+          + ("; -v lists what was not readable" if report["unreadable"] and not verbose else "")
+          + ("" if report["sign_off"] else f"; profile {report['profile']} has no criteria of its own: only the checks "
+                                           "every profile makes were judged"))
 
 
 def main(argv: list[str] | None = None) -> int:
