@@ -320,7 +320,7 @@ def test_a_gpu_node_whose_driver_is_broken_is_drained_and_never_resumed(node: No
 
 @pytest.mark.parametrize(("state", "reason", "updates"), [
     ("IDLE+DRAIN", "clustergate: health: 1 failure: ...", ["state=resume"]),
-    ("IDLE+DRAIN", "admin: fan 3 replaced", []),
+    ("IDLE", "", []),
     ("ALLOCATED", "", []),  # a job's processes on its GPUs are its own, not another job's
     ("MIXED", "", []),
 ])
@@ -336,6 +336,7 @@ def test_recheck_at_the_health_tier_checks_every_node_now(node: Node, tmp_path: 
         assert [u.split(" ", 2)[2].split(" reason=")[0] for u in node.scontrol_updates()] == ["state=drain"], proc
         node.calls.unlink()
         gpus.gpu(2)["state"]["compute"] = {}
+        node.set_state(state, reason)  # the fake scontrol shows the state the test set, not the drain
         proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [u.split(" ", 2)[2] for u in node.scontrol_updates()] == updates
@@ -346,3 +347,25 @@ def test_an_unknown_tier_is_refused(node: Node, tmp_path: Path) -> None:
     proc = node.check(tmp_path / "health", tier="slow")
     assert proc.returncode == 2 and "CLUSTERGATE_HEALTH_TIER='slow': health (the default) or quick" in proc.stderr
     assert node.scontrol_updates() == []
+
+
+@pytest.mark.parametrize("tier", ["health", "quick"])
+def test_a_failing_node_someone_else_drained_keeps_their_reason(node: Node, tmp_path: Path, tier: str) -> None:
+    """An Epilog's check that fails on a node an admin drained meanwhile does not drain it again: the admin's reason
+    stays, and so no later passing check of this script can give the node back."""
+    gpus = gpu_node(node)
+    gpus.gpu(3)["state"]["ecc_mode"] = [0, 0]
+    node.set_verdict(REJECT)
+    node.set_state("MIXED+DRAIN", "admin: memory errors, RMA pending")
+    proc = node.check(tmp_path / "health", tier=tier, env=health_env(gpus))
+    assert proc.returncode == 0, proc.stderr
+    assert node.scontrol_updates() == [] and "it is drained already (admin: memory errors" in proc.stderr
+
+
+def test_recheck_at_the_health_tier_leaves_a_node_someone_else_drained_alone(node: Node, tmp_path: Path) -> None:
+    gpus = gpu_node(node)
+    gpus.gpu(3)["state"]["ecc_mode"] = [0, 0]
+    node.set_state("IDLE+DRAIN", "admin: fan 3 replaced")
+    proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK="1"))
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == "", proc.stdout + proc.stderr
+    assert node.scontrol_updates() == [] and _runs(tmp_path / "health") == []

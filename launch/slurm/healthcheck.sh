@@ -53,7 +53,8 @@
 #                                (slurmd kills a HealthCheckProgram after 60 s) and returns.
 #
 # Drain reasons start with "clustergate: ". A node that passes is resumed when, and only when, it is drained with
-# a reason that starts so: one an admin drained for anything else stays drained. A GPU node whose driver or CUDA is
+# a reason that starts so: one an admin drained for anything else stays drained, with the admin's reason (a check
+# that fails there does not drain it again). A GPU node whose driver or CUDA is
 # broken fails either tier, so it is drained and never resumed by this script.
 #
 # Exit status: 0 when the node passed (or the failed status above after draining); 2 on bad settings.
@@ -93,6 +94,9 @@ if [[ $tier == health && ${CLUSTERGATE_HEALTH_RECHECK:-} == 1 ]]; then
     # HealthCheckProgram at the health tier: seconds, so every node is checked here and now. A node running a job
     # has that job's processes on its GPUs: they are not another job's.
     node_state
+    if [[ $state == *DRAIN* ]] && ! drained_by_us; then
+        exit 0  # drained by someone else: theirs to give back, and their reason stays
+    fi
     if [[ $state == *ALLOC* || $state == *MIX* || $state == *COMPLETING* ]]; then
         health_args=(--skip foreign_processes)
     fi
@@ -120,7 +124,7 @@ if [[ $tier == health ]]; then
     # clustergate health from this checkout: NVML and files only. Its output goes to health.log, its verdict to
     # health.json (the drain reason's source).
     (cd "$root" && timeout --kill-after=5 "$limit" "$py" -m clustergate health --report-dir "$report_dir" \
-        "${health_args[@]}" "$@") >"$report_dir/health.log" 2>&1 </dev/null
+        ${health_args[@]+"${health_args[@]}"} "$@") >"$report_dir/health.log" 2>&1 </dev/null
     status=$?
 else
     gpus=${CLUSTERGATE_GPUS_PER_NODE:-}
@@ -165,8 +169,13 @@ else
     reason=$("$py" "$root/launch/health_reason.py" "$report_dir" --max-chars 200)
     reason=${reason:-"${prefix}health check exited $status"}
 fi
-reason="$reason (report: $report_dir)"
-echo "clustergate health: draining $node after ${seconds} s: $reason" >&2
-scontrol update nodename="$node" state=drain reason="$reason" ||
+why="$reason (report: $report_dir)"
+node_state  # now: a node someone else drained keeps their reason (this script would later resume its own)
+if [[ $state == *DRAIN* ]] && ! drained_by_us; then
+    echo "clustergate health: $node failed after ${seconds} s: $why; it is drained already ($reason): left so" >&2
+    exit "${CLUSTERGATE_HEALTH_FAILED_STATUS:-0}"
+fi
+echo "clustergate health: draining $node after ${seconds} s: $why" >&2
+scontrol update nodename="$node" state=drain reason="$why" ||
     echo "clustergate health: could not drain $node (scontrol exit $?)" >&2
 exit "${CLUSTERGATE_HEALTH_FAILED_STATUS:-0}"
