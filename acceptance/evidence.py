@@ -10,10 +10,8 @@ next step, and the plugin judges the same figures again from what was recorded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,16 +21,10 @@ from clustergate.recorder import Recorder
 from workloads import faults
 from workloads.counters import Change, grown
 from workloads.gpu.error_counters import GPU_PART
+from workloads.node.discovery import host_root  # noqa: F401 - the acceptance tests import it from here
 from workloads.result import Result
 
-HOST_ROOT_ENV = "CLUSTERGATE_HOST_ROOT"
-"""Read the host's /proc, /sys and /dev/kmsg under this directory (a container that mounts them at
-/host, or the suite's own tests with a captured tree)."""
 BEFORE_TEST = "acceptance/test_errors_before.py::test_error_counters_before_load"
-
-
-def host_root() -> Path:
-    return Path(os.environ.get(HOST_ROOT_ENV) or "/")
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from clustergate.recorder import Recorder
+from clustergate.thresholds import expects_gpus
 from workloads.gpu import inventory as gpu_inventory
 from workloads.gpu.health import Check
 from workloads.result import Result, WorkloadError
@@ -24,7 +25,7 @@ PER_RANK_DROP = ("intervals",)
 
 def expects_gpu(cg: Recorder) -> bool:
     """Every profile but the CPU one (gpus_per_node: 0) expects a GPU per rank."""
-    return cg.setting("gpus_per_node", None) != 0
+    return expects_gpus(cg.setting("gpus_per_node", None))
 
 
 def skip_on_cpu_profile(cg: Recorder, why: str = "") -> None:

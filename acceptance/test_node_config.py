@@ -9,7 +9,6 @@ never passes. Each test's details carry an ``expect`` entry: the report's expect
 
 from __future__ import annotations
 
-import platform
 from typing import Any
 
 import pytest
@@ -23,11 +22,9 @@ from clustergate.recorder import Recorder
 from workloads import faults
 from workloads.gpu import gpu_config
 from workloads.interconnect import comm_groups
-from workloads.node import discovery, host_config, pcie_acs
+from workloads.node import host_config
+from workloads.node.host_config import Seen
 from workloads.result import Result
-
-Seen = tuple[Any, str]
-"""(the value judged, or None where it cannot be read; what was seen, or why not)."""
 
 
 def _expected(cg: Recorder, key: str) -> Expected:
@@ -62,14 +59,6 @@ def _gpu_values(cg: Recorder) -> dict[int, dict[str, Any]]:
     return dict(enumerate(cg.all_ranks(gpu_config.read_device(cg.device))))
 
 
-def _gpu_field(read: dict[str, Any], name: str) -> Seen:
-    if "error" in read:
-        return None, read["error"]
-    if name in read["values"]:
-        return read["values"][name], str(read["values"][name])
-    return None, read["unsupported"].get(name) or read["errors"].get(name) or f"{name} not read"
-
-
 def _node_values(cg: Recorder, read: Any) -> dict[int, Seen]:
     """{reader rank: read(node's GPU bus ids)} for every node."""
     mine = None
@@ -87,7 +76,7 @@ def test_gpu_setting(cg: Recorder, key: str) -> None:
     persistence mode as the profile expects."""
     expected = _expected(cg, key)
     values = _gpu_values(cg)
-    _settle(cg, expected, {r: _gpu_field(v, key) for r, v in values.items()}, "gpu")
+    _settle(cg, expected, {r: gpu_config.field_seen(v, key) for r, v in values.items()}, "gpu")
 
 
 def test_fabric_manager(cg: Recorder) -> None:
@@ -97,79 +86,22 @@ def test_fabric_manager(cg: Recorder) -> None:
     switches = _node_values(cg, lambda _: (host_config.nvswitches(host_root()),
                                            host_config.processes_named(host_root(), "nv-fabricmanager")))
     by_node = {cg.identities[r]["node_rank"]: v for r, v in switches.items()}
-    seen: dict[int, Seen] = {}
-    for rank, read in values.items():
-        nvswitch, fm = by_node.get(cg.identities[rank]["node_rank"], ([], None))
-        fabric, why = _gpu_field(read, "fabric")
-        state = (fabric or {}).get("state")
-        if not nvswitch and state in (None, "not supported"):
-            seen[rank] = (None, f"no NVSwitch on this node (no NVIDIA bridge-class PCI device; NVML fabric: "
-                                f"{state or why}): no fabric manager needed")
-        elif fabric is None:
-            seen[rank] = (None, f"{len(nvswitch)} NVSwitches, but NVML cannot say the fabric state: {why}")
-        else:
-            up = state == "completed" and fabric["status"] == 0
-            seen[rank] = (up, f"fabric {state}, status {fabric['status']}; {len(nvswitch)} NVSwitches; "
-                              f"nv-fabricmanager processes visible: {fm if fm is not None else 'unknown'}")
+    seen = {rank: gpu_config.fabric_seen(read, *by_node.get(cg.identities[rank]["node_rank"], ([], None)))
+            for rank, read in values.items()}
     _settle(cg, expected, seen, "gpu")
 
 
-def _acs(buses: list[str]) -> Seen:
-    if not buses:
-        return None, "no GPU on this node: no GPU-NIC path"
-    paths, why = pcie_acs.gpu_nic_paths(host_root(), buses)
-    if why:
-        return None, why
-    unread = [f"{b['bridge']}: {b['unreadable']}" for p in paths for b in p["bridges"] if "unreadable" in b]
-    if unread:
-        return None, f"ACS not readable on {len(unread)} bridges, e.g. {unread[0]}"
-    on = [f"GPU {p['gpu']} -> {p['nic']}: bridge {b['bridge']} ACSCtl {'+'.join(b['acs'])}"
-          for p in paths for b in p["bridges"] if b.get("redirecting")]
-    return bool(on), "; ".join(on) or f"{sum(len(p['bridges']) for p in paths)} bridges checked, no redirection"
-
-
-def _iommu(buses: list[str]) -> Seen:
-    nics = list(pcie_acs.infiniband_devices(host_root()).values())
-    mode, detail, why = host_config.iommu_mode(host_root(), buses + nics)
-    return (mode, f"{mode} ({detail})") if mode else (None, why or "unknown")
-
-
-def _numa(_: list[str]) -> Seen:
-    on, why = host_config.numa_balancing(host_root())
-    return (on, f"kernel.numa_balancing={int(on)}") if on is not None else (None, why or "")
-
-
-def _governor(_: list[str]) -> Seen:
-    found, why = host_config.cpu_governors(host_root())
-    if found is None:
-        return None, why or ""
-    shown = ", ".join(f"{g} on {n} CPUs" for g, n in sorted(found.items()))
-    return (next(iter(found)) if len(found) == 1 else "mixed: " + shown), shown
-
-
-NODE_READERS = {"acs": _acs, "iommu": _iommu, "numa_balancing": _numa, "cpu_governor": _governor}
-
-
-@pytest.mark.parametrize("key", list(NODE_READERS))
+@pytest.mark.parametrize("key", list(host_config.NODE_SEEN))
 def test_node_setting(cg: Recorder, key: str) -> None:
     """PCIe ACS off between each GPU and its nearest NIC, IOMMU mode, NUMA balancing and CPU governor as the
     profile expects, on every node."""
     expected = _expected(cg, key)
-    _settle(cg, expected, _node_values(cg, NODE_READERS[key]), "node")
+    _settle(cg, expected, _node_values(cg, lambda buses: host_config.NODE_SEEN[key](host_root(), buses)), "node")
 
 
 def _gpudirect(buses: list[str]) -> Seen:
-    root = host_root()
-    if not pcie_acs.infiniband_devices(root):
-        return None, "no InfiniBand adapter on this node: GPUDirect RDMA has no NIC to serve"
-    if not buses:
-        return None, "no GPU on this node"
-    peermem = discovery.read_gpudirect(root)
-    attrs, why = gpu_config.cuda_attributes(0) if torch.cuda.is_available() else (None, "no CUDA")
-    kernel = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2] if x.isdigit())
-    dma_buf = bool(attrs and attrs["dma_buf"]) and kernel >= (5, 12)
-    return peermem["loaded"] or dma_buf, (f"peer memory modules {peermem['modules'] or 'none'}; CUDA dma-buf "
-                                          f"{attrs['dma_buf'] if attrs else why}, kernel {platform.release()}")
+    cuda = (lambda: gpu_config.cuda_attributes(0)) if torch.cuda.is_available() else (lambda: (None, "no CUDA"))
+    return host_config.gpudirect_seen(host_root(), buses, cuda)
 
 
 def test_gpudirect_rdma_available(cg: Recorder) -> None:

@@ -35,6 +35,8 @@ SUMMARIES = {
     "signoff": "sign off the accepted hosts after the fabric phase (python -m clustergate.cluster signoff)",
     "render": "re-render or re-judge a run's report from its results.json (python -m clustergate.report)",
     "calibrate": "turn finished runs of healthy nodes into a site profile (python -m clustergate.cluster calibrate)",
+    "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no torchrun "
+              "(python -m clustergate.health)",
 }
 
 
@@ -50,6 +52,12 @@ def _render(argv: list[str]) -> int:
     from clustergate.report.__main__ import main as report_main
 
     return int(report_main(argv))
+
+
+def _health(argv: list[str]) -> int:
+    from clustergate.health.command import main as health_main
+
+    return int(health_main(argv))
 
 
 def acceptance_dir() -> Path:
@@ -160,7 +168,7 @@ def local_gpu_count() -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "merge": _cluster("merge"), "signoff": _cluster("signoff"), "render": _render,
-    "calibrate": _cluster("calibrate"),
+    "calibrate": _cluster("calibrate"), "health": _health,
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from workloads.node.gpu_presence import NvidiaDevices
 from workloads.node.name import node_name
 
 
@@ -79,11 +80,21 @@ def rank_identity(rank: int, local_rank: int, node_rank: int, device: torch.devi
     return RankIdentity(rank, local_rank, node_rank, node_name(), gpu, error)
 
 
-def gpu_model_name() -> str | None:
-    """The name of this host's first visible GPU (for profile selection); None without CUDA."""
-    if not torch.cuda.is_available():
+def gpu_model(found: NvidiaDevices) -> str | None:
+    """The GPU model a run's profile is chosen by: NVML's name (``found``), else the name CUDA gives (NVML can be
+    missing where CUDA works: a container given the driver's compute libraries only); None where neither knows one."""
+    if found.model is not None:
+        return found.model
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def gpu_node_problem(found: NvidiaDevices, device: torch.device) -> str | None:
+    """Why a run on a GPU node cannot be judged: an NVIDIA device exists, or the site expects GPUs
+    (``found``, workloads.node.gpu_presence), but this rank's torch sees no CUDA device; None otherwise."""
+    if device.type == "cuda" or not found.present:
         return None
-    return torch.cuda.get_device_name(0)
+    return found.broken(f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device "
+                        f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
 
 
 def environment() -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.identity import gpu_model_name
+from clustergate.identity import gpu_model, gpu_node_problem
 from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
 from clustergate.redact import Scrubber, ScrubbingStream, scrub_strings
@@ -26,6 +26,8 @@ from clustergate.stops import STATUS, SessionEvents
 from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
 from clustergate.world import WorldError, init_world, shutdown
 from workloads.common import LEVELS
+from workloads.node import gpu_presence
+from workloads.node.discovery import host_root
 from workloads.node.name import NodeNameError, node_name
 
 GATE = pytest.StashKey[ClusterGate]()
@@ -33,6 +35,7 @@ RECORDER = pytest.StashKey[Recorder]()
 REAL_STDOUT = pytest.StashKey[Any]()
 DESELECTED = pytest.StashKey[int]()
 DESELECTED_MULTINODE = pytest.StashKey[int]()
+GPU_NODE_PROBLEM = pytest.StashKey[str]()
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
 """The source checkout this module runs from; None when installed from a wheel."""
@@ -167,7 +170,8 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         thresholds = load(config.getoption("thresholds"))
         name = config.getoption("profile")
-        profile = thresholds.profile(name) if name else thresholds.select(gpu_model_name())
+        found = gpu_presence.find(host_root())
+        profile = thresholds.profile(name) if name else thresholds.select(gpu_model(found), gpu_node=found.present)
         test_timeout = given_or(config.getoption("test_timeout"), profile.settings.get(
             "test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
         collective_timeout = given_or(config.getoption("collective_timeout"), profile.settings.get(
@@ -186,6 +190,8 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.stderr = ScrubbingStream(sys.stderr)
     gate = ClusterGate(world, profile, config.getoption("level"), report_dir, test_timeout, selection)
     config.stash[GATE] = gate
+    if profile.name != thresholds.cpu_profile and (broken := gpu_node_problem(found, world.device)):
+        config.stash[GPU_NODE_PROBLEM] = broken  # a reject, said once the run's record exists (collection)
     config.pluginmanager.register(SessionEvents(gate), "clustergate-session-events")
     if world.is_leader:
         if not config.getoption("htmlpath", None):
@@ -249,6 +255,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if problem:
         gate.run.fail(problem)
         pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+    broken = config.stash.get(GPU_NODE_PROBLEM, None)
+    if broken:
+        gate.run.fail(broken)
+        pytest.exit(broken, returncode=pytest.ExitCode.TESTS_FAILED)
     gate.write_results()
 
 

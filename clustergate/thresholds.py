@@ -33,6 +33,12 @@ REQUIRED: Any = object()
 """Marker: a setting asked for without a default must be in the profile."""
 
 
+def expects_gpus(gpus_per_node: int | None) -> bool:
+    """A profile expects a GPU per rank unless its settings say ``gpus_per_node: 0`` (a profile without the setting
+    is a GPU profile): the acceptance tests' rule and ``clustergate health``'s."""
+    return gpus_per_node != 0
+
+
 class ThresholdsError(ValueError):
     """thresholds.yaml is broken, or names something that does not exist."""
 
@@ -98,10 +104,12 @@ class Thresholds:
             )
         return self.profiles[name]
 
-    def select(self, gpu_name: str | None) -> Profile:
-        """The profile for a GPU model (as NVML names it); the CPU profile when there is no GPU."""
+    def select(self, gpu_name: str | None, *, gpu_node: bool = False) -> Profile:
+        """The profile for a GPU model (as NVML names it); the fallback profile for a GPU node whose model cannot
+        be read (``gpu_node``: an NVIDIA device exists or the site expects GPUs, workloads.node.gpu_presence);
+        the CPU profile only where neither says there is a GPU."""
         if gpu_name is None:
-            return self.profile(self.cpu_profile)
+            return self.profile(self.fallback_profile if gpu_node else self.cpu_profile)
         for profile in self.profiles.values():
             if any(pattern.lower() in gpu_name.lower() for pattern in profile.match):
                 return profile

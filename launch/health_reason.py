@@ -1,10 +1,12 @@
-"""The one-line reason a node failed its clustergate health check, from its results.json.
+"""The one-line reason a node failed its clustergate health check, from its health.json or results.json.
 
     python3 launch/health_reason.py REPORT_DIR [--max-chars 250]
 
-Prints nothing and exits 0 when the verdict is accept; otherwise prints the reason and exits 1:
-"clustergate: <verdict>: <failed tests>: <first line of the first failure>" (or the run's error, or
-why there is no usable results.json). launch/slurm/healthcheck.sh drains the node with it
+Prints nothing and exits 0 when the node passed; otherwise prints the reason and exits 1. From the health
+tier's health.json (``clustergate health --report-dir``): "clustergate: health: <n> failures: <the first
+failure's line>" (or why it could not run); from the quick tier's results.json: "clustergate: <verdict>:
+<failed tests>: <first line of the first failure>" (or the run's error); else why there is no usable
+file. launch/slurm/healthcheck.sh drains the node with it
 (`scontrol update ... state=drain reason=...`), so `sinfo -R` says what failed; every reason starts
 "clustergate: ", the prefix by which healthcheck.sh knows the drains it may undo.
 Standard library only: it runs in a Slurm prolog or epilog, before or after any job.
@@ -46,20 +48,40 @@ def reason(results: dict[str, Any] | None, why_missing: str = "") -> str:
     return f"clustergate: {verdict}: no test failed, but the run did not finish (see its report)"
 
 
+def health_reason(report: dict[str, Any]) -> str:
+    """Empty for a healthy node; else its failures, the first in full (each names host, GPU, check and values)."""
+    if report.get("status") == "healthy":
+        return ""
+    if report.get("status") == "could not run":
+        return f"clustergate: health could not run: {_first_line(str(report.get('error') or ''))}"
+    failures = [str(f) for f in report.get("failures") or []]
+    if not failures:
+        return f"clustergate: health: {report.get('status', 'no verdict')} (see its report)"
+    count = f"{len(failures)} failure{'s' if len(failures) > 1 else ''}"
+    return f"clustergate: health: {count}: {failures[0]}"
+
+
+def _load(path: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        return json.loads(path.read_text()), ""
+    except OSError as exc:
+        return None, f"{path}: {exc.strerror or exc}"
+    except ValueError as exc:
+        return None, f"{path} is not JSON: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report_dir", type=Path, help="the health check's report directory")
     parser.add_argument("--max-chars", type=int, default=250, help="cut the reason to this length")
     args = parser.parse_args(argv)
-    path = args.report_dir / "results.json"
-    results, why = None, ""
-    try:
-        results = json.loads(path.read_text())
-    except OSError as exc:
-        why = f"{path}: {exc.strerror or exc}"
-    except ValueError as exc:
-        why = f"{path} is not JSON: {exc}"
-    text = reason(results, why)
+    health = args.report_dir / "health.json"
+    if health.exists():
+        report, why = _load(health)
+        text = health_reason(report) if isinstance(report, dict) else f"clustergate: health: no verdict ({why})"
+    else:
+        results, why = _load(args.report_dir / "results.json")
+        text = reason(results, why)
     if not text:
         return 0
     # A drain reason is one line; Slurm shows it in sinfo -R and scontrol show node.

@@ -102,9 +102,20 @@ def dry_gpu_contender(tmp: Path) -> None:
     assert "bf16 256^3 matmuls on cpu" in out and "products, done" in out
 
 
-DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "latency_diag.py": dry_latency_diag,
-            "matmul_diag.py": dry_matmul_diag, "plugin_overhead.py": dry_plugin_overhead,
-            "session_tools.py": dry_session_tools}
+def dry_health_time(tmp: Path) -> None:
+    out = ok(script("health_time.py", "--fake-gpus", "8", "--repeats", "2", "--out", str(tmp / "h.json"), cwd=tmp))
+    figures = json.loads((tmp / "h.json").read_text())
+    assert [(r["gpus"], r["exit"], r["status"], r["profile"]) for r in figures["runs"]] == \
+        [(8, 0, "healthy", "h100-sxm-80gb")] * 2, out
+    assert all(r["wall_s"] > r["command_s"] > 0 for r in figures["runs"]) and figures["imports_s"] > 0
+    assert "made-up node of 8 GPUs" in out and "wall per check: median" in out
+    cpu = ok(script("health_time.py", "--profile", "cpu", "--repeats", "1", "--limit", "60", cwd=tmp))
+    assert "profile cpu, 0 GPUs, healthy (exit 0)" in cpu
+
+
+DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "health_time.py": dry_health_time,
+            "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
+            "plugin_overhead.py": dry_plugin_overhead, "session_tools.py": dry_session_tools}
 
 
 def test_every_benchmark_script_has_a_dry_run() -> None:

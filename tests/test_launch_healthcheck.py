@@ -1,9 +1,11 @@
 """launch/slurm/healthcheck.sh without a cluster: where it writes, what it refuses, when it drains and resumes.
 
-scontrol is a recorder that shows a node state the test chose; the Python that node.sh starts torchrun
-with is a stand-in that writes the results.json the test chose (the real Python runs everything else:
-launch/safe_dir.py, launch/health_reason.py, the node's name). tests/test_slurm_signoff.py runs the same
-script on the local Slurm cluster.
+scontrol is a recorder that shows a node state the test chose. The quick tier's Python is a stand-in where
+node.sh starts torchrun: it writes the results.json the test chose. The health tier (the default) runs the
+real ``clustergate health`` on a node the test makes up (tests/health_node.py: a fake NVML and the host's files
+under CLUSTERGATE_HOST_ROOT). The real Python runs everything else: launch/safe_dir.py,
+launch/health_reason.py, the node's name. tests/test_slurm_signoff.py runs the same script on the local Slurm
+cluster.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from health_node import GpuNode
 
 from torchrun_job import ROOT
 
@@ -47,6 +50,8 @@ class Node:
     def __init__(self, where: Path, real_python: str = sys.executable) -> None:
         self.where = where
         where.mkdir(parents=True, exist_ok=True)
+        self.host_root = where / "host"  # the host's /sys, /proc, /dev as clustergate health reads them: none
+        self.host_root.mkdir(exist_ok=True)
         self.calls = where / "scontrol.log"
         self.state_file = where / "state"
         self.results = where / "results.json"
@@ -84,14 +89,18 @@ esac
         return [c for c in (self.calls.read_text().splitlines() if self.calls.exists() else []) if
                 c.startswith("update")]
 
-    def check(self, health: Path | None, *, env: dict[str, str] | None = None,
-              user: str | None = None) -> subprocess.CompletedProcess[str]:
+    def check(self, health: Path | None, *, env: dict[str, str] | None = None, user: str | None = None,
+              script: Path = HEALTHCHECK, tier: str | None = "quick") -> subprocess.CompletedProcess[str]:
+        """Run the script as slurmd would; ``tier`` None leaves CLUSTERGATE_HEALTH_TIER unset (the default)."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CLUSTERGATE_", "TORCHINDUCTOR"))}
         base |= {"PATH": f"{self.bin}{os.pathsep}{base['PATH']}", "SLURMD_NODENAME": NODE,
-                 "CLUSTERGATE_GPUS_PER_NODE": "0", "CLUSTERGATE_PYTHON": str(self.python)}
+                 "CLUSTERGATE_GPUS_PER_NODE": "0", "CLUSTERGATE_PYTHON": str(self.python),
+                 "CLUSTERGATE_HOST_ROOT": str(self.host_root)}
+        if tier is not None:
+            base["CLUSTERGATE_HEALTH_TIER"] = tier
         if health is not None:
             base["CLUSTERGATE_HEALTH_DIR"] = str(health)
-        cmd = ["bash", str(HEALTHCHECK)]
+        cmd = ["bash", str(script)]
         if user:
             cmd = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *cmd]
         return subprocess.run(cmd, env=base | (env or {}), capture_output=True, text=True, timeout=60)
@@ -169,14 +178,34 @@ def nobody_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py")
+"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only)."""
+
+
+def readable_copy(into: Path) -> Path:
+    """The parts of the checkout the check needs, copied where another user can read them (the checkout itself may
+    lie under a directory only its owner may enter, as a clone in a ``mktemp -d`` does); its healthcheck.sh."""
+    for rel in NOBODY_NEEDS:
+        source, target = ROOT / rel, into / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
+    for p in [into, *into.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+    return into / HEALTHCHECK.relative_to(ROOT)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
                     reason="needs root, setpriv and /usr/bin/python3 to run the check as another user")
 def test_another_user_defaults_to_its_own_state_directory(tmp_path: Path, nobody_dir: Path) -> None:
     node = Node(nobody_dir / "node", real_python="/usr/bin/python3")  # stdlib only: safe_dir, the node's name
     for p in [node.where, *node.where.rglob("*")]:
         os.chown(p, pwd.getpwnam("nobody").pw_uid, -1)
+    script = readable_copy(nobody_dir / "checkout")
     proc = node.check(None, env={"XDG_STATE_HOME": str(nobody_dir / "state"), "HOME": str(nobody_dir)},
-                      user="nobody")
+                      user="nobody", script=script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run] = sorted((nobody_dir / "state" / "clustergate" / "health" / NODE).glob("2*"))
     assert run.stat().st_uid == pwd.getpwnam("nobody").pw_uid and (run / "results.json").exists()
@@ -240,3 +269,103 @@ def test_recheck_mode_checks_only_an_idle_node_it_drained(node: Node, tmp_path: 
     else:
         time.sleep(1)
         assert node.scontrol_updates() == [] and _runs(health) == []
+
+
+# ---- the health tier (the default): clustergate health ---------------------------------------------------------
+
+def gpu_node(node: Node) -> GpuNode:
+    """The node's host made an 8-GPU node for clustergate health (healthy until a test plants a fault)."""
+    return GpuNode(node.host_root)
+
+
+def health_env(gpus: GpuNode, **extra: str) -> dict[str, str]:
+    env = gpus.env()
+    return {"PYTHONPATH": env["PYTHONPATH"], "CLUSTERGATE_FAKE_NVML": env["CLUSTERGATE_FAKE_NVML"],
+            "CLUSTERGATE_GPUS_PER_NODE": "8", **extra}
+
+
+def test_the_default_tier_is_clustergate_health(node: Node, tmp_path: Path) -> None:
+    health = tmp_path / "health"
+    proc = node.check(health, tier=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [run] = _runs(health)
+    assert sorted(p.name for p in run.iterdir()) == ["health.json", "health.log"]
+    assert json.loads((run / "health.json").read_text())["status"] == "healthy"
+    assert f"{NODE} passed in" in proc.stdout and node.scontrol_updates() == []
+    assert not (health / NODE / "inductor-cache").exists()  # no torch, no compile cache
+
+
+def test_a_failing_gpu_is_drained_with_the_first_failure_naming_it(node: Node, tmp_path: Path) -> None:
+    gpus = gpu_node(node)
+    gpus.gpu(3)["state"]["ecc_mode"] = [0, 0]
+    proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus))
+    assert proc.returncode == 0, proc.stderr
+    [update] = node.scontrol_updates()
+    [run] = _runs(tmp_path / "health")
+    assert update.startswith(f"update nodename={NODE} state=drain reason=clustergate: health: 1 failure: {NODE} gpu 3 "
+                             "serial 1652923017303: ecc_mode = disabled (expected enabled): ECC is disabled")
+    assert update.endswith(f"(report: {run})"), update
+
+
+def test_a_gpu_node_whose_driver_is_broken_is_drained_and_never_resumed(node: Node, tmp_path: Path) -> None:
+    gpus = gpu_node(node)
+    gpus.spec["init_error"] = 9  # the driver is not loaded: NVML does not answer, the PCI bus shows 8 GPUs
+    node.set_state("IDLE+DRAIN", "clustergate: health: 1 failure: ...")
+    for recheck in ("", "1"):  # as the Prolog, and as the HealthCheckProgram that gives nodes back
+        proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK=recheck))
+        assert proc.returncode == 0, proc.stderr
+        assert "state=resume" not in node.calls.read_text()
+        assert f"draining {NODE}" in proc.stderr and "gpu_driver = NVML does not answer" in proc.stderr
+
+
+@pytest.mark.parametrize(("state", "reason", "updates"), [
+    ("IDLE+DRAIN", "clustergate: health: 1 failure: ...", ["state=resume"]),
+    ("IDLE", "", []),
+    ("ALLOCATED", "", []),  # a job's processes on its GPUs are its own, not another job's
+    ("MIXED", "", []),
+])
+def test_recheck_at_the_health_tier_checks_every_node_now(node: Node, tmp_path: Path, state: str, reason: str,
+                                                          updates: list[str]) -> None:
+    gpus = gpu_node(node)
+    gpus.process(7001, "python3")
+    gpus.gpu(2)["state"]["compute"] = {"7001": 30 << 30}
+    node.set_state(state, reason)
+    start = time.monotonic()
+    proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK="1"))
+    if state.startswith("IDLE"):  # an idle node holds no job: that process is another job's, and it fails
+        assert [u.split(" ", 2)[2].split(" reason=")[0] for u in node.scontrol_updates()] == ["state=drain"], proc
+        node.calls.unlink()
+        gpus.gpu(2)["state"]["compute"] = {}
+        node.set_state(state, reason)  # the fake scontrol shows the state the test set, not the drain
+        proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [u.split(" ", 2)[2] for u in node.scontrol_updates()] == updates
+    assert time.monotonic() - start < 50  # within slurmd's 60 s for a HealthCheckProgram, on a busy machine
+
+
+def test_an_unknown_tier_is_refused(node: Node, tmp_path: Path) -> None:
+    proc = node.check(tmp_path / "health", tier="slow")
+    assert proc.returncode == 2 and "CLUSTERGATE_HEALTH_TIER='slow': health (the default) or quick" in proc.stderr
+    assert node.scontrol_updates() == []
+
+
+@pytest.mark.parametrize("tier", ["health", "quick"])
+def test_a_failing_node_someone_else_drained_keeps_their_reason(node: Node, tmp_path: Path, tier: str) -> None:
+    """An Epilog's check that fails on a node an admin drained meanwhile does not drain it again: the admin's reason
+    stays, and so no later passing check of this script can give the node back."""
+    gpus = gpu_node(node)
+    gpus.gpu(3)["state"]["ecc_mode"] = [0, 0]
+    node.set_verdict(REJECT)
+    node.set_state("MIXED+DRAIN", "admin: memory errors, RMA pending")
+    proc = node.check(tmp_path / "health", tier=tier, env=health_env(gpus))
+    assert proc.returncode == 0, proc.stderr
+    assert node.scontrol_updates() == [] and "it is drained already (admin: memory errors" in proc.stderr
+
+
+def test_recheck_at_the_health_tier_leaves_a_node_someone_else_drained_alone(node: Node, tmp_path: Path) -> None:
+    gpus = gpu_node(node)
+    gpus.gpu(3)["state"]["ecc_mode"] = [0, 0]
+    node.set_state("IDLE+DRAIN", "admin: fan 3 replaced")
+    proc = node.check(tmp_path / "health", tier=None, env=health_env(gpus, CLUSTERGATE_HEALTH_RECHECK="1"))
+    assert proc.returncode == 0 and proc.stdout == proc.stderr == "", proc.stdout + proc.stderr
+    assert node.scontrol_updates() == [] and _runs(tmp_path / "health") == []

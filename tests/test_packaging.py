@@ -132,7 +132,9 @@ def _ran_the_packaged_suite(full_env: Path, tmp_path: Path, elsewhere: Path) -> 
     cli = str(full_env / "clustergate")
     assert _ok(_sh([cli, "--version"], elsewhere)).stdout.startswith("clustergate ")
     helped = _ok(_sh([str(full_env / "python"), "-m", "clustergate", "--help"], elsewhere)).stdout
-    assert all(name in helped for name in ("run", "merge", "signoff", "render", "calibrate"))
+    assert all(name in helped for name in ("run", "merge", "signoff", "render", "calibrate", "health"))
+    health = json.loads(_ok(_sh([cli, "health", "--json"], elsewhere)).stdout)  # the shipped thresholds, no torch
+    assert health["status"] == "healthy" and health["thresholds"].startswith(str(full_env.parent / "lib"))
     collected = _sh([cli, "run", "--nproc-per-node", "1", "--co", "-q", "--report-dir", str(tmp_path / "co")],
                     elsewhere, timeout=300)
     assert "acceptance/test_world.py::test_world_matches_profile" in collected.stdout, collected.stdout[-3000:]

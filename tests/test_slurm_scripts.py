@@ -163,3 +163,19 @@ def test_health_reason_names_the_failed_test_and_figure(tmp_path: Path, capsys: 
     assert len(line) == 60 and line.endswith("...")
     assert health_reason.main([str(tmp_path / "none")]) == 1
     assert "clustergate: no results (" in capsys.readouterr().out
+
+
+def test_health_reason_from_the_health_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = "gpu-017 gpu 3 serial 1652923017303: ecc_mode = disabled (expected enabled): ECC is disabled"
+    assert health_reason.health_reason({"status": "healthy", "failures": []}) == ""
+    assert health_reason.health_reason({"status": "not healthy", "failures": [first, "gpu-017: gpu_count = 7"]}) == \
+        f"clustergate: health: 2 failures: {first}"
+    assert health_reason.health_reason({"status": "could not run", "error": "gpu-017: nvidia-ml-py is not installed"}) \
+        == "clustergate: health could not run: gpu-017: nvidia-ml-py is not installed"
+    (tmp_path / "health.json").write_text(json.dumps({"status": "not healthy", "failures": [first]}))
+    (tmp_path / "results.json").write_text(json.dumps({"verdict": "accept", "tests": []}))  # health.json decides
+    assert health_reason.main([str(tmp_path)]) == 1
+    assert capsys.readouterr().out.strip() == f"clustergate: health: 1 failure: {first}"
+    (tmp_path / "health.json").write_text("{")
+    assert health_reason.main([str(tmp_path)]) == 1
+    assert "clustergate: health: no verdict (" in capsys.readouterr().out

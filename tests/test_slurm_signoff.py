@@ -137,7 +137,7 @@ def test_healthcheck_prolog_drains_the_bad_node(slurm: SlurmCluster, tmp_path: P
     slurm.plant_prolog(f"""#!/bin/bash
 [ -f {slurm.hooks}/env.$SLURMD_NODENAME ] && . {slurm.hooks}/env.$SLURMD_NODENAME
 export CLUSTERGATE_GPUS_PER_NODE=0 CLUSTERGATE_HEALTH_DIR={health} CLUSTERGATE_PYTHON={sys.executable}
-export PYTHONPATH={ROOT} OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES=
+export PYTHONPATH={ROOT} OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= CLUSTERGATE_HEALTH_TIER=quick
 exec {ROOT}/launch/slurm/healthcheck.sh acceptance --level quick -k "test_world or matmul_tflops"
 """)
     script = tmp_path / "job.sh"
@@ -171,7 +171,7 @@ def test_healthcheck_resumes_the_node_it_drained_and_no_other(slurm: SlurmCluste
     site = f"""#!/bin/bash
 [ -f {slurm.hooks}/env.$SLURMD_NODENAME ] && . {slurm.hooks}/env.$SLURMD_NODENAME
 export CLUSTERGATE_GPUS_PER_NODE=0 CLUSTERGATE_HEALTH_DIR={health} CLUSTERGATE_PYTHON={sys.executable}
-export PYTHONPATH={ROOT} OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES=
+export PYTHONPATH={ROOT} OMP_NUM_THREADS=1 CUDA_VISIBLE_DEVICES= CLUSTERGATE_HEALTH_TIER=quick
 exec {ROOT}/launch/slurm/healthcheck.sh acceptance --level quick -k "test_world or matmul_tflops"
 """
     slurm.plant_prolog(site)

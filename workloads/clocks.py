@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import statistics
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a CUDA device is asked about: the NVML readers run without it
+    import torch
 
 # NVML clock event ("throttle") reason bits, as nvml.h defines them (stable ABI values).
 CLOCK_EVENT_REASONS = {
@@ -38,6 +39,8 @@ def init_nvml() -> Any:
 
 def device_handle(nvml: Any, device: torch.device) -> Any:
     """NVML's handle of a CUDA device, by UUID (CUDA and NVML may number GPUs differently)."""
+    import torch
+
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     if uuid is not None:
         return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")

@@ -29,6 +29,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +95,15 @@ MISSING = "no such Kubernetes node"
 
 def mark(api: Api, name: str, run: str, reason: str | None, attempts: int = 5) -> str:
     """Patch one node; '' when done, else why not (starting with MISSING where the node does not exist)."""
+    return apply(api, name, lambda node: patch_for(node, run, reason), attempts)
+
+
+def apply(api: Api, name: str, build: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 5) -> str:
+    """Patch one node with ``build(the node as read)``, read again where it changed meanwhile; '' when done, else
+    why not (starting with MISSING where the node does not exist). launch/k8s/health_taint.py patches with it too."""
     for _ in range(attempts):
         try:
-            api.patch_node(name, patch_for(api.get_node(name), run, reason))
+            api.patch_node(name, build(api.get_node(name)))
             return ""
         except urllib.error.HTTPError as exc:
             if exc.code == 409:  # changed since it was read: read it again

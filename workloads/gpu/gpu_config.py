@@ -11,6 +11,7 @@ import ctypes
 from typing import Any
 
 from workloads.gpu.inventory import _cuda_version, _Reader, _text
+from workloads.node.host_config import Seen
 
 FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
 """nvmlGpuFabricState_t: 'completed' means the fabric manager has set up this GPU's NVSwitch routes."""
@@ -41,6 +42,32 @@ def read(nvml: Any, handle: Any) -> dict[str, Any]:
     r.read("persistence_mode", nvml.nvmlDeviceGetPersistenceMode, handle, convert=lambda v: int(v) == 1)
     r.read("fabric", _fabric, nvml, handle)
     return {"values": r.values, "unsupported": r.unsupported, "errors": r.errors}
+
+
+def field_seen(read: dict[str, Any], name: str) -> Seen:
+    """One field of ``read`` (or ``read_device``) as an ``expect:`` key judges it."""
+    if "error" in read:
+        return None, read["error"]
+    if name in read["values"]:
+        return read["values"][name], str(read["values"][name])
+    return None, read["unsupported"].get(name) or read["errors"].get(name) or f"{name} not read"
+
+
+def fabric_seen(read: dict[str, Any], nvswitches: list[str], fabric_managers: list[int] | None) -> Seen:
+    """Whether the fabric manager has set up this GPU's NVSwitch fabric (NVML: completed, status 0).
+
+    ``nvswitches``: the node's NVSwitches (``host_config.nvswitches``); ``fabric_managers``: the pids of
+    nv-fabricmanager processes visible (None: /proc not listable). A node without NVSwitches needs none."""
+    fabric, why = field_seen(read, "fabric")
+    state = (fabric or {}).get("state")
+    if not nvswitches and state in (None, "not supported"):
+        return None, (f"no NVSwitch on this node (no NVIDIA bridge-class PCI device; NVML fabric: {state or why}): "
+                      "no fabric manager needed")
+    if fabric is None:
+        return None, f"{len(nvswitches)} NVSwitches, but NVML cannot say the fabric state: {why}"
+    up = state == "completed" and fabric["status"] == 0
+    return up, (f"fabric {state}, status {fabric['status']}; {len(nvswitches)} NVSwitches; nv-fabricmanager "
+                f"processes visible: {fabric_managers if fabric_managers is not None else 'unknown'}")
 
 
 def cuda_attributes(ordinal: int) -> tuple[dict[str, bool] | None, str | None]:

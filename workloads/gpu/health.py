@@ -144,8 +144,14 @@ def check_no_throttle(snap: dict[str, Any]) -> Check:
     return Check(OK, "no slowdown reason active" + (f" ({', '.join(value['reasons'])})" if mask else ""), value)
 
 
-def check_pcie_link(snap: dict[str, Any], generation: int | None = None, width: int | None = None) -> Check:
-    """Current link (read under load) at the profile's generation/width, else at the link's maximum."""
+def check_pcie_link(snap: dict[str, Any], generation: int | None = None, width: int | None = None, *,
+                    idle: bool = False) -> Check:
+    """Current link (read under load) at the profile's generation/width, else at the link's maximum.
+
+    ``idle``: the link is read with no load on it (``clustergate health`` runs no CUDA). An idle link trains its
+    speed down (Gen1 at idle is normal) but keeps its width, so the generation judged is the most this GPU's link
+    can reach in its slot (NVML's maximum: a Gen4 slot or riser shows there), the width as trained. A link that
+    fails to train up under load is found only by a reading under load (acceptance test_pcie_link)."""
     gpu, bad = _gpu(snap, "pcie_gen_current", "pcie_width_current", "pcie_gen_max", "pcie_width_max")
     if bad:
         return bad
@@ -153,11 +159,13 @@ def check_pcie_link(snap: dict[str, Any], generation: int | None = None, width: 
     want_width = width if width is not None else gpu["pcie_width_max"]
     value = {k: gpu.get(k) for k in ("pcie_gen_current", "pcie_width_current", "pcie_gen_max",
                                      "pcie_width_max", "pcie_gen_gpu_max", "pcie_measured_under_load")}
-    seen = f"Gen{gpu['pcie_gen_current']} x{gpu['pcie_width_current']}"
+    gen = gpu["pcie_gen_max"] if idle else gpu["pcie_gen_current"]
+    seen = (f"Gen{gen} (the link's maximum; Gen{gpu['pcie_gen_current']} at idle) x{gpu['pcie_width_current']}"
+            if idle else f"Gen{gen} x{gpu['pcie_width_current']}")
     want = f"Gen{want_gen} x{want_width}" + (" (profile)" if generation or width else " (link maximum)")
-    if gpu["pcie_gen_current"] < want_gen or gpu["pcie_width_current"] < want_width:
-        idle = "" if gpu.get("pcie_measured_under_load") else " read at idle, when links train down;"
-        return Check("fail", f"PCIe link at {seen}, expected {want};{idle} reseat the GPU or riser, check the "
+    if gen < want_gen or gpu["pcie_width_current"] < want_width:
+        note = "" if idle or gpu.get("pcie_measured_under_load") else " read at idle, when links train down;"
+        return Check("fail", f"PCIe link at {seen}, expected {want};{note} reseat the GPU or riser, check the "
                              "slot's BIOS setting and the link max "
                              f"Gen{gpu['pcie_gen_max']} x{gpu['pcie_width_max']}", value)
     return Check(OK, f"PCIe {seen}", value)

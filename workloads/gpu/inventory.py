@@ -15,13 +15,13 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from workloads.clocks import device_handle, init_nvml
-from workloads.common import distributed, gather_objects, place
 from workloads.node.name import node_name
+
+if TYPE_CHECKING:  # torch only where a CUDA device is read: the NVML readers run without it (clustergate health)
+    import torch
 
 SCHEMA = 1
 NOT_SUPPORTED = "not supported"
@@ -132,6 +132,8 @@ def _pcie_under_load(nvml: Any, handle: Any, device: torch.device, seconds: floa
     An idle GPU trains its link down to save power (Gen1 at idle is normal): only a link under
     load says what it can reach.
     """
+    import torch
+
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     dev = torch.empty(host.shape, dtype=torch.uint8, device=device)
     gen = width = 0
@@ -145,8 +147,28 @@ def _pcie_under_load(nvml: Any, handle: Any, device: torch.device, seconds: floa
     return {"pcie_gen_current": gen, "pcie_width_current": width}
 
 
+def nvml_snapshot(nvml: Any, handle: Any) -> dict[str, Any]:
+    """One GPU as NVML alone describes it, in ``snapshot``'s layout, so ``workloads.gpu.health`` judges it alike:
+    no torch, no CUDA context (``clustergate health``). ``gpu`` holds NVML's fields (its name, and its memory
+    total as ``nvml_memory_total_bytes``); ``software`` the driver and the CUDA version it supports."""
+    values, unsupported, errors = read_gpu(nvml, handle)
+    software: dict[str, Any] = {}
+    for key, fn, convert in (("driver", nvml.nvmlSystemGetDriverVersion, _text),
+                             ("cuda_driver", nvml.nvmlSystemGetCudaDriverVersion, lambda v: _cuda_version(int(v)))):
+        try:
+            software[key] = convert(fn())
+        except nvml.NVMLError as exc:
+            errors[key] = f"{type(exc).__name__}: {exc}"
+    return {"schema": SCHEMA, "gpu": values, "unsupported": unsupported, "errors": errors, "software": software,
+            "nvml": {"ok": True, "error": None}}
+
+
 def snapshot(device: torch.device, *, pcie_load_s: float = 0.0) -> dict[str, Any]:
     """This rank's view of its GPU and node, as plain data (see the module docstring)."""
+    import torch
+
+    from workloads.common import place
+
     here = place()
     snap: dict[str, Any] = {
         "schema": SCHEMA, "rank": here.rank, "local_rank": here.local_rank, "node_rank": here.node_rank,
@@ -198,6 +220,8 @@ def main() -> None:
     parser.add_argument("--out", default=None,
                         help="write every rank's snapshot as JSON here (rank 0), in the layout tests/data/gpu uses")
     args = parser.parse_args()
+    from workloads.common import distributed, gather_objects
+
     with distributed() as here:
         mine = snapshot(here.device, pcie_load_s=args.pcie_load)
         everyone = gather_objects(mine)

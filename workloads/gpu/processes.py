@@ -22,16 +22,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from workloads.clocks import device_handle, init_nvml
-from workloads.common import distributed, gather_objects
 from workloads.gpu.health import OK, Check
 from workloads.node.name import node_name
 from workloads.result import Metric, Result
+
+if TYPE_CHECKING:  # torch only for the job's own processes: ``read_with`` and ``judge`` run without it
+    import torch
 
 METRIC = "gpu_foreign_processes"
 LISTS = (("compute", "nvmlDeviceGetComputeRunningProcesses"), ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
@@ -54,6 +53,8 @@ def own_process(device: torch.device) -> dict[str, Any]:
     The rank's own GPU gets its context here if it has none yet (a one-element tensor), so the rank is on
     NVML's list of that GPU. Other GPUs are listed only where a context already exists: a rank that touched
     another GPU by mistake is on that GPU's list too, and is still the job's own."""
+    import torch
+
     contexts: list[str] = []
     if device.type == "cuda":
         torch.empty(1, device=device)
@@ -196,14 +197,20 @@ def judge(listing: dict[str, Any], own: list[dict[str, Any]]) -> Check:
                      value)
     if foreign:
         return Check("fail", f"{len(foreign)} process(es) of another job on this GPU: "
-                             f"{'; '.join(_shown(p) for p in foreign)}; the job's own ranks here are pids "
-                             f"{sorted(own_pids)}. A shared GPU measures wrong (its time and memory are split): stop "
+                             f"{'; '.join(_shown(p) for p in foreign)}"
+                             + (f"; the job's own ranks here are pids {sorted(own_pids)}" if own_pids else "")
+                             + ". A shared GPU measures wrong (its time and memory are split): stop "
                              "the process (nvidia-smi shows it) or drain the node, then run again", value)
     return Check(OK, f"only the job's own processes on the GPU ({len(ours)})", value)
 
 
 def run(cfg: Config) -> Result:
     """Judge this rank's GPU against every rank's process (a collective where a group exists)."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads.common import gather_objects
+
     device = torch.device(cfg.device)
     mine = own_process(device)
     own = [mine]
@@ -225,6 +232,8 @@ def main() -> None:
     parser.add_argument("--root", default=os.environ.get("CLUSTERGATE_HOST_ROOT") or "/",
                         help="where /proc is read (default $CLUSTERGATE_HOST_ROOT, else /)")
     args = parser.parse_args()
+    from workloads.common import distributed
+
     with distributed() as here:
         result = run(Config(root=args.root, device=str(here.device)))
         check = result.details["check"]

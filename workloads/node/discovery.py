@@ -19,12 +19,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from workloads.common import check_level
 from workloads.result import Result
+
+if TYPE_CHECKING:  # the readers run without torch (clustergate health); only for_level takes a device
+    import torch
 
 SHARED_FS_TYPES = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "beegfs", "wekafs", "cifs", "smb3", "ceph", "glusterfs", "virtiofs",
@@ -51,6 +51,8 @@ class Config:
     @classmethod
     def for_level(cls, level: str, device: torch.device, pci_bus_ids: tuple[str, ...] = ()) -> Config:
         """Discovery reads files: the same at every level; no topology without a GPU."""
+        from workloads.common import check_level
+
         check_level(level)
         return cls(topology=device.type == "cuda", pci_bus_ids=pci_bus_ids)
 
@@ -184,6 +186,16 @@ def sysfs_bus_id(bus_id: str) -> str:
 
 
 # ---- readers under a root ----------------------------------------------------------------------
+
+HOST_ROOT_ENV = "CLUSTERGATE_HOST_ROOT"
+"""Read the host's /proc, /sys and /dev/kmsg under this directory (a container that mounts them at /host, or
+the suite's own tests with a captured tree)."""
+
+
+def host_root() -> Path:
+    """The directory the host's /proc, /sys and /dev are read under: $CLUSTERGATE_HOST_ROOT, else /."""
+    return Path(os.environ.get(HOST_ROOT_ENV) or "/")
+
 
 def _read(root: Path, rel: str) -> str | None:
     try:

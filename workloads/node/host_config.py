@@ -2,15 +2,24 @@
 automatic NUMA balancing, the CPU frequency governor, the IOMMU mode, NVSwitches and the fabric
 manager process. Each reader returns (value, why it cannot be read): None with a reason is never
 taken as a pass. The suite's tests replay captured trees from tests/data/.
+
+``NODE_SEEN`` turns each into what the profile's ``expect:`` key judges (clustergate.expect.check): a
+``Seen``, read alike by the acceptance test of that key and by ``clustergate health``.
 """
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workloads.node.discovery import _read, sysfs_bus_id
+from workloads.node import pcie_acs
+from workloads.node.discovery import _read, read_gpudirect, sysfs_bus_id
+
+Seen = tuple[Any, str]
+"""(the value an ``expect:`` key judges, or None where it cannot be read; what was seen, or why not)."""
 
 NVIDIA_VENDOR = 0x10DE
 BRIDGE_OTHER_CLASS = 0x0680
@@ -86,3 +95,63 @@ def processes_named(root: Path, name: str) -> list[int] | None:
     except OSError:
         return None
     return sorted(int(p.name) for p in pids if (_read(p, "comm") or "").strip() == name)
+
+
+# ---- what each node-wide expect: key judges --------------------------------------------------------
+
+def acs_seen(root: Path, buses: list[str]) -> Seen:
+    """Whether PCIe ACS redirects traffic on the path between any GPU (``buses``) and its nearest NIC."""
+    if not buses:
+        return None, "no GPU on this node: no GPU-NIC path"
+    paths, why = pcie_acs.gpu_nic_paths(root, buses)
+    if why:
+        return None, why
+    unread = [f"{b['bridge']}: {b['unreadable']}" for p in paths for b in p["bridges"] if "unreadable" in b]
+    if unread:
+        return None, f"ACS not readable on {len(unread)} bridges, e.g. {unread[0]}"
+    on = [f"GPU {p['gpu']} -> {p['nic']}: bridge {b['bridge']} ACSCtl {'+'.join(b['acs'])}"
+          for p in paths for b in p["bridges"] if b.get("redirecting")]
+    return bool(on), "; ".join(on) or f"{sum(len(p['bridges']) for p in paths)} bridges checked, no redirection"
+
+
+def iommu_seen(root: Path, buses: list[str]) -> Seen:
+    nics = list(pcie_acs.infiniband_devices(root).values())
+    mode, detail, why = iommu_mode(root, buses + nics)
+    return (mode, f"{mode} ({detail})") if mode else (None, why or "unknown")
+
+
+def numa_seen(root: Path, _: list[str]) -> Seen:
+    on, why = numa_balancing(root)
+    return (on, f"kernel.numa_balancing={int(on)}") if on is not None else (None, why or "")
+
+
+def governor_seen(root: Path, _: list[str]) -> Seen:
+    found, why = cpu_governors(root)
+    if found is None:
+        return None, why or ""
+    shown = ", ".join(f"{g} on {n} CPUs" for g, n in sorted(found.items()))
+    return (next(iter(found)) if len(found) == 1 else "mixed: " + shown), shown
+
+
+NODE_SEEN: dict[str, Callable[[Path, list[str]], Seen]] = {
+    "acs": acs_seen, "iommu": iommu_seen, "numa_balancing": numa_seen, "cpu_governor": governor_seen}
+"""expect: key -> its reader, given the host root and the node's GPU bus ids."""
+
+CudaAttributes = Callable[[], "tuple[dict[str, bool] | None, str | None]"]
+
+
+def gpudirect_seen(root: Path, buses: list[str], cuda_attributes: CudaAttributes) -> Seen:
+    """GPUDirect RDMA can work: a peer-memory module loaded, or the CUDA driver's dma-buf on a kernel >= 5.12.
+
+    ``cuda_attributes`` asks the CUDA driver (``workloads.gpu.gpu_config.cuda_attributes``, or why not); it is
+    called only where no peer-memory module settles it (initialising CUDA costs time on a node of 8 GPUs)."""
+    if not pcie_acs.infiniband_devices(root):
+        return None, "no InfiniBand adapter on this node: GPUDirect RDMA has no NIC to serve"
+    if not buses:
+        return None, "no GPU on this node"
+    peermem = read_gpudirect(root)
+    attrs, why = (None, "not asked: a peer-memory module is loaded") if peermem["loaded"] else cuda_attributes()
+    kernel = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2] if x.isdigit())
+    dma_buf = bool(attrs and attrs["dma_buf"]) and kernel >= (5, 12)
+    return peermem["loaded"] or dma_buf, (f"peer memory modules {peermem['modules'] or 'none'}; CUDA dma-buf "
+                                          f"{attrs['dma_buf'] if attrs else why}, kernel {platform.release()}")
