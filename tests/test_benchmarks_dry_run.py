@@ -57,7 +57,7 @@ def dry_matmul_diag(tmp: Path) -> None:
     out = ok(torchrun("matmul_diag.py", "--dtype", "bf16", "--out", str(tmp / "matmul.json"), cwd=tmp))
     data = json.loads((tmp / "matmul.json").read_text())
     variants = [r["variant"] for r in data["ranks"][0]["rows"]]
-    assert variants == ["mamf", "no_flush", "batched", "mamf"] and "written:" in out
+    assert variants == ["mamf", "settled", "mamf", "sustained"] and "written:" in out
 
 
 def dry_plugin_overhead(tmp: Path) -> None:
