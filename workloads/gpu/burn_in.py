@@ -33,7 +33,7 @@ from workloads.gpu._gemm import RTOL, Shape, check_error, operands, precision, p
 from workloads.result import Metric, Result, WorkloadError
 
 DEFAULT_SHAPE: Shape = (4096, 4096, 8192)
-"""Held when no sweep ran in this process: the best bf16/fp16 MAMF shape on H200 (measurement.md)."""
+"""Held when no sweep ran in this process: the best bf16/fp16 MAMF shape on H200 (docs/reference-figures.md)."""
 SECONDS = {"cuda": {"quick": 2.0, "standard": 20.0}, "cpu": {"quick": 1.0, "standard": 2.0}}
 """Seconds held below --level extended (never more than the profile's burn_in_s); extended: burn_in_s. Quick holds
 2 s, the short first window and two of about 1 s: the matmul sweep just before it leaves the GPU at its power

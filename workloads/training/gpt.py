@@ -41,10 +41,11 @@ from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, m
 from workloads.training.sampler import SyntheticTokens, loader
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # GPT-2 small at full context. A minimal model reaches MFU 0.42 / 0.45 / 0.46 at batch 16 / 32 / 64 on
-    # one H100 (measurement.md): per-step costs that do not grow with the batch (the optimizer step, the
-    # gradient clip, DDP's bucket copies and, compiled outside DDP, an all-reduce that cannot overlap the
-    # backward) weigh half as much at 64. An estimated 50-60 GB of activations and logits at 64: fits 80 GB.
+    # GPT-2 small at full context. A minimal model was reported at MFU 0.42 / 0.45 / 0.46 at batch 16 / 32 /
+    # 64 on one H100: per-step costs that do not grow with the batch (the optimizer step, the gradient clip,
+    # DDP's bucket copies and, compiled outside DDP, an all-reduce that cannot overlap the backward) weigh half
+    # as much at 64. Measured on two H100s (docs/reference-figures.md): MFU 0.418-0.430 at 64, the minimal
+    # step without DDP within 0.5% of it, 29.5 GiB; at 128, 0.4295 and 56.2 GiB.
     "gpt2-124m": dict(n_layer=12, n_head=12, d_model=768, vocab_size=50304, seq_len=1024, batch_size=64,
                       compile="model"),
     # The original benchmark's settings: GPT-2 small, seq 512, batch 8 per GPU, eager.
