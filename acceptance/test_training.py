@@ -1,7 +1,7 @@
 """Training: GPT throughput and MFU under DDP, scaling across nodes, the data split, checkpoints.
 
 Tokens/s per GPU are counted after warm-up steps (median step); MFU = tokens/s x (6N + 12 L d T)
-/ the profile's peak_bf16_tflops (measurement.md). The model, data and optimizer are built here
+/ the profile's peak_bf16_tflops (docs/reference-figures.md). The model, data and optimizer are built here
 from config: nothing is downloaded.
 """
 

@@ -21,6 +21,7 @@
 #                private directory (mktemp -d under $TMPDIR) removed at the end
 #   OUT          where the session goes (the device tool sets it; default reports/gpu-session-<time>)
 #   SESSION_LEVEL  the suite's level (default standard)
+#   SESSION_DIAGS  none: skip the diagnostics after the peers (step 4), for a caller that runs its own
 # Steps run in order of importance, each with a time limit that leaves the later ones their share of the
 # budget (SESSION_BUDGET_S, default 530 s); a step that no longer fits is skipped and says so. Without a
 # GPU the same script runs on 2 CPU ranks under the cpu profile (a dry run of the session itself).
@@ -128,20 +129,24 @@ else
   say "SKIPPED mamf-finder: $([ "$NGPU" -lt 1 ] && echo "no GPU" || echo "not found (set MAMF_FINDER or --mamf)")"
 fi
 
-# 4. Diagnostics while time is left: latency split (2+ GPUs), matmul four ways, host link alone vs all at
-# once, GPT MFU at batch 32 beside the suite's 64.
-if [ "$NGPU" -ge 2 ]; then
+# 4. Diagnostics while time is left: latency split (2+ GPUs), the matmul sweep timed as mamf-finder times it
+# and settled, host link alone vs all at once, GPT MFU at batch 32 beside the suite's 64.
+if [ "${SESSION_DIAGS:-all}" = none ]; then
+  say "SKIPPED the diagnostics (SESSION_DIAGS=none)"
+elif [ "$NGPU" -ge 2 ]; then
   step diag/latency 60 5 torchrun --standalone --nproc-per-node="$NPROC" benchmarks/latency_diag.py \
     --out "$S/diag/latency.json"
   step diag/latency_no_flight_recorder 60 5 env TORCH_NCCL_TRACE_BUFFER_SIZE=0 torchrun --standalone \
     --nproc-per-node="$NPROC" benchmarks/latency_diag.py --out "$S/diag/latency_no_flight_recorder.json"
 fi
-step diag/matmul_bf16 60 5 torchrun --standalone --nproc-per-node="$NPROC" benchmarks/matmul_diag.py --dtype bf16 \
-  --out "$S/diag/matmul_bf16.json"
-step diag/hostlink 45 5 torchrun --standalone --nproc-per-node="$NPROC" -m workloads.gpu.hostlink --mode both \
-  --level "$LEVEL"
-step diag/gpt_batch32 120 5 torchrun --standalone --nproc-per-node="$NPROC" -m workloads.training.gpt \
-  --level "$LEVEL" --batch-size 32 ${PEAK:+--peak-tflops "$PEAK"}
+if [ "${SESSION_DIAGS:-all}" != none ]; then
+  step diag/matmul_bf16 100 5 torchrun --standalone --nproc-per-node="$NPROC" benchmarks/matmul_diag.py \
+    --dtype bf16 --sustain-s 5 --out "$S/diag/matmul_bf16.json"
+  step diag/hostlink 45 5 torchrun --standalone --nproc-per-node="$NPROC" -m workloads.gpu.hostlink --mode both \
+    --level "$LEVEL"
+  step diag/gpt_batch32 120 5 torchrun --standalone --nproc-per-node="$NPROC" -m workloads.training.gpt \
+    --level "$LEVEL" --batch-size 32 ${PEAK:+--peak-tflops "$PEAK"}
+fi
 
 # 5. One tarball, the table last.
 python3 benchmarks/session_tools.py table "$S" >"$S/table.txt" 2>&1

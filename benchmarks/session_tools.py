@@ -4,6 +4,7 @@
     python benchmarks/session_tools.py setting peak_bf16_tflops --thresholds OUT/thresholds.yaml --profile NAME
     python benchmarks/session_tools.py mamf --finder .peers/.../mamf-finder.py --dtype bfloat16 --gpus 8 --out DIR
     python benchmarks/session_tools.py table OUT/session
+    python benchmarks/session_tools.py timing REPORT_DIR/results.json --t0 EPOCH_S --t1 EPOCH_S
 
 The table puts the suite's figures beside the peers' from the same session: matmul against
 mamf-finder's best median (per shape too), small-message latency and busbw against nccl-tests, with
@@ -195,6 +196,21 @@ def table(session: Path) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), summary
 
 
+def timing(results: dict[str, Any], t0: float, t1: float, top: int = 12) -> str:
+    """Where a run's wall time went: the command's start (``t0``) to the session's, the session, its end to the
+    command's exit (``t1``), the tests' sum and the longest tests. ``started`` has whole seconds: +-1 s."""
+    from datetime import datetime
+
+    began = datetime.fromisoformat(results["started"]).timestamp()
+    session = float(results["duration_s"])
+    tests = sorted(((t["nodeid"].split("::")[-1], float(t["duration_s"]), t["outcome"]) for t in results["tests"]),
+                   key=lambda t: -t[1])
+    lines = [f"wall {t1 - t0:.1f} s = start {began - t0:.1f} + session {session:.1f} + end {t1 - began - session:.1f} "
+             f"(start +-1 s); tests {sum(t[1] for t in tests):.1f} s over {len(tests)}, verdict {results['verdict']}"]
+    lines += [f"  {d:6.1f} s  {o:8s} {n}" for n, d, o in tests[:top]]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -214,6 +230,11 @@ def main() -> int:
     p.add_argument("--out", required=True)
     sub.add_parser("mamf-args").add_argument("level")
     sub.add_parser("table").add_argument("session")
+    p = sub.add_parser("timing")
+    p.add_argument("results")
+    p.add_argument("--t0", type=float, required=True, help="the command's start, seconds since the epoch")
+    p.add_argument("--t1", type=float, required=True, help="its exit")
+    p.add_argument("--top", type=int, default=12, help="the longest tests listed")
     args = parser.parse_args()
     if args.cmd == "profile":
         name, text = session_profile(Path(args.thresholds), args.gpus, args.gpu_name)
@@ -223,6 +244,8 @@ def main() -> int:
         print(load(args.thresholds).profile(args.profile).setting(args.name, ""))
     elif args.cmd == "mamf":
         return run_mamf(args.finder, args.dtype, args.gpus, Path(args.out))
+    elif args.cmd == "timing":
+        print(timing(json.loads(Path(args.results).read_text()), args.t0, args.t1, args.top))
     elif args.cmd == "mamf-args":
         print(mamf_args(args.level))
     else:

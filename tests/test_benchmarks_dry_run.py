@@ -57,7 +57,15 @@ def dry_matmul_diag(tmp: Path) -> None:
     out = ok(torchrun("matmul_diag.py", "--dtype", "bf16", "--out", str(tmp / "matmul.json"), cwd=tmp))
     data = json.loads((tmp / "matmul.json").read_text())
     variants = [r["variant"] for r in data["ranks"][0]["rows"]]
-    assert variants == ["mamf", "no_flush", "batched", "mamf"] and "written:" in out
+    assert variants == ["mamf", "settled", "mamf", "sustained"] and "written:" in out
+
+
+def dry_gpt_diag(tmp: Path) -> None:
+    out = ok(torchrun("gpt_diag.py", "--level", "quick", "--out", str(tmp / "gpt.json"), cwd=tmp))
+    rows = json.loads((tmp / "gpt.json").read_text())["ranks"][0]["rows"]
+    assert [r["variant"] for r in rows] == ["suite", "minimal", "minimal_noclip", "minimal_ddp"], rows
+    assert all(r["tokens_per_s"] > 0 for r in rows) and "kinds_ms_per_step" in rows[1]["profile"]
+    assert "written:" in out
 
 
 def dry_plugin_overhead(tmp: Path) -> None:
@@ -95,6 +103,14 @@ def dry_session_tools(tmp: Path) -> None:
     assert "727.1" in (session / "mamf" / "bf16-gpu0.txt").read_text()
     table = ok(script("session_tools.py", "table", str(session), cwd=tmp))
     assert "727.1" in table and (session / "summary.json").exists()
+    results = tmp / "results.json"
+    results.write_text(json.dumps({"started": "2026-11-25T12:00:10+00:00", "duration_s": 20.0, "verdict": "accept",
+                                   "tests": [{"nodeid": "a.py::test_slow", "duration_s": 12.5, "outcome": "passed"},
+                                             {"nodeid": "a.py::test_fast", "duration_s": 1.0, "outcome": "passed"}]}))
+    t0 = 1795608000.0  # 2026-11-25T12:00:00Z: 10 s to start, 20 s of session, 5 s to exit
+    timing = ok(script("session_tools.py", "timing", str(results), "--t0", str(t0), "--t1", str(t0 + 35), cwd=tmp))
+    assert timing.startswith("wall 35.0 s = start 10.0 + session 20.0 + end 5.0")
+    assert "12.5 s  passed   test_slow" in timing
 
 
 def dry_gpu_contender(tmp: Path) -> None:
@@ -113,7 +129,7 @@ def dry_health_time(tmp: Path) -> None:
     assert "profile cpu, 0 GPUs, healthy (exit 0)" in cpu
 
 
-DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "health_time.py": dry_health_time,
+DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "health_time.py": dry_health_time,
             "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
             "plugin_overhead.py": dry_plugin_overhead, "session_tools.py": dry_session_tools}
 

@@ -3,7 +3,7 @@ back, and the closing table.
 
 The peer outputs below follow the formats the peers print (mamf-finder's results file: its per-shape
 rows and 'median: X TFLOPS @ MxNxK' summary, and v4's rows; nccl-tests' data lines), written from
-their source, not captured from a run; the numbers are the H200 figures of measurement.md.
+their source, not captured from a run; the numbers are the H200 figures of docs/reference-figures.md.
 """
 
 from __future__ import annotations

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from clustergate.criteria import Figure
 from clustergate.thresholds import ThresholdsError, load
 
 ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "docs" / "reference-figures.md"
+MEASURED_ON_H100 = {"matmul_fp16_tflops", "matmul_tf32_tflops", "matmul_fp8_tflops", "matmul_bf16_sustained_tflops",
+                    "hbm_bandwidth_tbps", "h2d_bandwidth_gbps", "d2h_bandwidth_gbps", "train_tokens_per_s_per_gpu",
+                    "train_mfu"}
 
 GOOD = """
 schema: 1
@@ -58,8 +64,36 @@ def test_every_shipped_criterion_says_its_source_and_every_estimate_only_warns()
             assert c.source is None or c.source.kind != "estimate" or c.severity == "warn", f"{where}: estimate fails"
     h100 = t.profile("h100-sxm-80gb").metrics
     assert {n for n, c in h100.items() if c.source and c.source.kind == "spec" and c.severity == "fail"} >= {
-        "gpu_count", "gpu_memory_gib", "matmul_bf16_tflops", "hbm_bandwidth_tbps", "allreduce_busbw_gbps"}
+        "gpu_count", "gpu_memory_gib", "matmul_bf16_tflops", "allreduce_busbw_gbps"}
     assert t.profile("cpu").metrics["matmul_bf16_tflops"].source_text().startswith("measured (clustergate")
+
+
+def test_the_references_the_criteria_cite_ship_in_the_repository() -> None:
+    text = (ROOT / "thresholds.yaml").read_text()
+    cited = set(re.findall(r"[\w./-]+\.md\b", text))
+    assert cited and all((ROOT / c).is_file() for c in cited), cited
+    assert "/work/" not in text
+
+
+def measured_rows() -> dict[str, tuple[float, float]]:
+    """metric -> (its minimum, the lowest reading) from the reference document's table of measured criteria."""
+    rows = {}
+    for line in REFERENCE.read_text().splitlines():
+        if m := re.match(r"\| `(\w+)` \| min ([\d.]+) \| ([\d.]+) \|", line):
+            rows[m[1]] = (float(m[2]), float(m[3]))
+    return rows
+
+
+def test_measured_criteria_pass_the_lowest_reading_and_fail_a_gpu_at_half_of_it() -> None:
+    h100 = load(ROOT / "thresholds.yaml").profile("h100-sxm-80gb").metrics
+    rows = measured_rows()
+    assert set(rows) >= MEASURED_ON_H100, sorted(MEASURED_ON_H100 - set(rows))
+    for name, (minimum, lowest) in rows.items():
+        c = h100[name]
+        assert c.source is not None and c.source.kind == "measured" and c.severity == "fail", name
+        assert c.get("min") == minimum, f"{name}: thresholds.yaml says min {c.get('min')}, {REFERENCE.name} {minimum}"
+        assert c.weigh([Figure(lowest, c.unit or "", 0)], "gpu") == [([], [])], name
+        assert c.weigh([Figure(lowest / 2, c.unit or "", 0)], "gpu")[0][0], f"{name}: half its figure passes"
 
 
 def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Clock sampling: SM and memory clocks, clock event reasons, power and temperature next to a figure.
 
 A low TFLOPS or bandwidth figure under a thermal or power cap is a different finding from a slow
-part (measurement.md), so every workload that times the GPU can sample its clocks alongside:
+part, so every workload that times the GPU can sample its clocks alongside:
 ``with ClockSampler(device) as clocks: ...; clocks.summary()``. Shared by every area (the GPU
 workloads and training alike); NVML's reason bits live here once.
 """

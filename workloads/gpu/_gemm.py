@@ -32,13 +32,15 @@ def tflops(shape: Shape, seconds: float, products: int = 1) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Loop:
-    """One shape's timed calls: each call's seconds on the device, each untimed refresh's (cache flush and
-    fresh C before the call), and the host's wall clock over the whole loop, from a synchronized device to
-    the synchronize after the last call."""
+    """One shape's calls: each timed call's seconds on the device, each untimed refresh's (cache flush and
+    fresh C before a call), and the host's wall clock over the whole loop, from a synchronized device to
+    the synchronize after the last call. ``products``: the calls inside that wall clock, warm-up calls
+    queued ahead of the timed ones included (None: the timed calls alone); each had one refresh."""
 
     calls: list[float]
     refreshes: list[float]
     wall_s: float
+    products: int | None = None
 
 
 def wallclock_figures(shape: Shape, loop: Loop) -> dict[str, float]:
@@ -49,7 +51,7 @@ def wallclock_figures(shape: Shape, loop: Loop) -> dict[str, float]:
     Each call timed alone mostly runs inside this process's time slices, so a GPU shared with another job
     keeps its per-call figure; the host's clock counts the other job's slices too. On a GPU the job has to
     itself the two agree within the calls' spread (the mean call is a little slower than the median)."""
-    n = len(loop.calls)
+    n = loop.products or len(loop.calls)
     median_call = statistics.median(loop.calls)
     median_refresh = statistics.median(loop.refreshes) if loop.refreshes else 0.0
     busy = max(loop.wall_s - n * median_refresh, 1e-12)

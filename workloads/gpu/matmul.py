@@ -1,19 +1,28 @@
-"""Dense matmul TFLOPS per device, the MAMF way; correctness against float64 first.
+"""Dense matmul TFLOPS per device, the MAMF way; each product checked against float64 before it counts.
 
-MAMF (Maximum Achievable Matmul FLOPS, stas00/ml-engineering's mamf-finder): for each shape of a
-sweep, warm-up calls, then about 100 calls, each timed on its own with CUDA events, each preceded,
-untimed, by a write of a buffer past the L2 cache (A and B then come from HBM, as in training) and a
-fresh copy into C (the output really changes). A shape's figure is 2*M*N*K / its median call time;
-the metric is the best shape's figure, the shape recorded. Before the sweep the device runs the first
-shape until it has been under load for ``warm_s`` (mamf-finder's 30 s at the standard level; load
-from a sweep that ended moments ago counts) and its throughput stops drifting: a GPU fresh from idle
-is cool, and under its power cap a cool GPU holds higher clocks (an H100 read 807 TFLOPS after a 3 s
-warm-up where mamf-finder, after its 30 s, read 737 on the same GPU in the same session). B is stored (N, K) and
-used transposed, as nn.Linear does (and as fp8's torch._scaled_mm requires). Every rank measures at once.
+MAMF (Maximum Achievable Matmul FLOPS, stas00/ml-engineering's mamf-finder), shape by shape as
+mamf-finder times it: the shape's operands are made, its first call runs (its kernel chosen and loaded),
+then its other warm-up calls (mamf-finder's 50 in all) and its timed calls (about 100) are queued back to
+back with no wait between, each call preceded, untimed, by a write of a buffer past the L2 cache (A and B
+then come from HBM, as in training) and a fresh copy into C (the output really changes), each timed call
+bracketed by its own CUDA events; one synchronize ends the shape, and the product the last timed call left
+in C is checked against float64 before any figure of the shape counts. A shape's figure is 2*M*N*K / its
+median call time; the metric is the best shape's figure, the shape recorded. Before the sweep the device
+runs the first shape until it has been under load for ``warm_s`` (mamf-finder's 30 s at the standard
+level; load from a sweep that ended moments ago counts) and its throughput stops drifting: a GPU fresh
+from idle is cool, and under its power cap a cool GPU holds higher clocks (an H100 read 807 TFLOPS after a
+3 s warm-up where mamf-finder, after its 30 s, read 737 on the same GPU in the same session). B is stored
+(N, K) and used transposed, as nn.Linear does (and as fp8's torch._scaled_mm requires). Every rank
+measures at once.
 
-Why per call with a flush between, not batches of back-to-back products: that is what the field's
-figure means. Back to back, a 700 W H100/H200 sits at its power cap and its clocks drop, and the
-figure is a sustained one, 3-6% lower (the sustained figure is measured apart, workloads.gpu.burn_in).
+Why each shape straight after its operands are made, as mamf-finder does, and not after a second of
+untimed calls: under its power cap a 700 W H100 lets its clocks rise in the short pause between shapes,
+and mamf-finder's figure, the one the field quotes, is taken in that state. A second of calls before the
+timed ones held the suite to the settled clock instead: the same sweep on one H100 read 743 TFLOPS that
+way and 805 timed as mamf-finder times, on another 729 against 774 and 769 (benchmarks/matmul_diag.py,
+SM clock 1380 MHz settled against 1470-1755), and the suite read 0.95-0.97 of mamf-finder's best median in
+sessions where mamf-finder's pauses met high clocks. What the GPU holds with no pause at all is the
+sustained figure, measured and judged apart (workloads.gpu.burn_in).
 
 Run alone: torchrun --nproc-per-node=8 -m workloads.gpu.matmul --dtype bf16 [--sweep wide]
 """
@@ -66,14 +75,10 @@ CPU_SHAPES: dict[str, tuple[Shape, ...]] = {
     "standard": ((256, 256, 256), (512, 512, 512), (384, 512, 256)),
     "extended": ((256, 256, 256), (512, 512, 512), (384, 512, 256), (768, 768, 768)),
 }
-WARMUP_CALLS_S = 1.0
-"""Untimed calls per shape on a GPU at standard, in seconds, ending where the timed calls begin: long enough
-for the power controller to leave the boost it allows after a pause (0.2 s bursts read 5% high after one)."""
-GPU_CALLS = {"quick": (10, 30, 2.0, 0.2), "standard": (20, 100, 30.0, WARMUP_CALLS_S),
-             "extended": (50, 200, 45.0, WARMUP_CALLS_S)}
-"""Per level: warm-up calls per shape, timed calls per shape, seconds of load before the sweep (``warm_s``),
-seconds of untimed calls right before each shape's timed ones (``warmup_s``, see WARMUP_CALLS_S). Quick
-keeps both short to stay a one-minute check: its figure comes from a cooler GPU and reads higher."""
+GPU_CALLS = {"quick": (20, 30, 2.0), "standard": (50, 100, 30.0), "extended": (50, 200, 45.0)}
+"""Per level: warm-up calls per shape, timed calls per shape (mamf-finder's defaults: 50 and 100), seconds of
+load before the sweep (``warm_s``, mamf-finder's 30). Quick keeps the load short to stay a half-minute check:
+its figure comes from a cooler GPU and reads higher."""
 SECOND_PASS_SHAPES = 2
 """The best shapes of the sweep timed once more, each shape's figure the better of its two medians: one
 pass's figure moves by 1-2% with the power controller's state (2 H200s: 692.7 once, 708-736 otherwise), so
@@ -104,9 +109,7 @@ class Config:
     calls: int = 10
     """Timed calls per shape; a shape's figure is their median (MAMF: 100)."""
     warmup_calls: int = 2
-    """Untimed calls per shape before its timed calls (cuBLAS picks and loads its kernel), at least."""
-    warmup_s: float = 0.0
-    """Seconds of untimed calls per shape right before its timed calls (GPU: ``WARMUP_CALLS_S``)."""
+    """Untimed calls per shape, queued right before its timed calls (cuBLAS picks and loads its kernel)."""
     warm_s: float = 0.0
     """Seconds of load the device must have had before anything is timed (the first shape runs until then,
     and then until its throughput stops drifting, at most twice as long)."""
@@ -133,7 +136,7 @@ class Config:
             raise ValueError(f"shapes must be non-empty (M, N, K) triples of positive ints, got {self.shapes}")
         if self.dtype == "fp8" and any(d % 16 for s in self.shapes for d in s):
             raise ValueError(f"fp8 (torch._scaled_mm) needs every dimension a multiple of 16, got {self.shapes}")
-        if self.calls < 1 or self.warmup_calls < 0 or self.warmup_s < 0 or self.warm_s < 0 or self.flush_bytes < 4:
+        if self.calls < 1 or self.warmup_calls < 0 or self.warm_s < 0 or self.flush_bytes < 4:
             raise ValueError(f"calls >= 1, warmup_calls >= 0, warm_s >= 0 and flush_bytes >= 4 needed, got {self}")
         if self.wallclock_fraction is not None and not 0 < self.wallclock_fraction <= 1:
             raise ValueError(f"wallclock_fraction must lie in (0, 1], got {self.wallclock_fraction}")
@@ -150,10 +153,10 @@ class Config:
             warmup, calls, warm_s = CPU_CALLS[level]
             return cls(dtype=dtype, shapes=CPU_SHAPES[level], device=str(device), peak_tflops=peak_tflops,
                        calls=calls, warmup_calls=warmup, warm_s=warm_s, wallclock_fraction=wallclock_fraction)
-        warmup, calls, warm_s, warmup_s = GPU_CALLS[level]
+        warmup, calls, warm_s = GPU_CALLS[level]
         shapes = GPU_SHAPES[level] + (FP8_SHAPES if dtype == "fp8" else ())
         return cls(dtype=dtype, shapes=shapes, device=str(device), peak_tflops=peak_tflops, calls=calls,
-                   warmup_calls=warmup, warm_s=warm_s, warmup_s=warmup_s, wallclock_fraction=wallclock_fraction,
+                   warmup_calls=warmup, warm_s=warm_s, wallclock_fraction=wallclock_fraction,
                    flush_bytes=max(FLUSH_BYTES, 2 * hw.l2_cache_bytes(device)))
 
 
@@ -189,18 +192,28 @@ class Bench:
     def times(self, calls: int) -> list[float]:
         return hw.time_calls(self.call, self.device, calls, before=self.refresh)
 
-    def loop(self, calls: int) -> Loop:
-        """The timed calls (as ``times``: each alone, the refresh untimed before it), with each refresh's time
-        and the host's wall clock over the whole loop, from a synchronized device to the last call's end.
+    def loop(self, calls: int, warmup: int = 0) -> Loop:
+        """``warmup`` untimed calls, then ``calls`` timed ones (as ``times``: each alone, the refresh untimed
+        before it), queued back to back with nothing waiting between them, as mamf-finder queues its shape;
+        with each refresh's time and the host's wall clock over the calls after the first, from a synchronized
+        device to the last call's end.
 
-        On a GPU each iteration records three events (refresh start, call start, call end) and nothing waits
-        until the one synchronize at the end, as in ``hw.time_calls``: the call's own pair is the same."""
+        The shape's first call runs before the host's clock starts: choosing and loading its kernel is the
+        host's work (on one H100 a dtype's first product took about 100 ms, and the clock that counted it read
+        0.13-0.24 of the per-call figure on a GPU of the job's own). On a GPU every call after it records three
+        events (refresh start, call start, call end), the other warm-up calls too (their times count in the
+        wall-clock figure, not in the median), and nothing waits until the one synchronize at the end, as in
+        ``hw.time_calls``: the timed call's own pair is the same."""
         device = self.device
+        if warmup:
+            self.refresh()
+            self.call()
+        rest = max(warmup - 1, 0)
+        clocked = rest + calls
         if device.type == "cuda":
-            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(calls)]
-            # The warm-up calls still queued must not count in the host's clock; the events exist already, so
-            # the device idles only from the synchronize's return to the first launch (microseconds: no pause
-            # long enough for the power controller to boost the clocks, see measure_shape).
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(clocked)]
+            # The first call (and the operands' random fill) must not count in the host's clock: wait for it.
+            # The wait is microseconds of an idle GPU, not a pause that lets the clocks rise.
             synchronize(device)
             t0 = time.perf_counter()
             for before, start, end in marks:
@@ -211,11 +224,11 @@ class Bench:
                 end.record()
             torch.cuda.synchronize(device)
             wall = time.perf_counter() - t0
-            return Loop([s.elapsed_time(e) / 1e3 for _, s, e in marks], [b.elapsed_time(s) / 1e3 for b, s, _ in marks],
-                        wall)
+            return Loop([s.elapsed_time(e) / 1e3 for _, s, e in marks[rest:]],
+                        [b.elapsed_time(s) / 1e3 for b, s, _ in marks], wall, clocked)
         refreshes, times = [], []
         t0 = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(clocked):
             r0 = time.perf_counter()
             self.refresh()
             c0 = time.perf_counter()
@@ -223,7 +236,7 @@ class Bench:
             c1 = time.perf_counter()
             refreshes.append(c0 - r0)
             times.append(c1 - c0)
-        return Loop(times, refreshes, time.perf_counter() - t0)
+        return Loop(times[rest:], refreshes, time.perf_counter() - t0, clocked)
 
     def burst_tflops(self, seconds: float = 0.2) -> float:
         """TFLOPS of one ~``seconds`` burst in the measured pattern (for settling the device)."""
@@ -232,27 +245,19 @@ class Bench:
 
 
 def measure_shape(bench: Bench) -> dict[str, Any]:
-    """Check, warm up and time one shape; the figures of its timed calls."""
+    """Time one shape as mamf-finder does, then check it: its warm-up and timed calls queued straight after
+    its operands were made (``Bench.loop``), then the product the last timed call left in C against float64.
+    A wrong product fails the shape before any figure of it counts."""
     cfg = bench.cfg
-    bench.refresh()
-    bench.call()
-    err_before = bench.check("")
-    # Untimed calls for warmup_s right up to the timed ones, with no pause between: after any pause (the
-    # check above, new operands) the power controller lets the clocks boost for a while, and calls timed
-    # then read high (an H100 at its power cap: 797 TFLOPS after a pause, 700 without, as mamf-finder).
-    one = statistics.median(bench.times(3))
-    for _ in range(max(cfg.warmup_calls, math.ceil(cfg.warmup_s / one))):
-        bench.refresh()
-        bench.call()
-    loop = bench.loop(cfg.calls)
+    loop = bench.loop(cfg.calls, cfg.warmup_calls)
     times = loop.calls
-    err_after = bench.check(" after the timed calls")  # C holds the last timed product
+    err = bench.check(" after the timed calls")  # C holds the last timed product
     shape = bench.shape
     wall = wallclock_figures(shape, loop)
     return {"shape": list(shape), "tflops": tflops(shape, statistics.median(times)),
             "tflops_min": tflops(shape, max(times)), "tflops_max": tflops(shape, min(times)),
             "tflops_mean": tflops(shape, statistics.fmean(times)), "calls": len(times),
-            "max_rel_err": max(err_before, err_after), "wallclock_tflops": wall["wallclock_tflops"],
+            "max_rel_err": err, "wallclock_tflops": wall["wallclock_tflops"],
             "wallclock_ratio": wall["wallclock_ratio"], "wall_s": wall["wall_s"],
             "median_refresh_s": wall["median_refresh_s"]}
 
@@ -325,15 +330,16 @@ def run(cfg: Config) -> Result:
     median = statistics.median(s["tflops"] for s in shapes)
     details: dict[str, Any] = {
         "dtype": cfg.dtype, "device": hw.device_name(device), "tolerance": cfg.tolerance,
-        "method": f"MAMF: per shape at least {cfg.warmup_calls} warm-up calls and {cfg.warmup_s:g} s of them, "
-                  f"then the median of {cfg.calls} calls each timed alone, a {cfg.flush_bytes >> 20} MiB cache "
-                  "flush and a fresh C before each (untimed)",
+        "method": f"MAMF, as mamf-finder times it: per shape {cfg.warmup_calls} warm-up calls and {cfg.calls} timed "
+                  f"ones queued straight after its operands were made, each timed alone, a {cfg.flush_bytes >> 20} "
+                  "MiB cache flush and a fresh C before each (untimed); the median",
         "settle": settled, "shapes": shapes, "best_shape": best["shape"], "best_tflops": best["tflops"],
         "second_pass": passes, "tables": {"second pass over the best shapes": passes["rows"]},
         "wallclock": {"tflops": best["wallclock_tflops"], "ratio": best["wallclock_ratio"],
                       "least_ratio": cfg.wallclock_fraction,
-                      "method": "the best shape's timed calls by the host's clock (synchronize, loop, synchronize), "
-                                "less their refreshes at the median refresh time"},
+                      "method": "the best shape's calls after its first, warm-up ones included, by the host's "
+                                "clock (synchronize, loop, synchronize), less their refreshes at the median "
+                                "refresh time"},
         "median_over_shapes_tflops": median, "clocks": clocks,
     }
     if cfg.peak_tflops:
@@ -353,8 +359,8 @@ def main() -> None:
                         help="wide: 144 shapes, the reference the level's sweep is compared with")
     parser.add_argument("--shapes", nargs="*", default=None, metavar="MxNxK", help="shapes to sweep instead")
     parser.add_argument("--calls", type=int, default=None, help="timed calls per shape")
-    parser.add_argument("--warmup-s", type=float, default=None,
-                        help="seconds of untimed calls right before each shape's timed calls (default: the level's)")
+    parser.add_argument("--warmup-calls", type=int, default=None,
+                        help="untimed calls queued right before each shape's timed calls (default: the level's)")
     args = parser.parse_args()
     with distributed() as here:
         cfg = Config.for_level(args.level, here.device, args.dtype)
@@ -364,7 +370,7 @@ def main() -> None:
         elif args.sweep == "wide" and here.device.type == "cuda":
             shapes = wide_sweep()
         cfg = dataclasses.replace(cfg, shapes=shapes, calls=args.calls or cfg.calls,
-                                  warmup_s=cfg.warmup_s if args.warmup_s is None else args.warmup_s)
+                                  warmup_calls=cfg.warmup_calls if args.warmup_calls is None else args.warmup_calls)
         result = run(cfg)
         d = result.details
         for s in d["shapes"]:
