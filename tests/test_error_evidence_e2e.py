@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, JobResult, run_job
+from torchrun_job import PLANTED_SUITE, ROOT, JobResult, run_job
 
 DATA = Path(__file__).parent / "data"
 FAULT = Path(__file__).parent / "faults/hw_counters.py"
@@ -22,7 +22,7 @@ def job(tmp_path: Path, plant: str) -> JobResult:
     for sample in ("aer", "ib"):
         shutil.copytree(DATA / sample, tree, dirs_exist_ok=True)
     shutil.copy(FAULT, tmp_path / "test_fault.py")
-    return run_job(tmp_path, ["--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
+    return run_job(tmp_path, [*PLANTED_SUITE, "--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
                    env={"CLUSTERGATE_HOST_ROOT": str(tree), "CLUSTERGATE_TEST_PLANT": plant})
 
 
