@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from clustergate.completeness import recorded_options, suite_prefix
 from clustergate.identity import gpu_model, gpu_node_problem
 from clustergate.outcomes import PhaseOutcome, poisons
 from clustergate.recorder import Recorder
-from clustergate.redact import Scrubber, ScrubbingStream, scrub_strings
+from clustergate.redact import Scrubber, ScrubbingStream, keep, scrub_strings
 from clustergate.session import ClusterGate
 from clustergate.startup import LOCK, check_seconds, claim_report_dir, given_or, prepare_report_dir, seconds, stale_note
 from clustergate.stops import STATUS, SessionEvents
@@ -181,9 +182,14 @@ def pytest_configure(config: pytest.Config) -> None:
                            want_cuda=profile.name != thresholds.cpu_profile)
     except (ThresholdsError, WorldError, NodeNameError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    # The report directory is named by the run, never scrubbed: a secret that is a part of its path (a PIN that
+    # is a year) must not move the outputs to "[redacted]/". Kept on every rank before rank 0 shares the name.
+    keep(config.getoption("report_dir"), str((CHECKOUT or Path.cwd()) / "reports"))
     report_dir = prepare_report_dir(config, world, CHECKOUT or Path.cwd())
+    keep(str(report_dir), str(report_dir.resolve()))
     selection = {"k": config.getoption("keyword") or None, "m": config.getoption("markexpr") or None,
-                 "level": config.getoption("level"), "selected": None, "deselected": None}
+                 "level": config.getoption("level"), "selected": None, "deselected": None,
+                 **recorded_options(config)}
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
     # sys.stdout when it configures, after this hook.
     sys.stdout = ScrubbingStream(sys.stdout)
@@ -250,7 +256,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ nodes; this job has {gate.node_count}"))
     gate.run.selection.update(selected=len(items), deselected=config.stash.get(DESELECTED, 0),
                               multinode=sum(1 for item in items if item.get_closest_marker("multinode")),
-                              multinode_deselected=config.stash.get(DESELECTED_MULTINODE, 0))
+                              multinode_deselected=config.stash.get(DESELECTED_MULTINODE, 0),
+                              suite=suite_prefix((item.nodeid, item.path) for item in items))
     problem = gate.check_collection([item.nodeid for item in items])
     if problem:
         gate.run.fail(problem)

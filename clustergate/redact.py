@@ -6,12 +6,20 @@ A secret is
   PASSWORD, CREDENTIAL, AUTH, *PASS, *PW, *CREDS, *DSN, *CONNECTION_STRING, *WEBHOOK*, ... in any case)
   or is named in the site's own list ``CLUSTERGATE_REDACT_VARS`` (comma-separated names or patterns);
 - the userinfo of a URL (``https://user:password@host``, ``https://TOKEN@host``, ``http://:pw@host``);
-- the value of a ``Name=value`` pair inside a text whose name looks secret (``AccountKey=...;``,
-  ``password=...``, ``?sig=...&``).
+- the value of a ``Name=value`` or ``Name: value`` pair inside a text whose name looks secret
+  (``AccountKey=...;``, ``password=...``, ``?sig=...&``, ``password: ...``, ``Authorization: Basic ...``)
+  and the credential after ``Bearer``; such a value found inside any environment variable's value or any
+  ``--metadata`` value is a known secret from then on, wherever it appears.
 Structured data (JSON, mappings) loses the string values under such names; every text loses the
 known secret values wherever they appear, so a message or a captured log that quotes a token is
 scrubbed too, and so are the 8+ character heads and tails that pytest leaves of a long value it
-shortens (``'AKIAIOSF...AMPLEKEY'``). Over-redacting a harmless variable costs nothing; a leak does.
+shortens (``'AKIAIOSF...AMPLEKEY'``), every line of a secret of several lines (a PEM key: pytest's
+assertion diff shows it line by line), and a secret as ``repr`` or JSON escapes it (a backslash, a tab).
+Over-redacting a harmless variable costs nothing; a leak does.
+
+Names the run itself chose (its report directory, its run id, the paths a command was given) are kept
+whole (``keep``): a short secret that happens to be a part of them (``BMC_PASSWORD=2026``) must not move
+every output to ``[redacted]/``.
 
 Each rank knows only its own environment: every rank scrubs what it sends to the others
 (``outgoing``) before it leaves the rank, and rank 0 scrubs what it writes.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import fnmatch
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -68,6 +77,16 @@ SECRET_PAIR = re.compile(r"(?<![\w.+/=-])(?P<name>[A-Za-z_][\w.-]{0,63})=(?P<quo
                          r"(?P<value>[^\s;&\"'<>,]+)")
 """``Name=value`` inside a text (connection strings, query strings, command lines): the value goes when the
 name looks secret (``AccountKey=``, ``SharedAccessKey=``, ``Password=``, ``sig=``); quoted too, HTML-escaped too."""
+
+COLON_PAIR = re.compile(
+    r"(?<![\w.+/=-])(?P<name>[A-Za-z_][\w.-]{0,63})(?P<sep>[ \t]*:[ \t]*)(?P<quote>['\"]?)"
+    r"(?P<scheme>(?:bearer|basic|digest|negotiate|token)[ \t]+)?(?P<value>[^\s;&\"'<>,]+)", re.IGNORECASE)
+"""``Name: value`` inside a text (an HTTP header, a YAML or log line): the value goes when the name looks secret
+(``Authorization: Bearer ...``, ``password: ...``, ``X-Api-Key: ...``); an authentication scheme stays."""
+NOT_A_SECRET_KEY = re.compile(r".*(error|exception|warning|tokens|keys)", re.IGNORECASE)
+"""``KeyError: 'x'``, ``tokens: 4096``: a colon after such a name starts a message or a count, not a secret."""
+BEARER = re.compile(r"(?<![\w-])(?P<scheme>bearer[ \t]+)(?P<value>[A-Za-z0-9._~+/=-]{6,})", re.IGNORECASE)
+"""The credential after ``Bearer``, wherever it stands."""
 
 SHORT = 6
 """Values shorter than this, and digits-only values, are scrubbed from text only where they stand alone
@@ -117,9 +136,70 @@ def _pair(m: re.Match[str]) -> str:
     return f"{m.group('name')}={m.group('quote')}{REDACTED}"
 
 
+def _colon(m: re.Match[str]) -> str:
+    name = m.group("name")
+    if not is_secret_name(name) or NOT_A_SECRET_KEY.fullmatch(name) or m.group("value") == REDACTED:
+        return m.group(0)
+    return f"{name}{m.group('sep')}{m.group('quote')}{m.group('scheme') or ''}{REDACTED}"
+
+
+def _bearer(m: re.Match[str]) -> str:
+    return m.group(0) if m.group("value") == REDACTED else f"{m.group('scheme')}{REDACTED}"
+
+
+def _pairs(text: str) -> str:
+    """The values of secret-named ``Name=value`` and ``Name: value`` pairs, and ``Bearer`` credentials."""
+    return BEARER.sub(_bearer, COLON_PAIR.sub(_colon, SECRET_PAIR.sub(_pair, text)))
+
+
 def redact_text(text: str) -> str:
-    """What needs no list of values: URL userinfo and the values of secret-named ``Name=value`` pairs."""
-    return SECRET_PAIR.sub(_pair, URL_USERINFO.sub(_url, text))
+    """What needs no list of values: URL userinfo and the values of secret-named pairs."""
+    return _pairs(URL_USERINFO.sub(_url, text))
+
+
+def embedded_secrets(text: str) -> list[str]:
+    """The secret values a text holds in secret-named pairs (``token=X``, ``password: X``, ``Bearer X``,
+    a URL's userinfo): what a variable or a metadata value that is not itself secret may carry."""
+    found = [m.group("value") for m in SECRET_PAIR.finditer(text) if is_secret_name(m.group("name"))]
+    found += [m.group("value") for m in COLON_PAIR.finditer(text)
+              if is_secret_name(m.group("name")) and not NOT_A_SECRET_KEY.fullmatch(m.group("name"))]
+    found += [m.group("value") for m in BEARER.finditer(text)]
+    for m in URL_USERINFO.finditer(text):
+        userinfo = m.group(0)[len(m.group("scheme")):-1]
+        found.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)  # a password or a token, not a user
+    return [f for f in found if f and f != REDACTED]
+
+
+def variants(secret: str) -> list[str]:
+    """``secret`` and the forms it takes in an output: each line of a value of several lines (pytest's assertion
+    diff shows a PEM key line by line), and the value as ``repr`` and JSON escape it (a backslash, a tab)."""
+    forms = [secret]
+    if "\n" in secret or "\r" in secret:  # a line of no letter or digit ("==") is a page's own punctuation
+        forms += [line.strip() for line in secret.splitlines()
+                  if len(line.strip()) >= 4 and any(c.isalnum() for c in line)]
+    for escaped in (repr(secret)[1:-1], json.dumps(secret)[1:-1], secret.encode("unicode_escape").decode("ascii")):
+        if escaped != secret:
+            forms.append(escaped)
+    return forms
+
+
+_KEPT: list[str] = []
+"""Names the run chose itself, never scrubbed (``keep``)."""
+
+
+def keep(*names: str | None) -> None:
+    """Never scrub ``names`` (the report directory's path, the run id, the paths a command was given): a secret
+    that happens to be a part of them must not change where outputs go or what a run is called."""
+    for name in names:
+        if name and len(str(name)) > 1 and str(name) not in _KEPT:
+            _KEPT.append(str(name))
+
+
+@lru_cache(maxsize=16)
+def _kept_pattern(kept: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not kept:
+        return None
+    return re.compile("(" + "|".join(re.escape(k) for k in sorted(kept, key=len, reverse=True)) + ")")
 
 
 @lru_cache(maxsize=64)
@@ -171,9 +251,11 @@ _LIVE: list[Any] = [None, None]
 class Scrubber:
     """Removes known secret values (and URL credentials, secret ``Name=value`` pairs) from free text."""
 
-    def __init__(self, secrets: list[str]) -> None:
-        found = {s.strip() for s in secrets if len(s.strip()) > 1 and s.strip().lower() not in PLAIN_VALUES}
+    def __init__(self, secrets: list[str], kept: tuple[str, ...] | None = None) -> None:
+        forms = [form for s in secrets for form in variants(s.strip())]
+        found = {s.strip() for s in forms if len(s.strip()) > 1 and s.strip().lower() not in PLAIN_VALUES}
         found.discard(REDACTED)
+        self.kept = _kept_pattern(tuple(_KEPT) if kept is None else kept)
         # Longest first, so a secret containing another is removed whole.
         self.secrets = sorted(found, key=len, reverse=True)
         self.anywhere = [s for s in self.secrets if len(s) >= SHORT and not s.isdigit()]
@@ -187,7 +269,7 @@ class Scrubber:
         if environ is None and not extra:
             # The live environment's scrubber, built again only when the environment changed: redacting
             # results.json asks for it at every write, and a test may set a variable between two.
-            snapshot = tuple(os.environ.items())
+            snapshot = (tuple(os.environ.items()), tuple(_KEPT))
             if _LIVE[0] != snapshot:
                 _LIVE[:] = [snapshot, cls._of(os.environ, {})]
             return _LIVE[1]
@@ -196,20 +278,34 @@ class Scrubber:
     @classmethod
     def _of(cls, environ: Mapping[str, str], extra: Mapping[str, Any]) -> Scrubber:
         found = [v for k, v in environ.items() if is_secret_name(k, environ)]
+        found += [s for v in environ.values() for s in embedded_secrets(v)]
         found += _secret_values(extra)
         return cls(found)
 
+    def _around_kept(self, text: str, scrub: Any) -> str:
+        """``scrub`` applied to every part of ``text`` but the kept names in it."""
+        parts = self.kept.split(text) if self.kept is not None else [text]
+        if len(parts) == 1:
+            return scrub(text)
+        return "".join(part if i % 2 else scrub(part) for i, part in enumerate(parts))
+
     def __call__(self, text: str) -> str:
         """Every rule: a text that is one message, log or value (not a page of markup and script)."""
-        text = self.in_markup(text)
+        return self._around_kept(text, self._text)
+
+    def _text(self, text: str) -> str:
+        text = self._markup(text)
         if self.standalone is not None:
             text = self.standalone.sub(REDACTED, text)
-        return SECRET_PAIR.sub(_pair, text)
+        return _pairs(text)
 
     def in_markup(self, text: str) -> str:
         """What is safe on a whole written page (HTML with its script, XML): the long secret values, their cut
         heads and tails, URL userinfo. Short values and ``Name=value`` pairs would match a page's own numbers
         and attributes: every text placed on the page was scrubbed whole before (``__call__``)."""
+        return self._around_kept(text, self._markup)
+
+    def _markup(self, text: str) -> str:
         for secret in self.anywhere:
             if secret in text:
                 text = text.replace(secret, REDACTED)
@@ -326,4 +422,6 @@ def _secret_values(data: Mapping[str, Any]) -> list[str]:
             out += _secret_values(value)
         elif is_secret_name(str(key)) and isinstance(value, str):
             out.append(value)
+        elif isinstance(value, str):
+            out += embedded_secrets(value)
     return out

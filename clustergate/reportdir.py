@@ -61,10 +61,10 @@ def _err(exc: OSError) -> str:
     return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
 
 
-def links(path: Path) -> list[str]:
-    """'NAME (a link to TARGET)' for each name a run writes that is a symbolic link in ``path``."""
+def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
+    """'NAME (a link to TARGET)' for each name a run writes (``names``) that is a symbolic link in ``path``."""
     found = []
-    for name in NOT_LINKS:
+    for name in names:
         with contextlib.suppress(OSError):
             found.append(f"{name} (a link to {os.readlink(path / name)})")
     return found
@@ -314,14 +314,15 @@ class RunLock:
             self._owner_ino = None
 
 
-def move_aside(path: Path) -> dict[Path, Path]:
-    """Move an earlier run's outputs to ``earlier/<UTC time>/``; returns where each went.
+def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]:
+    """Move an earlier run's outputs (``names``: a run's, or a cluster command's) to ``earlier/<UTC time>/``;
+    returns where each went.
 
     Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so."""
-    linked = links(path)
+    linked = links(path, (*NOT_LINKS, *names))
     if linked:
         raise OSError(errno.ELOOP, f"{linked[0]} is a symbolic link there")
-    found = [path / name for name in OUTPUTS if (path / name).exists()]
+    found = [path / name for name in names if (path / name).exists()]
     if not found:
         return {}
     newest = max(p.stat().st_mtime for p in found)

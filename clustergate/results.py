@@ -10,12 +10,16 @@ atomic, strict JSON (no NaN or Infinity) and redacted (``clustergate.redact``).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate import completeness
+from clustergate import manifest as suite_manifest
+from clustergate import redact as redact_mod
 from clustergate.judge import warnings
 from clustergate.outcomes import PhaseVerdict
 from clustergate.redact import redact
@@ -23,6 +27,9 @@ from clustergate.reportdir import write_atomic
 from clustergate.verdict import Verdict, decide
 
 SCHEMA = 1
+RUN_ID_ENV = "CLUSTERGATE_RUN_ID"
+"""The cluster run a node or fabric run belongs to (RUN_ID of REPORTS/RUN_ID/nodes/HOST), set by the launchers:
+merge and sign-off take only the parts that carry their run's id."""
 
 
 @dataclass(slots=True)
@@ -37,6 +44,9 @@ class TestEntry:
     problems: list[str] = field(default_factory=list)
     """What failed besides the metrics' criteria, one entry a phase: the message without its metric block
     (``python -m clustergate.report`` re-judges the metrics and keeps these)."""
+    phases: list[str] = field(default_factory=list)
+    """The phases that ran (setup, call, teardown): a test that passed without a call phase never ran its body
+    (``--setup-only``), so it measured nothing (``clustergate.completeness``)."""
 
     def note(self, text: str) -> None:
         """A failure that is not a metric's: added to ``problems`` and the message."""
@@ -45,6 +55,7 @@ class TestEntry:
 
     def apply(self, when: str, verdict: PhaseVerdict, duration_s: float) -> None:
         """Fold one phase's merged verdict into the test's entry."""
+        self.phases.append(when)
         self.duration_s += duration_s
         if when == "call":
             self.metrics = [m.as_json() for m in verdict.metrics]
@@ -82,6 +93,11 @@ class RunRecord:
     """What this run was asked to run: -k, -m, --level, selected and deselected counts."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further top-level sections other parts add (e.g. "baseline", "discovery")."""
+    run_id: str | None = field(default_factory=lambda: os.environ.get(RUN_ID_ENV) or None)
+    """The cluster run this run is a part of (``CLUSTERGATE_RUN_ID``); None for a run on its own."""
+
+    def __post_init__(self) -> None:
+        redact_mod.keep(self.run_id)  # the run's own name: never scrubbed, or merge could not match it
 
     def test(self, nodeid: str) -> TestEntry:
         return self.tests.setdefault(nodeid, TestEntry(nodeid))
@@ -93,8 +109,14 @@ class RunRecord:
 
     @property
     def decision(self) -> Verdict:
-        return decide((t.outcome for t in self.tests.values()), error=self.error, finished=self.finished,
-                      sign_off=self.sign_off)
+        outcomes = [t.outcome for t in self.tests.values()]
+        partial = completeness.partial(self._coverage(), suite_manifest.shipped()) if self.finished else []
+        return decide(outcomes, error=self.error, finished=self.finished, sign_off=self.sign_off, partial=partial)
+
+    def _coverage(self) -> dict[str, Any]:
+        """What the completeness rule reads of the record (tests, phases, selection, nodes, level)."""
+        return {"tests": [{"nodeid": t.nodeid, "outcome": t.outcome, "phases": t.phases} for t in self.tests.values()],
+                "selection": self.selection, "nodes": self.nodes, "level": self.level}
 
     @property
     def verdict(self) -> str:
@@ -109,7 +131,7 @@ class RunRecord:
         tests = [
             {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
              "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
-             "metrics": t.metrics, "details": t.details}
+             "phases": t.phases, "metrics": t.metrics, "details": t.details}
             for t in self.tests.values() if only_test is None or t.nodeid == only_test
         ]
         return redact({
@@ -120,6 +142,7 @@ class RunRecord:
             "sign_off": self.sign_off,
             "level": self.level,
             "started": self.started,
+            "run_id": self.run_id,
             "duration_s": round(time.monotonic() - self.t0, 3),
             "world_size": self.world_size,
             "error": self.error,

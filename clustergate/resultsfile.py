@@ -3,14 +3,21 @@
 Every command that reads what a run wrote (the re-render/re-judge command, ``merge``, ``signoff``,
 ``calibrate``) reads through here, so that one kind of bad input gets one kind of answer: a
 ``ResultsFileError`` naming the file, the first problem and where it is, never a traceback and never
-a file drawn or counted as if it were a run. What "strict" means: UTF-8 text, JSON without NaN or
-Infinity (no reader of the contract accepts them), nested no deeper than a results file can be, no
-larger than ``MAX_BYTES``, and valid against the schema of its kind.
+a file drawn or counted as if it were a run. What "strict" means: a regular file (a FIFO, a device, or a
+link to one is refused before it is read: it could block or never end), UTF-8 text, JSON without NaN or
+Infinity (no reader of the contract accepts them, nor a number too large for a float, ``1e999``), no key
+given twice in one object (JSON readers disagree which one counts), nested no deeper than a results file
+can be, no larger than ``MAX_BYTES``, and valid against the schema of its kind.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import os
+import stat
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,12 +34,29 @@ FILE_NAMES = {"results": "results.json", "cluster": "cluster results.json", "sig
 
 MAX_BYTES = 512 * 1024 * 1024
 """A results.json of a 1,000-node run with every curve is tens of MB: far beyond this is not one."""
+MAX_INT_DIGITS = 18
+"""No count, rank or figure of a results file has more digits; a longer integer cannot become a float."""
 MAX_DEPTH = 64
 """The schema's deepest object is about a dozen levels (details hold free-form JSON): deeper is not a run's."""
 
 
 class ResultsFileError(ValueError):
     """The file cannot be used as a results file; the message says why and where."""
+
+
+def _inlined(node: Any, defs: dict[str, Any], depth: int = 0) -> Any:
+    """``node`` with every ``{"$ref": "#/$defs/NAME"}`` replaced by the definition itself. The schemas have no
+    recursive definition; resolving a reference per value was a fifth of reading 1,000 node files."""
+    if depth > 32:
+        raise ValueError("a schema definition refers to itself: it cannot be inlined")
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and len(node) == 1:
+            return _inlined(defs[ref.removeprefix("#/$defs/")], defs, depth + 1)
+        return {k: _inlined(v, defs, depth) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inlined(v, defs, depth) for v in node]
+    return node
 
 
 @cache
@@ -42,7 +66,7 @@ def _validator(kind: str) -> Any:
     schema = json.loads(SCHEMAS[kind].read_text())
     cls = jsonschema.Draft202012Validator
     cls.check_schema(schema)  # the schema itself is well formed
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(_inlined(schema, schema.get("$defs", {})), format_checker=cls.FORMAT_CHECKER)
 
 
 def schema_problems(data: Any, kind: str = "results") -> list[str]:
@@ -53,6 +77,65 @@ def schema_problems(data: Any, kind: str = "results") -> list[str]:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows (a results file is strict JSON)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond what a float holds (a results file is strict JSON)")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"the number {text[:40]}... has more digits than any figure of a results file")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:80]!r} is given twice in one object (readers disagree which one counts)")
+        out[key] = value
+    return out
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file: opened without blocking (a FIFO would wait for a
+    writer forever), then checked on the open descriptor, so nothing can be swapped in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode)
+                    or stat.S_ISBLK(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a file")
+            raise ResultsFileError(f"{path}: {kind}, not a regular file: not read (it could block or never end)")
+        if info.st_size > MAX_BYTES:
+            raise ResultsFileError(f"{path}: {info.st_size} bytes, more than a results file can be ({MAX_BYTES})")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_BYTES:
+                raise ResultsFileError(f"{path}: more than {MAX_BYTES} bytes, more than a results file can be")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A file's strict JSON and the sha256 of its bytes (the digest merge keeps of every node file)."""
+
+    data: Any
+    digest: str
+
+
+def digest_of(raw: bytes) -> str:
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def _depth(data: Any) -> int:
@@ -70,12 +153,16 @@ def _depth(data: Any) -> int:
 
 def load_json(path: Path) -> Any:
     """The file's JSON, strictly: ResultsFileError (naming the file) for anything else."""
+    return load(path).data
+
+
+def load(path: Path) -> Loaded:
+    """The file's JSON, strictly, and the digest of its bytes: ResultsFileError (naming the file) for anything else."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ResultsFileError(f"{path}: {size} bytes, more than a results file can be ({MAX_BYTES})")
-        text = path.read_bytes().decode("utf-8")
-        data = json.loads(text, parse_constant=_refuse_constant)
+        raw = _read_regular(path)
+        text = raw.decode("utf-8")
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite,
+                          parse_int=_bounded_int, object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ResultsFileError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -90,13 +177,19 @@ def load_json(path: Path) -> Any:
         raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
     if _depth(data) > MAX_DEPTH:
         raise ResultsFileError(f"{path}: nested deeper than {MAX_DEPTH} levels: not a results file")
-    return data
+    return Loaded(data, digest_of(raw))
 
 
 def read(path: Path, kind: str = "results") -> dict[str, Any]:
     """A results file (or its report directory's results.json), validated against the schema of ``kind``."""
+    return read_with_digest(path, kind)[0]
+
+
+def read_with_digest(path: Path, kind: str = "results") -> tuple[dict[str, Any], str]:
+    """``read``, and the digest of the bytes that were read (never read a second time)."""
     path = path / "results.json" if path.is_dir() else path
-    return checked(load_json(path), path, kind)
+    loaded = load(path)
+    return checked(loaded.data, path, kind), loaded.digest
 
 
 def checked(data: Any, path: Path, kind: str = "results") -> dict[str, Any]:

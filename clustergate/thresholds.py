@@ -117,23 +117,74 @@ class Thresholds:
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+MAX_VALUES = 200_000
+"""How many values a thresholds file may stand for once its aliases are expanded: the shipped file is a few
+thousand. An alias bomb (anchors of anchors, each used many times) stands for billions."""
+PLAIN_KEYS = (str, int, float, bool, type(None))
 
 
 class _Loader(yaml.SafeLoader):
-    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last), and a key
+    that is not a plain name or number (a list or mapping as a key)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == MERGE_TAG:
                 continue  # ``<<: *anchor``: keys given here override the merged ones, as YAML intends
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.MarkedYAMLError(problem="a key must be a plain name, not a list or a mapping",
+                                           problem_mark=key_node.start_mark)
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
             line = key_node.start_mark.line + 1
+            if not isinstance(key, PLAIN_KEYS):
+                raise yaml.MarkedYAMLError(problem=f"a key must be a plain name, not {type(key).__name__}",
+                                           problem_mark=key_node.start_mark)
             if key in seen:
                 raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r} (first at line {seen[key]}); "
                                            "give each key once", problem_mark=key_node.start_mark)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes the document stands for with every alias expanded (aliases share one node: counted once
+    per use, computed once per node)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done or not children:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > MAX_VALUES:
+                return sizes[id(node)]
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _parse(path: Path, text: str) -> Any:
+    """The document's data (a SafeLoader: no Python objects from the file), refusing an alias bomb before it is
+    built."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if (size := _expanded_size(node)) > MAX_VALUES:
+            raise ThresholdsError(f"{path}: its aliases expand to more than {MAX_VALUES} values ({size} and "
+                                  "counting): not a thresholds file (an alias bomb?); write the values out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _fail(path: Path, where: str, problem: str) -> ThresholdsError:
@@ -161,6 +212,8 @@ def _resolve(path: Path, raw_profiles: dict[str, Any], name: str, seen: tuple[st
     parent_name = raw.get("extends")
     if parent_name is None:
         return dict(raw)
+    if not isinstance(parent_name, str):
+        raise _fail(path, f"profiles.{name}.extends", f"must name one profile, got {parent_name!r}")
     if parent_name not in raw_profiles:
         raise _fail(path, f"profiles.{name}.extends", f"no profile {parent_name!r} to extend")
     parent = _resolve(path, raw_profiles, parent_name, (*seen, name))
@@ -174,11 +227,19 @@ def load(path: str | Path) -> Thresholds:
     """Read and validate a thresholds file. Raises ThresholdsError with file, key and fix."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ThresholdsError(f"{path}: file not found; pass an existing file with --thresholds") from None
+    except IsADirectoryError:
+        raise ThresholdsError(f"{path}: a directory, not a thresholds file; pass the file with --thresholds") from None
+    except UnicodeDecodeError as exc:
+        raise ThresholdsError(f"{path}: not UTF-8 text (byte {exc.start}): not a thresholds file") from None
+    except OSError as exc:
+        raise ThresholdsError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects from the file
+        data = _parse(path, text)
+    except RecursionError:
+        raise ThresholdsError(f"{path}: nested too deeply to be a thresholds file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -218,6 +279,8 @@ def load(path: str | Path) -> Thresholds:
             metrics = {m: Criterion.parse(c, f"{where}.metrics.{m}") for m, c in raw_metrics.items()}
         except CriterionError as exc:
             raise _fail(path, exc.where, exc.problem) from None
+        # A profile that bounds no figure judges nothing: its runs are measured, never signed off.
+        sign_off = sign_off and any(c.bounds for c in metrics.values())
         settings = _settings(path, f"{where}.settings", raw.get("settings"))
         expect = expect_section.parse(raw.get("expect"), f"{where}.expect", lambda key, why: _fail(path, key, why))
         digest = hashlib.sha256(repr((sorted(settings.items()), sorted(

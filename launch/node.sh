@@ -22,6 +22,9 @@
 #   CLUSTERGATE_PYTHON          Python with torch and the suite's dependencies (default: python3)
 #   CLUSTERGATE_NODE_NAME       this node's name in messages, reports and results (default: Slurm's
 #                               SLURMD_NODENAME, else the host name; the rule is workloads/node/name.py)
+#   CLUSTERGATE_RUN_ID          the cluster run recorded in results.json: RUN_ID where the report directory is
+#                               REPORTS/RUN_ID/nodes/{node} or REPORTS/RUN_ID/fabric, else this variable, else
+#                               the report directory's name
 #
 # Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`.
 # A preflight or torchrun that ends non-zero leaves REPORT_DIR/node-exits/NODE.json (node, node_index,
@@ -80,6 +83,16 @@ join_timeout=${CLUSTERGATE_RDZV_TIMEOUT:-600}
 read_timeout=${CLUSTERGATE_RDZV_READ_TIMEOUT:-60}
 report_dir=${CLUSTERGATE_REPORT_DIR//\{node\}/$node}
 export CLUSTERGATE_SHARED_DIR=${CLUSTERGATE_SHARED_DIR:-$report_dir}
+# The cluster run this run is a part of, recorded in its results.json: merge and sign-off take only the parts
+# of their own run. It is the place of the report directory (REPORTS/RUN_ID/nodes/NODE, REPORTS/RUN_ID/fabric);
+# elsewhere CLUSTERGATE_RUN_ID, else the report directory's own name.
+place=${report_dir%/}
+case $place in
+    */nodes/*) run_id=$(basename "$(dirname "$(dirname "$place")")") ;;
+    */fabric) run_id=$(basename "$(dirname "$place")") ;;
+    *) run_id=${CLUSTERGATE_RUN_ID:-$(basename "$place")} ;;
+esac
+export CLUSTERGATE_RUN_ID=$run_id
 
 if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
     [[ -r $CLUSTERGATE_NCCL_ENV ]] || fail "CLUSTERGATE_NCCL_ENV=$CLUSTERGATE_NCCL_ENV is not a readable file"

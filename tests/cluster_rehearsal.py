@@ -56,13 +56,15 @@ def node_phase(run_dir: Path, names: list[str], pytest_args: list[str], *, nproc
 
 
 def fabric_phase(run_dir: Path, names: list[str], pytest_args: list[str], *, nproc: int = 1, timeout: float = 180,
-                 planted: dict[str, list[str]] | None = None) -> list[Agent]:
-    """One torchrun agent per node forming one job (c10d rendezvous), -m multinode, into RUN/fabric."""
+                 planted: dict[str, list[str]] | None = None, run_id: str | None = None) -> list[Agent]:
+    """One torchrun agent per node forming one job (c10d rendezvous), -m multinode, into RUN/fabric, as a part of
+    cluster run ``run_id`` (CLUSTERGATE_RUN_ID, as the launchers set it)."""
     rdzv = [f"--nnodes={len(names)}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id={uuid.uuid4().hex[:8]}", "--max-restarts=0"]
     commands = [(name, [*TORCHRUN, *rdzv, "-m", "pytest", *pytest_args, "-m", "multinode",
                         "--report-dir", str(run_dir / "fabric"), *(planted or {}).get(name, [])],
-                 {"CLUSTERGATE_NODE_NAME": name}) for name in names]
+                 {"CLUSTERGATE_NODE_NAME": name, **({"CLUSTERGATE_RUN_ID": run_id} if run_id else {})})
+                for name in names]
     return _run_all(commands, timeout)
 
 

@@ -1,7 +1,7 @@
 """Runs the report's tests share: each is made once per session, even across pytest-xdist workers.
 
-- ``world``: the shipped ``acceptance/test_world.py`` at world size 1, as a user runs it.
-- ``no_tests``: the same with nothing selected (the plugin sets the run error at sessionfinish).
+- ``no_tests``: the shipped ``acceptance/test_world.py`` at world size 1 with nothing selected (the plugin sets
+  the run error at sessionfinish). (The whole suite, run once, is ``trust_runs.node_run``.)
 - ``demo_reject``: ``tests/data/report/demo_acceptance.py`` on 2 ranks under torchrun with a planted
   slow rank, a workload that prints a secret, and secrets in the environment and pytest-metadata.
 - ``demo_baseline``: the demo again, every figure 20% higher, with ``--baseline`` the reject run.
@@ -56,10 +56,6 @@ def _world_size_1(target: Path, *args: str) -> None:
     (target / "status").write_text(str(proc.returncode))
 
 
-def make_world(target: Path) -> None:
-    _world_size_1(target, "--level", "quick")
-
-
 def make_no_tests(target: Path) -> None:
     _world_size_1(target, "-k", "no_such_test")
 
@@ -84,11 +80,6 @@ def results(run_dir: Path) -> dict[str, Any]:
 def schema_errors(data: dict[str, Any]) -> list[str]:
     """Every way ``data`` breaks clustergate/results.schema.json (the report command's own check)."""
     return schema_problems(data)
-
-
-@pytest.fixture(scope="session")
-def world_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared(tmp_path_factory, "world", make_world)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, JobResult, run_job
+from torchrun_job import PLANTED_SUITE, ROOT, JobResult, run_job
 
 DATA = Path(__file__).parent / "data"
 FAULT = Path(__file__).parent / "faults/hw_counters.py"
@@ -23,7 +23,8 @@ def job(tmp_path: Path, plant: str) -> JobResult:
         shutil.copytree(DATA / sample, tree, dirs_exist_ok=True)
     shutil.copy(FAULT, tmp_path / "test_fault.py")
     # The captured tree is a GPU node's (an NVIDIA GPU on its PCI bus): only --profile cpu runs the CPU suite on it.
-    return run_job(tmp_path, ["--thresholds", str(ROOT / "thresholds.yaml"), "--profile", "cpu", "test_fault.py"],
+    return run_job(tmp_path, [*PLANTED_SUITE, "--thresholds", str(ROOT / "thresholds.yaml"), "--profile", "cpu",
+                              "test_fault.py"],
                    env={"CLUSTERGATE_HOST_ROOT": str(tree), "CLUSTERGATE_TEST_PLANT": plant})
 
 

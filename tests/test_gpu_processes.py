@@ -145,7 +145,9 @@ def test_the_inventory_fails_a_shared_gpu_on_its_rank_naming_host_gpu_and_serial
     (tmp_path / "t.yaml").write_text(text)
     vm = gpu_replay.one_gpu_vm(tmp_path)
     clean = gpu_replay.inventory_run(tmp_path, "clean", tmp_path / "t.yaml", name, vm)
-    assert clean.results["verdict"] == "accept", clean.output[-3000:]
+    # The inventory file alone passes every check; one file of the suite is a partial run, never an accept.
+    assert {t["outcome"] for t in clean.results["tests"]} <= {"passed", "skipped"}, clean.output[-3000:]
+    assert clean.results["verdict"] == "partial" and clean.results["error"] is None
     shared = gpu_replay.inventory_run(tmp_path, "shared", tmp_path / "t.yaml", name, vm,
                                       env={gpu_replay.FOREIGN_ENV: f"4242:bf16_matmuls:{21 * GiB}"})
     assert shared.results["verdict"] == "reject"

@@ -80,10 +80,15 @@ def test_node_phase_is_an_indexed_job_where_each_node_fails_alone() -> None:
 def test_node_phase_command_runs_the_single_node_suite(tmp_path: Path) -> None:
     [c] = pod(docs(CG_PHASE="node", CG_GPUS_PER_NODE="1",
                    CG_PYTEST_ARGS="acceptance/test_world.py --level quick")["Job"])["containers"]
-    proc = run_here(c["command"], tmp_path, {"CLUSTERGATE_NODE_NAME": "k8s-node-a"})
+    env = {k: v for k, v in env_of(c).items() if isinstance(v, str)}
+    assert env["CLUSTERGATE_RUN_ID"] == "r0412"  # every node's results.json names the run: merge takes only its own
+    proc = run_here(c["command"], tmp_path, {**env, "CLUSTERGATE_NODE_NAME": "k8s-node-a"})
     results = tmp_path / "r0412" / "nodes" / "k8s-node-a" / "results.json"
-    assert proc.returncode == 0 and results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert '"host": "k8s-node-a"' in results.read_text()
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    recorded = json.loads(results.read_text())
+    assert recorded["nodes"][0]["host"] == "k8s-node-a" and recorded["run_id"] == "r0412"
+    # One file of the suite, as CG_PYTEST_ARGS asked: a partial node run, which merge never accepts.
+    assert proc.returncode == 1 and recorded["verdict"] == "partial" and not recorded["error"]
 
 
 def test_merge_job_prints_exactly_the_accepted_hosts(tmp_path: Path) -> None:

@@ -128,6 +128,7 @@ case "$1 $2 $3" in
   "-m torch.distributed.run --help") echo "  --numa-binding {{node,socket,exclusive,core-complex}}"; exit 0 ;;
 esac
 printf '%s\\n' "$@" > '{log}'
+echo "${{CLUSTERGATE_RUN_ID:-}}" > '{tmp_path}/run-id.txt'  # what the ranks record as the cluster run
 exit ${{FAKE_STATUS:-0}}
 """)
     if numactl:
@@ -216,6 +217,20 @@ def test_node_script_alone_per_node_report_directory(tmp_path: Path) -> None:
     assert args[-5:] == ["--report-dir", node_dir, "acceptance", "--level", "quick"]
     preflight = (tmp_path / "preflight.log").read_text()
     assert f"--report-dir {node_dir} --shared-dir {node_dir} --rdzv-endpoint  --node-index 2" in preflight
+
+
+@pytest.mark.parametrize(("report_dir", "given", "run_id"), [
+    ("REPORTS/run-7/nodes/{node}", "", "run-7"),  # a node of the node phase
+    ("REPORTS/run-7/fabric", "fabric", "run-7"),  # the fabric phase, by hand through clustergate.sbatch
+    ("REPORTS/one-job", "site-run", "site-run"),  # elsewhere: the variable ...
+    ("REPORTS/one-job", "", "one-job"),  # ... else the report directory's name
+])
+def test_node_script_gives_the_ranks_the_cluster_runs_id(tmp_path: Path, report_dir: str, given: str,
+                                                          run_id: str) -> None:
+    proc, _ = _node(tmp_path, "0", CLUSTERGATE_NNODES="1", CLUSTERGATE_RDZV_ENDPOINT="", CLUSTERGATE_RDZV_ID="",
+                    CLUSTERGATE_REPORT_DIR=str(tmp_path / report_dir), CLUSTERGATE_RUN_ID=given)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run-id.txt").read_text().strip() == run_id
 
 
 @pytest.mark.parametrize(("var", "value", "message"), [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import PLANTED_SUITE, ROOT, job_env
 
 # What an environment with clustergate installed loads in every pytest run: its pytest11 entry point
 # (clustergate.optin) and pytest-html's, which the plugin's report needs.
@@ -48,8 +48,8 @@ def test_a_run_that_does_not_ask_sees_no_clustergate(project: pytest.Pytester) -
 
 def test_the_switch_turns_it_on_and_the_header_says_profile_level_and_report_dir(project: pytest.Pytester) -> None:
     report = project.path / "r"
-    result = project.runpytest_subprocess(*INSTALLED, "--clustergate", "--profile", "cpu", "--level", "quick",
-                                          "--report-dir", str(report))
+    result = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE, "--clustergate", "--profile", "cpu", "--level",
+                                          "quick", "--report-dir", str(report))
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines([f"clustergate: profile cpu ({ROOT / 'thresholds.yaml'}), level quick, "
                                  f"report directory {report}", "*clustergate summary*", "ACCEPT*"])
@@ -68,14 +68,15 @@ def test_ini_keys_turn_it_on_and_set_its_options_and_the_command_line_wins(proje
     (project.path / "conf" / "t.yaml").write_text((ROOT / "thresholds.yaml").read_text())
     project.makeini("[pytest]\nclustergate = true\nclustergate_thresholds = conf/t.yaml\n"
                     "clustergate_profile = cpu\nclustergate_level = quick\nclustergate_report_dir = out/run\n")
-    result = project.runpytest_subprocess(*INSTALLED)
+    result = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE)
     assert result.ret == 0, result.stdout.str()
     out = project.path / "out" / "run"  # relative to the ini file, as pytest's paths keys are
     result.stdout.fnmatch_lines([f"clustergate: profile cpu ({project.path / 'conf' / 't.yaml'}), level quick, "
                                  f"report directory {out}"])
     first = json.loads((out / "results.json").read_text())
     assert first["verdict"] == "accept" and first["level"] == "quick" and first["profile"] == "cpu"
-    again = project.runpytest_subprocess(*INSTALLED, "--level", "standard", "--report-dir", str(project.path / "o2"))
+    again = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE, "--level", "standard", "--report-dir",
+                                         str(project.path / "o2"))
     assert again.ret == 0, again.stdout.str()
     assert json.loads((project.path / "o2" / "results.json").read_text())["level"] == "standard"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import PLANTED_SUITE, ROOT, job_env
 
 THRESHOLDS = """
 schema: 1
@@ -49,7 +49,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
         result = pytester.runpytest_subprocess(
-            "-p", "clustergate", "-p", "no:cacheprovider",
+            "-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE,
             "--thresholds", "thresholds.yaml",
             "--report-dir", str(report), *args)
         return result, report
@@ -212,12 +212,18 @@ def test_collect_only_says_so(run, pytester: pytest.Pytester) -> None:
 
 
 def test_selection_is_recorded_and_said(run, pytester: pytest.Pytester) -> None:
+    """A run narrowed by -k passed what it ran, and ran less than its suite: partial, exit 1, never accept."""
     pytester.makepyfile(test_metrics=METRIC_TESTS)
     result, report = run("-k", "fast", "--level", "quick")
-    assert result.ret == 0
-    assert results(report)["selection"] == {"k": "fast", "m": None, "level": "quick", "selected": 1, "deselected": 1,
-                                           "multinode": 0, "multinode_deselected": 0}
-    result.stdout.fnmatch_lines(["1 of 2 tests selected (-k 'fast', level quick)"])
+    assert result.ret == 1
+    res = results(report)
+    assert res["selection"] == {"k": "fast", "m": None, "level": "quick", "selected": 1, "deselected": 1,
+                                "multinode": 0, "multinode_deselected": 0, "suite": ".",
+                                "args": [str(pytester.path)], "deselect": [], "modes": [], "maxfail": 0}
+    assert res["verdict"] == "partial" and [t["outcome"] for t in res["tests"]] == ["passed"]
+    assert res["reason"].startswith("ran less than a complete run: 1 of the 2 tests of a complete node run did not "
+                                    "run (-k 'fast'): test_slow")
+    result.stdout.fnmatch_lines(["PARTIAL*profile cpu*", "1 of 2 tests selected (-k 'fast', level quick)"])
     assert "1 of 2 tests selected (-k &#x27;fast&#x27;, level quick)" in (report / "report.html").read_text()
 
 
@@ -272,14 +278,18 @@ def test_multinode_tests_skip_on_one_node(run, pytester: pytest.Pytester) -> Non
 
 
 def test_shipped_acceptance_suite_passes_on_cpu(monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester) -> None:
-    """The world checks of the real suite, world size 1, cpu profile."""
+    """The world checks of the real suite, world size 1, cpu profile: they pass, and a run of one file of the
+    suite is partial (exit 1), naming what it left out."""
     for key, value in job_env().items():
         monkeypatch.setenv(key, value)
     report = pytester.path / "report"
-    result = pytester.runpytest_subprocess(str(ROOT / "acceptance" / "test_world.py"), "--rootdir", str(ROOT),
-                                           "-p", "no:cacheprovider", "--report-dir", str(report))
-    assert result.ret == 0, result.stdout.str()
-    assert results(report)["verdict"] == "accept"
+    path = str(ROOT / "acceptance" / "test_world.py")
+    result = pytester.runpytest_subprocess(path, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
+                                           "--report-dir", str(report))
+    assert result.ret == 1, result.stdout.str()
+    res = results(report)
+    assert [t["outcome"] for t in res["tests"]] == ["passed", "passed"] and res["verdict"] == "partial"
+    assert f"87 of the 89 tests of a complete node run did not run (paths {path})" in res["reason"]
 
 
 def _installed_entry_point() -> bool:
@@ -302,7 +312,7 @@ def test_the_plugin_goes_by_one_name_and_no_clustergate_turns_it_off(pytester: p
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     pytester.makefile(".yaml", thresholds=THRESHOLDS)
     pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
-    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--thresholds", "thresholds.yaml",
+    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", *PLANTED_SUITE, "--thresholds", "thresholds.yaml",
                                        "--report-dir", str(pytester.path / "report"))
     assert on.ret == 0, on.stdout.str()
     assert results(pytester.path / "report")["verdict"] == "accept"
@@ -322,6 +332,6 @@ def test_the_installed_plugin_stays_off_without_a_conftest_until_asked(pytester:
     pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
     off = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
-    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--clustergate", "--thresholds", "thresholds.yaml",
-                                       "--report-dir", str(pytester.path / "report"))
+    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--clustergate", *PLANTED_SUITE, "--thresholds",
+                                       "thresholds.yaml", "--report-dir", str(pytester.path / "report"))
     assert on.ret == 0, on.stdout.str()

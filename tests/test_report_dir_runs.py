@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrun_job import ROOT, job_env, plant, run_job, start_job, wait_for
+from torchrun_job import PLANTED_SUITE, ROOT, job_env, plant, run_job, start_job, wait_for
 
 EARLIER = {"schema": 1, "verdict": "accept", "started": "2026-01-01T00:00:00+00:00", "tests": []}
 STALE = "results.json (verdict 'accept', started 2026-01-01T00:00:00+00:00) is an earlier run's, NOT the result of " \
@@ -50,8 +50,9 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
 
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
-        result = pytester.runpytest_subprocess("-p", "clustergate", "-p", "no:cacheprovider", "--thresholds",
-                                               str(ROOT / "thresholds.yaml"), "--report-dir", str(report), *args)
+        result = pytester.runpytest_subprocess("-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE,
+                                               "--thresholds", str(ROOT / "thresholds.yaml"), "--report-dir",
+                                               str(report), *args)
         return result, report
 
     return _run

@@ -250,3 +250,70 @@ def test_a_short_numeric_secret_never_breaks_what_a_report_carries(monkeypatch: 
     assert report.user_properties == [("failed_ranks", [12]),
                                       ("metrics", [{"per_rank": [{"rank": 12, "host": f"pin {REDACTED}"}]}])]
     assert report.longrepr == f"rank {REDACTED} saw pin {REDACTED}"
+
+
+# ---- secrets inside values, over several lines, escaped; names the run chose stay whole ----------------------
+
+PEM = ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7pl4nTed\n"
+       "Qx9Lk2Vb7Rt3Zm8Ws1Np6Yc4Hd0Jf5Ue2Oa7Ki9Xg3Tq8Lr1\n9Vx3Kq7Lm2Zp8Rt4Wb6==\n-----END PRIVATE KEY-----")
+ESCAPED = "ab\\cd\tef-7391"
+"""A password with a backslash and a tab: pytest's repr shows it as 'ab\\\\cd\\tef-7391'."""
+BEARER = "tok_9Zq4Wm7Xp2Lr8Vt"
+META_PASSWORD = "hunter22x-meta"
+
+SECRETS_TEST = '''
+import os
+
+
+def test_secrets_in_outputs():
+    print("curl said", os.environ["BEARER_SEEN"], "and pin", os.environ["BMC_PASSWORD"])
+    assert os.environ["TLS_KEY"] == "not the key\\nat all\\nthree lines"
+
+
+def test_escaped():
+    assert os.environ["DB_PASSWORD"] == "something else"
+'''
+
+
+def test_values_that_hold_secrets_are_scrubbed_wherever_the_secret_appears() -> None:
+    env = {"CURL_OPTS": f"-H 'Authorization: Bearer {BEARER}'", "NOTE": "password: pa55-note-9",
+           "CONN": "host=db token=zzq-77-token"}
+    scrub = Scrubber.from_environment(env, extra={"deploy": f"see password: {META_PASSWORD}"})
+    said = scrub(f"got {BEARER}, pa55-note-9, zzq-77-token and {META_PASSWORD}")
+    assert said == f"got {REDACTED}, {REDACTED}, {REDACTED} and {REDACTED}"
+    assert scrub("Authorization: Basic dXNlcjpwYXNz; X-Api-Key: k3y-value; password: 'pw-1'") == \
+        f"Authorization: Basic {REDACTED}; X-Api-Key: {REDACTED}; password: '{REDACTED}'"
+    # A colon after a message or a count is no secret: KeyError, tokens.
+    assert scrub("KeyError: 'x' after tokens: 4096") == "KeyError: 'x' after tokens: 4096"
+
+
+def test_every_line_of_a_secret_of_several_lines_and_its_escaped_forms() -> None:
+    scrub = Scrubber.from_environment({"TLS_KEY": PEM, "DB_PASSWORD": ESCAPED})
+    diff = "\n".join(f"E   - {line}" for line in PEM.splitlines()[1:3])
+    assert PEM.splitlines()[1] not in scrub(diff) and PEM.splitlines()[2] not in scrub(diff)
+    assert scrub(repr(ESCAPED)) == f"'{REDACTED}'" and scrub(json.dumps(ESCAPED)) == f'"{REDACTED}"'
+    assert scrub("== x") == "== x"  # the PEM's lines of punctuation are no secret
+
+
+@pytest.mark.slow  # a torchrun job
+def test_a_run_scrubs_values_diffs_and_escapes_but_never_its_report_directory(tmp_path: Path) -> None:
+    """BMC_PASSWORD=2026 and a report directory named for 2026: the outputs land there, named as given, while
+    2026 standing alone is scrubbed; the PEM key's lines in pytest's diff, the escaped password and a bearer
+    token found inside another variable's value reach no output."""
+    (tmp_path / "test_secrets.py").write_text(SECRETS_TEST)
+    report = tmp_path / "reports" / "run-2026"
+    env = {"BMC_PASSWORD": "2026", "TLS_KEY": PEM, "DB_PASSWORD": ESCAPED, "BEARER_SEEN": BEARER,
+           "CURL_OPTS": f"-H 'Authorization: Bearer {BEARER}'"}
+    r = run_job(tmp_path, ["--thresholds", str(ROOT / "thresholds.yaml"), "test_secrets.py", "-vv",
+                           "--metadata", "deploy_note", f"password: {META_PASSWORD}"], report_dir=report, env=env)
+    assert r.codes == [1], r.output[-3000:]
+    assert not (tmp_path / "reports" / REDACTED).exists() and not any("redacted" in p.name for p in
+                                                                       (tmp_path / "reports").iterdir())
+    written = {p.name: p.read_text(errors="replace") for p in report.iterdir() if p.is_file()}
+    assert {"results.json", "report.html", "junit.xml", "progress.jsonl"} <= set(written), sorted(written)
+    assert f"report directory {report}" in r.output and f"results: {report / 'results.json'}" in r.output
+    results = json.loads(written["results.json"])
+    assert f"and pin {REDACTED}" in results["tests"][0]["message"] or f"and pin {REDACTED}" in written["report.html"]
+    secrets = [BEARER, META_PASSWORD, ESCAPED, repr(ESCAPED)[1:-1], *PEM.splitlines()[1:4]]
+    for name, text in {**written, "terminal": r.output}.items():
+        assert not [s for s in secrets if s in text], (name, [s for s in secrets if s in text])

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from report_runs import demo_baseline, demo_reject, no_tests_run, results, schema_errors, world_run  # noqa: F401
+from report_runs import demo_baseline, demo_reject, no_tests_run, results, schema_errors  # noqa: F401
+from trust_runs import node_run, recorded  # noqa: F401
 
 
-def test_shipped_acceptance_run_matches_the_schema(world_run: Path) -> None:  # noqa: F811
-    data = results(world_run)
-    assert (world_run / "status").read_text() == "0", (world_run / "output.txt").read_text()
+def test_shipped_acceptance_run_matches_the_schema(node_run: Path) -> None:  # noqa: F811
+    data = recorded(node_run)
+    assert (node_run.parents[3] / "status").read_text() == "0", (node_run.parents[3] / "output.txt").read_text()
     assert schema_errors(data) == []
     assert data["verdict"] == "accept"
-    assert (world_run / "report" / "report.html").stat().st_size > 10_000
+    assert (node_run / "report.html").stat().st_size > 10_000
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)
@@ -22,8 +23,8 @@ def test_demo_runs_match_the_schema(demo_reject: Path, demo_baseline: Path) -> N
         assert schema_errors(results(run)) == [], (run / "output.txt").read_text()[-3000:]
 
 
-def test_schema_rejects_what_is_not_a_results_file(world_run: Path) -> None:  # noqa: F811
-    data = results(world_run)
+def test_schema_rejects_what_is_not_a_results_file(node_run: Path) -> None:  # noqa: F811
+    data = recorded(node_run)
     broken = {**data, "verdict": "maybe"}
     del broken["tests"]
     errors = schema_errors(broken)

@@ -41,7 +41,8 @@ def _signoff(tmp_path: Path, *, accepted: list[str], until: str = "",
     # report directory, as node.sh's preflight does.
     _exe(bin_dir / "srun", f"""#!/usr/bin/env bash
 r=$CLUSTERGATE_REPORT_DIR
-echo "srun $* | NNODES=$CLUSTERGATE_NNODES ENDPOINT=$CLUSTERGATE_RDZV_ENDPOINT REPORTS=$r" >> '{calls}'
+echo "srun $* | NNODES=$CLUSTERGATE_NNODES ENDPOINT=$CLUSTERGATE_RDZV_ENDPOINT REPORTS=$r" \
+    "RUN=${{CLUSTERGATE_RUN_ID:-}}" >> '{calls}'
 case $r in *'{{node}}') for n in gpu1 gpu2 gpu3; do mkdir -p "${{r%\\{{node\\}}}}$n"; done;; esac
 """)
     _exe(bin_dir / "python", f"""#!/usr/bin/env bash
@@ -72,11 +73,12 @@ def test_signoff_runs_the_four_phases_in_order(tmp_path: Path) -> None:
     assert node.startswith("srun --nodes=3 --ntasks=3 --ntasks-per-node=1 --cpu-bind=none --cpus-per-task=64 "
                            "--kill-on-bad-exit=0 --time=01:00:00 bash ")
     assert node.endswith(f"node.sh acceptance --level quick -m not multinode | NNODES=1 ENDPOINT= "
-                         f"REPORTS={run}/nodes/{{node}}")
+                         f"REPORTS={run}/nodes/{{node}} RUN=signoff-77")
     assert merge == (f"python -m clustergate.report merge {run}/nodes/gpu1 {run}/nodes/gpu2 {run}/nodes/gpu3 "
-                     f"-o {run}/ --expect-hosts gpu[1-3]")
+                     f"-o {run}/ --expect-hosts gpu[1-3] --level quick")  # the level the job ran: merge holds to it
     assert fabric.startswith("srun --nodes=2 --ntasks=2 ") and "--nodelist=gpu[1-2] --kill-on-bad-exit=1" in fabric
-    assert fabric.endswith(f"-m multinode | NNODES=2 ENDPOINT=gpu1:29500 REPORTS={run}/fabric")
+    # Every phase's run records the cluster run it is a part of: merge and sign-off take only this run's parts.
+    assert fabric.endswith(f"-m multinode | NNODES=2 ENDPOINT=gpu1:29500 REPORTS={run}/fabric RUN=signoff-77")
     assert signoff == f"python -m clustergate.report signoff {run}"
     assert "2 of 3 nodes accepted (gpu1,gpu2); excluded: gpu3" in proc.stdout
 
@@ -87,7 +89,7 @@ def test_signoff_gives_merge_and_signoff_the_runs_thresholds(tmp_path: Path, giv
     assert proc.returncode == 0, proc.stdout + proc.stderr
     node, merge, fabric, signoff = calls.splitlines()
     assert f"node.sh acceptance --level quick {' '.join(given)} -m not multinode" in node
-    assert merge.endswith("--expect-hosts gpu[1-3] --thresholds site/t.yaml")
+    assert merge.endswith("--expect-hosts gpu[1-3] --thresholds site/t.yaml --level quick")
     assert signoff.endswith("signoff-77 --thresholds site/t.yaml")
 
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from cluster_runs import node_results, write_node
 
 from clustergate.criteria import Figure
 from clustergate.thresholds import ThresholdsError, load
 
-ROOT = Path(__file__).resolve().parent.parent
+from torchrun_job import PLANTED_SUITE, ROOT, job_env, run_job
+
 REFERENCE = ROOT / "docs" / "reference-figures.md"
 MEASURED_ON_H100 = {"matmul_fp16_tflops", "matmul_tf32_tflops", "matmul_fp8_tflops", "matmul_bf16_sustained_tflops",
                     "hbm_bandwidth_tbps", "h2d_bandwidth_gbps", "d2h_bandwidth_gbps", "train_tokens_per_s_per_gpu",
@@ -189,3 +195,96 @@ def test_yaml_merge_keys_share_criteria_and_explicit_keys_override_them(tmp_path
     assert t.profile("base").metrics["xid_critical_events"].get("max") == 0
     assert t.profile("cpu").metrics["xid_critical_events"].get("max") == 0
     assert t.profile("cpu").metrics["ecc_corrected_delta"].get("max") == 50
+
+
+# ---- bad input is one line: never a traceback, never a hang -----------------------------------------------
+
+BOMB = "schema: 1\nfallback_profile: cpu\ncpu_profile: cpu\nprofiles:\n  cpu:\n    metrics: {x: {min: 1}}\n" \
+    "    description:\n" + "".join(
+        f"      - &l{i} [{', '.join(['*l' + str(i - 1)] * 9 if i else ['x'] * 9)}]\n" for i in range(9))
+"""An alias bomb: nine levels of nine aliases, a billion values once expanded (as str() of the description)."""
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (b"schema: 1\nprofiles:\n  cpu: {description: \"caf\xe9\"}\n", "not UTF-8 text (byte "),
+    (GOOD.replace("extends: base", "extends: [base, generic]").encode(), "profiles.child.extends: must name one "
+                                                                         "profile, got ['base', 'generic']"),
+    (b"schema: 1\nprofiles:\n  ? [a, b]\n  : {}\n", "a key must be a plain name, not a list or a mapping"),
+    (BOMB.encode(), "its aliases expand to more than 200000 values"),
+])
+def test_a_broken_yaml_file_is_one_error_naming_the_file(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "thresholds.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ThresholdsError) as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}: ") and says in str(caught.value), caught.value
+
+
+def test_a_directory_is_not_a_thresholds_file(tmp_path: Path) -> None:
+    with pytest.raises(ThresholdsError, match="a directory, not a thresholds file"):
+        load(tmp_path)
+
+
+def test_a_profile_whose_every_criterion_is_empty_is_not_a_sign_off(tmp_path: Path) -> None:
+    """It judges nothing: its runs are measured, never signed off (NOT A SIGN-OFF), though it says sign_off."""
+    th = load(write(tmp_path, GOOD.replace("cpu: {settings: {gpus_per_node: 0}}",
+                                           "cpu: {settings: {gpus_per_node: 0}, metrics: {matmul_bf16_tflops: {}}}")))
+    assert th.profile("cpu").sign_off is False and th.profile("base").sign_off is True
+
+
+def _cli(*args: str, module: str = "clustergate.report") -> subprocess.CompletedProcess[str]:
+    # A hang guard only: each command fails on its first input.
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=job_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+
+@pytest.mark.parametrize("bad", ["bomb", "directory"])
+def test_every_command_says_a_bad_thresholds_file_in_one_line(tmp_path: Path, bad: str) -> None:
+    path = tmp_path if bad == "directory" else tmp_path / "t.yaml"
+    if bad == "bomb":
+        path.write_text(BOMB)
+    node = write_node(tmp_path / "run" / "nodes", "gpu1", node_results("gpu1", 1))
+    for args, module in ((["merge", str(node), "-o", str(tmp_path / "run")], "clustergate.report"),
+                         (["signoff", str(tmp_path / "run")], "clustergate.report"),
+                         ([str(node / "results.json"), "-o", str(tmp_path / "r.html")], "clustergate.report"),
+                         ([str(node / "results.json"), "--extends", "cpu", "-o", str(tmp_path / "s.yaml")],
+                          "clustergate.calibrate")):
+        proc = _cli(*args, "--thresholds", str(path), module=module)
+        assert proc.returncode == 2 and "Traceback" not in proc.stdout, (args, proc.stdout)
+        assert len(proc.stdout.strip().splitlines()) == 1, (args, proc.stdout)
+
+
+@pytest.mark.parametrize("tolerance", ["nan", "-1", "inf"])
+def test_a_tolerance_that_is_not_a_relative_change_is_one_line(tmp_path: Path, tolerance: str) -> None:
+    node = write_node(tmp_path / "nodes", "gpu1", node_results("gpu1", 1))
+    proc = _cli(str(node / "results.json"), "--baseline", str(node / "results.json"), "--tolerance", tolerance,
+                "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines() == [
+        f"python -m clustergate.report: argument --tolerance: {tolerance!r} is not a relative change of 0 or more "
+        "(e.g. 0.05) (see --help)"], proc.stdout
+
+
+def test_a_run_judged_again_under_a_profile_that_bounds_nothing_is_not_a_sign_off(tmp_path: Path) -> None:
+    node = write_node(tmp_path / "nodes", "gpu1", node_results("gpu1", 1)) / "results.json"
+    site = tmp_path / "site.yaml"
+    data = yaml.safe_load((ROOT / "thresholds.yaml").read_text())
+    profile = data["profiles"]["h100-sxm-80gb"]
+    profile["metrics"] = {name: {} for name in profile["metrics"]}
+    profile.pop("expect", None)
+    site.write_text(yaml.safe_dump(data))
+    proc = _cli(str(node), "--thresholds", str(site), "--json-out", str(tmp_path / "j.json"), "-o",
+                str(tmp_path / "r.html"))
+    assert proc.returncode == 1, proc.stdout
+    judged = json.loads((tmp_path / "j.json").read_text())
+    assert judged["verdict"] == "unjudged" and judged["sign_off"] is False
+    assert "NOT A SIGN-OFF" in proc.stdout
+
+
+@pytest.mark.slow  # a torchrun job
+def test_a_run_given_a_broken_thresholds_file_stops_saying_why(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(BOMB)
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    r = run_job(tmp_path, [*PLANTED_SUITE, "--thresholds", str(tmp_path / "t.yaml"), "test_x.py"], nproc=1,
+                timeout=120)
+    assert r.codes == [1], r.output[-3000:]  # pytest's usage error on the rank; torchrun reports 1 (and its trace)
+    assert f"ERROR: {tmp_path / 't.yaml'}: its aliases expand to more than 200000 values" in r.output

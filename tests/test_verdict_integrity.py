@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_runs import node_results, write_node
+from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
 from torchrun_job import ROOT, job_env
 
@@ -61,7 +62,7 @@ def _no_tests(res: dict[str, Any]) -> None:
 
 def _all_skipped(res: dict[str, Any]) -> None:
     for t in res["tests"]:
-        t.update(outcome="skipped", metrics=[])
+        t.update(outcome="skipped", metrics=[], message=t["message"] or "relabelled", phases=["setup", "teardown"])
 
 
 def _no_outcome(res: dict[str, Any]) -> None:
@@ -96,6 +97,61 @@ def _profile_not_in_thresholds(res: dict[str, Any]) -> None:
     res["profile"] = "h100-site-calibrated"
 
 
+def _test(res: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(t for t in res["tests"] if t["nodeid"].endswith(name))
+
+
+def _duplicated(res: dict[str, Any]) -> None:
+    res["tests"].append(copy.deepcopy(_test(res, "test_hbm_bandwidth")))
+
+
+def _deleted(res: dict[str, Any]) -> None:
+    res["tests"].remove(_test(res, "test_hbm_bandwidth"))
+    res["selection"] = {**res.get("selection", {}), "selected": len(res["tests"])}
+
+
+def _relabelled_skipped(res: dict[str, Any]) -> None:
+    _test(res, "test_hbm_bandwidth").update(outcome="skipped", message="no HBM here")
+
+
+def _skipped_without_reason(res: dict[str, Any]) -> None:
+    _test(res, "test_hbm_bandwidth").update(outcome="skipped", message="", metrics=[])
+
+
+def _declared_metric_removed(res: dict[str, Any]) -> None:
+    test = _test(res, "test_gpt_throughput")
+    test["metrics"] = [m for m in test["metrics"] if m["name"] != "train_mfu"]
+
+
+def _gpu_figure_removed(res: dict[str, Any]) -> None:
+    _metric(res, "matmul_bf16_tflops")["per_rank"].pop(3)
+
+
+def _scope_forged(res: dict[str, Any]) -> None:
+    """A per-GPU figure restated as the job's, so that one figure stands for all eight."""
+    metric = _metric(res, "hbm_bandwidth_tbps")
+    metric.update(scope="world", per_rank=metric["per_rank"][:1])
+
+
+def _problems_in_a_passed_test(res: dict[str, Any]) -> None:
+    _test(res, "test_hbm_bandwidth")["problems"] = ["[call] failed on 1/8 ranks: 3"]
+
+
+def _failed_ranks_in_a_passed_test(res: dict[str, Any]) -> None:
+    _test(res, "test_hbm_bandwidth")["failed_ranks"] = [3]
+
+
+def _hollow(res: dict[str, Any]) -> None:
+    """--setup-only: no test body ran, every test recorded as passed without a figure."""
+    for t in res["tests"]:
+        t.update(outcome="passed", metrics=[], message="", problems=[], failed_ranks=[], phases=["setup", "teardown"])
+
+
+def _no_phases(res: dict[str, Any]) -> None:
+    for t in res["tests"]:
+        del t["phases"]
+
+
 FORGERIES: dict[str, tuple[Forgery, str]] = {
     # name: (forgery, what the merge's reason says)
     "metric-passed-below-min": (_slow_gpu_marked_passed, "records contradict the stored verdict accept: "),
@@ -111,6 +167,18 @@ FORGERIES: dict[str, tuple[Forgery, str]] = {
     "other-thresholds": (_other_thresholds, "it was judged by other thresholds than profile 'h100-sxm-80gb'"),
     "no-thresholds-digest": (_no_thresholds_digest, "does not say which thresholds judged it"),
     "profile-not-in-thresholds": (_profile_not_in_thresholds, "which "),
+    # Every manifest test once, each in full (a record is checked in full, not only what is present):
+    "test-duplicated": (_duplicated, "test_hbm_bandwidth is recorded 2 times"),
+    "test-deleted": (_deleted, "1 of the 89 tests of a complete node run did not run"),
+    "relabelled-skipped": (_relabelled_skipped, "is stored as skipped, but carries 1 metrics"),
+    "skipped-without-reason": (_skipped_without_reason, "is stored as skipped without a reason"),
+    "declared-metric-removed": (_declared_metric_removed, "stored as passed without its declared metrics train_mfu"),
+    "gpu-figure-removed": (_gpu_figure_removed, "has figures of ranks 0, 1, 2, 4, 5, 6, 7, not one of each"),
+    "scope-forged": (_scope_forged, "hbm_bandwidth_tbps is stored with scope 'world'; the suite records it per gpu"),
+    "problems-in-passed-test": (_problems_in_a_passed_test, "stored as passed, but records problems"),
+    "failed-ranks-in-passed-test": (_failed_ranks_in_a_passed_test, "stored as passed, but records failed ranks"),
+    "hollow-setup-only": (_hollow, "tests never ran their body"),
+    "no-phases": (_no_phases, "do not say which phases ran"),
 }
 RAW_FILES: dict[str, tuple[bytes, str]] = {
     "nan": (b'{"schema": 1, "verdict": "accept", "duration_s": NaN}', "NaN is not a number JSON allows"),
@@ -118,6 +186,8 @@ RAW_FILES: dict[str, tuple[bytes, str]] = {
     "deep-nesting": (b'{"schema": 1, "verdict": "accept", "details": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
                      "nested deeper"),
     "not-an-object": (b"[1, 2, 3]", "not a valid results.json"),
+    "duplicate-key": (b'{"schema": 1, "verdict": "reject", "verdict": "accept"}', "'verdict' is given twice"),
+    "huge-number": (b'{"schema": 1, "verdict": "accept", "duration_s": 1e999}', "1e999 is beyond what a float"),
 }
 
 
@@ -165,6 +235,24 @@ def test_merge_excludes_a_file_that_is_not_strict_results_json(tmp_path: Path, g
     nodes = _forged_run(tmp_path, good, raw=raw)
     proc = cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run"))
     _assert_gpu2_excluded(tmp_path, proc, says)
+
+
+@pytest.mark.parametrize(("kind", "says"), [("fifo", "a FIFO, not a regular file"),
+                                           ("link-to-device", "a device, not a regular file")])
+def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path: Path, good: dict[str, Any],
+                                                                        kind: str, says: str) -> None:
+    """A FIFO would block the reader forever, a device never end: both are refused without reading a byte."""
+    nodes = _forged_run(tmp_path, good)
+    path = nodes / "gpu2" / "results.json"
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    proc = cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run"))
+    _assert_gpu2_excluded(tmp_path, proc, says)
+    proc = cli(str(path), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 2 and len(proc.stdout.strip().splitlines()) == 1 and says in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("name", [*FORGERIES, *RAW_FILES])
@@ -221,52 +309,89 @@ def test_signoff_does_not_take_the_merged_lists_on_trust(tmp_path: Path) -> None
     out = json.loads((tmp_path / "run" / "signoff.json").read_text())
     assert "gpu2" not in out["accepted"] and out["verdict"] == "reject"
     assert any("its node directories do not support" in r for r in out["reasons"])
-    assert "gpu2" not in (tmp_path / "run" / "signoff-accepted-hosts.txt").read_text()
+    assert not (tmp_path / "run" / "signoff-accepted-hosts.txt").exists()  # a sign-off that rejects lists none
 
 
-@pytest.mark.parametrize("name", ["metric-passed-below-min", "fewer-tests-than-selected", "error-with-accept",
-                                  "criterion-lowered", "other-thresholds"])
-def test_signoff_recomputes_the_fabric_verdict(tmp_path: Path, good: dict[str, Any], name: str) -> None:
+def _per_rank_removed(res: dict[str, Any]) -> None:
+    """The failing GPU's figure taken out of a metric (its test and metric relabelled passed)."""
+    metric = res["tests"][0]["metrics"][0]
+    metric["per_rank"].pop(3)
+
+
+def _test_duplicated(res: dict[str, Any]) -> None:
+    res["tests"].append(copy.deepcopy(res["tests"][0]))
+
+
+FABRIC_FORGERIES: dict[str, Forgery] = {
+    "fewer-tests-than-selected": _too_few_tests, "error-with-accept": _error_kept_with_accept,
+    "other-thresholds": _other_thresholds, "no-thresholds-digest": _no_thresholds_digest,
+    "per-rank-figure-removed": _per_rank_removed, "test-duplicated": _test_duplicated,
+}
+
+
+def _merged(tmp_path: Path) -> Path:
+    """gpu1 and gpu2 merged and accepted into tmp_path/run (run id: tmp_path's name)."""
     nodes = tmp_path / "nodes"
     for i, host in enumerate(["gpu1", "gpu2"]):
         write_node(nodes, host, node_results(host, i))
     assert cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run")).returncode == 0
-    fabric = node_results("gpu1", 5)  # per-GPU figures on two hosts, as a fabric run has
-    fabric["nodes"].append({**fabric["nodes"][0], "host": "gpu2", "node_rank": 1})
-    fabric["selection"] = {"k": None, "m": "multinode", "level": "standard", "selected": len(fabric["tests"]),
-                           "deselected": 30}
-    FORGERIES[name][0](fabric)
-    (tmp_path / "run" / "fabric").mkdir()
-    (tmp_path / "run" / "fabric" / "results.json").write_text(json.dumps(fabric))
-    proc = cli("signoff", str(tmp_path / "run"))
+    return tmp_path / "run"
+
+
+def test_signoff_signs_a_complete_fabric_run_of_its_run(tmp_path: Path) -> None:
+    """The unforged case of the two tests below: it is their forgeries that keep the sign-off back."""
+    run = _merged(tmp_path)
+    write_fabric(run, fabric_results(["gpu1", "gpu2"], tmp_path.name))
+    proc = cli("signoff", str(run))
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("name", list(FABRIC_FORGERIES))
+def test_signoff_recomputes_the_fabric_verdict(tmp_path: Path, name: str) -> None:
+    run = _merged(tmp_path)
+    fabric = fabric_results(["gpu1", "gpu2"], tmp_path.name)
+    FABRIC_FORGERIES[name](fabric)
+    write_fabric(run, fabric)
+    proc = cli("signoff", str(run))
     assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout
-    assert json.loads((tmp_path / "run" / "signoff.json").read_text())["verdict"] == "reject"
+    assert json.loads((run / "signoff.json").read_text())["verdict"] == "reject"
+    assert not (run / "signoff-accepted-hosts.txt").exists()
 
 
-@pytest.mark.parametrize(("selection", "says"), [
-    ({"k": "allreduce", "m": "multinode", "multinode": 2, "multinode_deselected": 19}, "left out 19 multinode tests"),
-    ({"k": None, "m": "multinode and not pairs", "multinode": 20, "multinode_deselected": 1},
-     "left out 1 multinode tests"),
-    ({"k": None, "m": "not multinode", "multinode": 0, "multinode_deselected": 21}, "left out 21"),
-    ({"k": "gpu", "m": None, "multinode": 0, "multinode_deselected": 0}, "selected no multinode test"),
-    # A record from before the counts: any -k, or a -m other than multinode, is refused.
-    ({"k": "allreduce", "m": "multinode"}, "narrowed with -k 'allreduce'"),
-    ({"k": None, "m": "multinode and not pairs"}, "not -m multinode"),
+def _only(*kept: str) -> Forgery:
+    def narrow(res: dict[str, Any]) -> None:
+        res["tests"] = [t for t in res["tests"] if any(k in t["nodeid"] for k in kept)]
+    return narrow
+
+
+def _hollow(res: dict[str, Any]) -> None:
+    """--setup-only: every test recorded as passed, no call phase ran, no figure measured."""
+    for t in res["tests"]:
+        t.update(outcome="passed", metrics=[], message="", phases=["setup", "teardown"])
+
+
+@pytest.mark.parametrize(("narrow", "selection", "says"), [
+    (_only("net-all_reduce"), {"k": "net-all_reduce"}, "8 of the 9 tests of a complete fabric run did not run "
+                                                       "(-k 'net-all_reduce', -m 'multinode')"),
+    (_only("test_node.py"), {"args": ["acceptance/test_node.py"]}, "8 of the 9 tests of a complete fabric run "
+                                                                   "did not run (-m 'multinode', paths "
+                                                                   "acceptance/test_node.py)"),
+    (_only("net-"), {"deselect": ["acceptance/test_interconnect.py::test_gpu_pairs[internode]"]},
+     "3 of the 9 tests of a complete fabric run did not run (-m 'multinode', --deselect (1)): "
+     "test_gpu_pairs[internode]"),
+    (_hollow, {"modes": ["setup-only"]}, "9 tests never ran their body"),
 ])
-def test_signoff_signs_only_a_fabric_run_that_selected_every_multinode_test(
-        tmp_path: Path, selection: dict[str, Any], says: str) -> None:
-    nodes = tmp_path / "nodes"
-    for i, host in enumerate(["gpu1", "gpu2"]):
-        write_node(nodes, host, node_results(host, i))
-    assert cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run")).returncode == 0
-    fabric = node_results("gpu1", 5)
-    fabric["nodes"].append({**fabric["nodes"][0], "host": "gpu2", "node_rank": 1})
-    fabric["selection"] = {**selection, "level": "standard", "selected": len(fabric["tests"]), "deselected": 30}
-    (tmp_path / "run" / "fabric").mkdir()
-    (tmp_path / "run" / "fabric" / "results.json").write_text(json.dumps(fabric))
-    proc = cli("signoff", str(tmp_path / "run"))
+def test_signoff_signs_only_a_complete_fabric_run(tmp_path: Path, narrow: Forgery, selection: dict[str, Any],
+                                                  says: str) -> None:
+    """However the fabric run was narrowed or hollowed, the sign-off counts what it ran against the manifest."""
+    run = _merged(tmp_path)
+    fabric = fabric_results(["gpu1", "gpu2"], tmp_path.name)
+    narrow(fabric)
+    fabric["selection"].update(selection, selected=len(fabric["tests"]))
+    write_fabric(run, fabric)
+    proc = cli("signoff", str(run))
     assert proc.returncode == 1, proc.stdout
-    out = json.loads((tmp_path / "run" / "signoff.json").read_text())
+    out = json.loads((run / "signoff.json").read_text())
     assert out["verdict"] == "reject" and any(says in r for r in out["reasons"]), out["reasons"]
 
 

@@ -35,13 +35,19 @@ class JobResult:
         return json.loads((self.report_dir / "results.json").read_text())
 
 
+PLANTED_SUITE = ["-p", "tests.faults.planted_suite"]
+"""pytest arguments that make the planted test files the whole suite (tests/faults/planted_suite.py)."""
+
+
 def plant(cwd: Path, fault: str, hooks: str | None = None) -> list[str]:
     """Copy ``tests/faults/FAULT.py`` to ``cwd/test_fault.py`` (and ``HOOKS.py``, hooks that act between
-    tests, to ``conftest.py``); the pytest arguments that run it against the shipped thresholds."""
+    tests, to ``conftest.py``); the pytest arguments that run it against the shipped thresholds, as the whole
+    suite (``tests/faults/planted_suite.py``, copied beside it: a rank given another PYTHONPATH loads it too)."""
     shutil.copy(FAULTS / f"{fault}.py", cwd / "test_fault.py")
+    shutil.copy(FAULTS / "planted_suite.py", cwd / "planted_suite.py")
     if hooks is not None:
         shutil.copy(FAULTS / f"{hooks}.py", cwd / "conftest.py")
-    return ["--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"]
+    return ["--thresholds", str(ROOT / "thresholds.yaml"), "-p", "planted_suite", "test_fault.py"]
 
 
 def free_port() -> int:

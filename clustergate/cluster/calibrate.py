@@ -18,14 +18,23 @@ calibration does not change (configuration: persistence mode, versions, ...) are
 node shape differs from the shipped profile's (an 8-GPU all_reduce minimum says nothing of a 2-GPU
 node); ``--override-spec`` calibrates them all. Each calibrated entry says ``source: {kind: measured,
 tool, machine, date, n, runs}``, with its statistics in a comment above it. Old against new is printed.
+
+It writes only what it can stand behind: every run must be complete (``clustergate.completeness``), of one
+level, of the GPU model ``--extends`` is for (CPU runs calibrate only a CPU profile, GPU runs never one);
+and before the file is written every run is judged again under the new profile: if a GPU (node, job) that
+calibration kept would fail it, nothing is written and the error names the run, the metric and the part.
+The file is written whole, never through a link, and never over one of the runs or ``--thresholds``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +43,8 @@ from typing import Any
 import yaml
 
 from clustergate.cluster import calibration_samples as runs_data
+from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
+from clustergate.report.rejudge import rejudge
 from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
 
 DEFAULT_FRACTION = 0.9
@@ -222,8 +233,64 @@ def table(changes: list[Change]) -> str:
     return "\n".join(rows)
 
 
+def model_problem(model: str, base: Profile, cpu_profile: str) -> str | None:
+    """Why runs of ``model`` cannot calibrate ``base`` (None when they can): CPU runs only the CPU profile (or one
+    for no GPU), GPU runs only a profile whose ``match`` names their model."""
+    cpu_base = base.name == cpu_profile or base.settings.get("gpus_per_node") == 0
+    if model == runs_data.CPU_MODEL:
+        if cpu_base:
+            return None
+        return (f"the runs are CPU runs (no GPU), but profile {base.name!r} is for GPUs ({list(base.match)}, "
+                f"{base.settings.get('gpus_per_node', '?')} a node): a CPU's figures say nothing of them; pass "
+                f"--extends {cpu_profile}, or give runs of that GPU model")
+    if cpu_base:
+        return f"the runs' GPUs are {model!r} but profile {base.name!r} is for nodes without a GPU: pass --extends " \
+               "with the profile of that model"
+    if base.match and not any(m.lower() in model.lower() for m in base.match):
+        return (f"the runs' GPUs are {model!r} but profile {base.name!r} matches {list(base.match)}; pass --extends "
+                "with the profile of that model")
+    return None
+
+
+def would_fail(runs: list[runs_data.Run], profile: Profile, samples: runs_data.SampleSet) -> list[str]:
+    """Every part calibration kept as healthy (no health check failed, an outlier in no metric) that the new profile
+    fails, per run and metric: a profile that rejects the healthy machines it was calibrated on is not written."""
+    unhealthy = {(x.run, x.where) for got in samples.values() for x, _ in got.left_out}
+    out = []
+    for i, run in enumerate(runs):
+        judged = rejudge(run.results, profile)
+        for test in judged["tests"]:
+            for m in test.get("metrics") or []:
+                for part in m.get("per_rank") or []:
+                    where = runs_data.where_of(part, m.get("scope", "gpu"))
+                    if part.get("passed", True) or (i, where) in unhealthy:
+                        continue
+                    out.append(f"{run.path}: {m['name']}={part['value']:.4g} at {where} fails the new profile "
+                               f"({Criterion.from_json(m.get('criterion')).text()})")
+    return out
+
+
+def _candidate(text: str, out: Path, name: str) -> Profile:
+    """The new profile as ``--thresholds`` will load it: the text loaded from a private file beside ``out``."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".check.yaml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            return load(tmp).profile(name)
+        except ThresholdsError as exc:  # name the file it would have been, not the private one
+            raise ThresholdsError(str(exc).replace(tmp, str(out))) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clustergate.calibrate", description=__doc__,
+    return main_guarded("clustergate.calibrate", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = Parser(prog="python -m clustergate.calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="*", help="results.json of finished runs (one GPU model, one node shape)")
     parser.add_argument("--extends", required=True, help="the shipped profile to extend, e.g. h200")
@@ -240,29 +307,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--override-spec", action="store_true", help="calibrate spec criteria too")
     args = parser.parse_args(argv)
     try:
-        if not 0 < args.fraction < 1 or args.min_samples < 1:
+        if not 0 < args.fraction < 1 or args.min_samples < 1:  # nan fails the first
             raise runs_data.CalibrationError(f"--fraction {args.fraction} must lie in (0, 1) and --min-samples "
                                          f"{args.min_samples} be at least 1")
         out = Path(args.output)
+        if out.is_dir():
+            raise runs_data.CalibrationError(f"-o {out} is a directory: name the site profile's file "
+                                             "(-o site-thresholds.yaml)")
         if out.resolve() == Path(args.thresholds).resolve():
             raise runs_data.CalibrationError(f"-o {out} is the --thresholds file it extends: write the site profile "
                                              "to a file of its own (-o site-thresholds.yaml)")
+        refuse_inputs("-o", [out], [Path(r) for r in args.results] + [Path(args.thresholds)],
+                      "write the site profile to a file of its own (-o site-thresholds.yaml)")
         if out.exists() and not args.force:
             raise runs_data.CalibrationError(f"-o {out} exists: pass --force to overwrite it, or choose another -o")
         runs = [runs_data.load_run(p) for p in args.results]
         model, gpus_per_node = runs_data.check_alike(runs)
-        base = load(args.thresholds).profile(args.extends)
-        if base.match and model != runs_data.CPU_MODEL and not any(m.lower() in model.lower() for m in base.match):
-            raise runs_data.CalibrationError(f"the runs' GPUs are {model!r} but profile {base.name!r} matches "
-                                         f"{list(base.match)}; pass --extends with the profile of that model")
+        thresholds = load(args.thresholds)
+        base = thresholds.profile(args.extends)
+        if (problem := model_problem(model, base, thresholds.cpu_profile)) is not None:
+            raise runs_data.CalibrationError(problem)
         samples = runs_data.collect(runs)
         changes = plan(base, samples, gpus_per_node, args.fraction, args.min_samples, args.override_spec,
                        model_has_gpus=model != runs_data.CPU_MODEL)
         name = args.name or f"{base.name}-site"
         text = render(name, base, Path(args.thresholds), runs, model, gpus_per_node, changes, samples, args.fraction)
-        out.write_text(text)
-        load(out).profile(name)  # what we wrote must load, or it is not written as a success
-    except (runs_data.CalibrationError, ThresholdsError, OSError) as exc:
+        failing = would_fail(runs, _candidate(text, out, name), samples)  # it must load, and pass what it came from
+        if failing:
+            more = f" (and {len(failing) - 5} more)" if len(failing) > 5 else ""
+            raise runs_data.CalibrationError("nothing written: the new profile would fail parts of the runs it was "
+                                             "calibrated from that calibration kept as healthy: "
+                                             + "; ".join(failing[:5]) + more + "; give runs of healthy nodes, a lower "
+                                             "--fraction, or --override-spec where a spec criterion fails them")
+        write_text(out, text)
+    except (runs_data.CalibrationError, ThresholdsError, OutputError, OSError) as exc:
         print(f"clustergate.calibrate: {exc}", file=sys.stderr)
         return 2
     print(f"{len(runs)} run(s) of {model}, {gpus_per_node} ranks a node -> profile {name!r} in {out}")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import resultsfile
+from clustergate import completeness, resultsfile
+from clustergate import manifest as suite_manifest
 from clustergate.verdict import contradiction
 
 HEALTH_TESTS = ("test_gpu_inventory.py",)
@@ -42,6 +43,7 @@ class Run:
     model: str
     gpus_per_node: int
     started: str
+    level: str = "standard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +73,20 @@ def _fail(path: Path, problem: str) -> CalibrationError:
 
 
 def load_run(path: str | Path) -> Run:
-    """One finished run's results.json, checked: a clustergate results file, finished, one GPU model, one node shape."""
+    """One finished run's results.json, checked: a clustergate results file, finished, complete (every test of a
+    node or fabric run: a partial run's figures describe what it happened to run), one GPU model, one node shape."""
     path = Path(path)
     try:
         data = resultsfile.read(path)
     except resultsfile.ResultsFileError as exc:
         raise CalibrationError(f"{exc}; give the results.json files of finished runs") from None
-    if (problem := contradiction(data)) is not None:
+    manifest = suite_manifest.shipped()
+    if (problem := contradiction(data, manifest)) is not None:
         raise _fail(path, f"its records contradict themselves ({problem}): not calibrated from")
     if data.get("verdict") == "running":
         raise _fail(path, "the run did not finish (verdict 'running'); calibrate from finished runs only")
+    if partial := completeness.partial(data, manifest):
+        raise _fail(path, f"a partial run ({'; '.join(partial)}): calibrate from complete runs only")
     names = {g.get("name") for n in data["nodes"] for g in n.get("gpus", [])} - {None}
     if len(names) > 1:
         raise _fail(path, f"GPUs of different models in one run ({', '.join(sorted(names))}); calibrate one model "
@@ -91,14 +97,15 @@ def load_run(path: str | Path) -> Run:
     if not shapes or not data["tests"]:
         raise _fail(path, "the run has no nodes or no tests: nothing was measured")
     return Run(path=path, results=data, model=names.pop() if names else CPU_MODEL, gpus_per_node=shapes.pop(),
-               started=str(data.get("started") or "?"))
+               started=str(data.get("started") or "?"), level=str(data.get("level")))
 
 
 def check_alike(runs: list[Run]) -> tuple[str, int]:
     """The runs' one GPU model and node shape; a clear error when they differ."""
     if not runs:
         raise CalibrationError("no results.json given; pass the results.json files of one or more finished runs")
-    for what, key in (("GPU models", "model"), ("node shapes (ranks per node)", "gpus_per_node")):
+    for what, key in (("GPU models", "model"), ("node shapes (ranks per node)", "gpus_per_node"),
+                      ("levels (a figure at quick is not one at standard)", "level")):
         seen = {getattr(r, key) for r in runs}
         if len(seen) > 1:
             listing = "; ".join(f"{r.path}: {getattr(r, key)}" for r in runs)
@@ -106,7 +113,8 @@ def check_alike(runs: list[Run]) -> tuple[str, int]:
     return runs[0].model, runs[0].gpus_per_node
 
 
-def _where(entry: dict[str, Any], scope: str) -> str:
+def where_of(entry: dict[str, Any], scope: str) -> str:
+    """A part as calibration names it: "HOST gpu N serial S", "node N (HOST)" or "whole job"."""
     if scope == "world":
         return "whole job"
     if scope == "node":
@@ -344,7 +352,7 @@ def collect(runs: list[Run]) -> SampleSet:
                 scope = m.get("scope", "gpu")
                 samples = out.setdefault(m["name"], Samples(m["name"], m.get("unit", ""), scope))
                 for entry in m.get("per_rank") or [{"value": m["value"], "rank": 0}]:
-                    sample = Sample(float(entry["value"]), i, _where(entry, scope))
+                    sample = Sample(float(entry["value"]), i, where_of(entry, scope))
                     if scope == "gpu" and entry.get("rank") in sick:
                         samples.left_out.append((sample, f"{sick[entry['rank']]} in {run.path}"))
                     else:

@@ -77,11 +77,12 @@ class FleetMetric:
 
 
 def collect(runs: list[NodeRun]) -> list[FleetMetric]:
-    """Every judged-or-recorded metric with per-rank values, across every node that has results."""
+    """Every judged-or-recorded metric with per-rank values, across every node that has results and is a part of
+    this cluster run (an unbound node's figures are not the fleet's)."""
     metrics: dict[tuple[str, str, str], FleetMetric] = {}
     for run in runs:
         res = run.results
-        if not res:
+        if not res or run.verdict == "unbound":
             continue
         profile = str(res.get("profile", "?"))
         for test in res.get("tests", []):

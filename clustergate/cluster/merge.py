@@ -1,7 +1,7 @@
 """``python -m clustergate.report merge``: the node phase's directories -> one cluster report.
 
     python3 -m clustergate.report merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
-        [--thresholds FILE]
+        [--thresholds FILE] [--level LEVEL] [--run-id RUN_ID] [--window HOURS]
 
 Writes into the output directory:
 
@@ -13,16 +13,22 @@ Writes into the output directory:
 - ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason``),
   ``accepted-hostlist.txt`` and ``excluded-hostlist.txt`` (one Slurm hostlist, ``gpu[001-007,009]``).
 
-A node is accepted when its own run accepted it and no GPU of it is a fleet outlier (below the
-criterion's ``outlier_fraction`` of the fleet median; a ``severity: warn`` criterion only warns).
-Each node's results.json is checked against the schema and its verdict computed again from its
-records (``clustergate.verdict.of_record``): a stored "accept" the records do not support is excluded,
-saying "records contradict the stored verdict". Every run is held to ``--thresholds`` (default the shipped
-file, ``clustergate.cluster.judged_by``): its profile must be there, its recorded digest that profile's and
-each stored criterion the profile's. The host the file names must be its directory's name.
-Expected hosts (``--expect-hosts``) with no directory, directories without a usable results.json, and
-results that still say "running" (a killed or hung run) are excluded as missing; a host with results
-that is not expected is excluded too. ``-o`` may not be a node directory, nor hold a node's results.
+A node is accepted when its own run accepted it as a complete node run at ``--level`` or more (default
+standard: a run that ran less, by any option, is partial and excluded, saying what it left out) and no GPU
+of it is a fleet outlier (below the criterion's ``outlier_fraction`` of the fleet median; a ``severity:
+warn`` criterion only warns). Each node's results.json is checked against the schema and its verdict
+computed again from its records and the suite's manifest (``clustergate.verdict.of_record``): a stored
+"accept" the records do not support is excluded, saying "records contradict the stored verdict". Every run
+is held to ``--thresholds`` (default the shipped file, ``clustergate.cluster.judged_by``): its profile must be
+there, its recorded digest that profile's and each stored criterion the profile's. The host the file names
+must be its directory's name. Each node file must be this cluster run's (``clustergate.cluster.binding``):
+its run id ``--run-id`` (default: the name of the directory above ``nodes/``), started within ``--window``
+hours of the node phase's median start, and no GPU serial or UUID that another host names. The merged
+results.json keeps each node file's digest. Expected hosts (``--expect-hosts``) with no directory,
+directories without a usable results.json, and results that still say "running" (a killed or hung run)
+are excluded as missing; a host with results that is not expected is excluded too. ``-o`` may not be a
+node directory, nor hold a node's results; an earlier merge's outputs there are moved to
+``earlier/<UTC time>/`` first, and every file is written whole, never through a link.
 
 Exit status: 0 when every node (every expected node, and every node given) was accepted; 1 when any
 was excluded or missing; 2 when an input cannot be used.
@@ -31,14 +37,17 @@ Cluster results.json (schema 1)::
 
     {"schema": 1, "kind": "cluster", "verdict": "accept" | "reject", "sign_off": bool,
      "created": ISO-8601, "merge_s": float (reading and judging, before the report is drawn), "output": DIR,
+     "run_id": str, "level": str (the level required), "manifest": str (digest of the suite's manifest),
+     "window": {"hours", "median_start", "from", "to"},
      "expected": {"source": str, "hosts": [str]} | null,
      "counts": {"expected": int | null, "results": int, "accepted": int, "excluded": int, "missing": int,
                 "fleet_outliers": int},
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node", "reasons": [str]}], "excluded_hostlist": str,
      "thresholds": str, "profiles": [str], "levels": [str], "warnings": [str],
-     "nodes": [{"host", "directory", "status": "accepted" | "excluded",
-                "verdict": "accept" | "reject" | "running" | "unreadable" | "missing",
+     "nodes": [{"host", "directory", "digest": "sha256:..." | null, "run_id", "status": "accepted" | "excluded",
+                "verdict": "accept" | "reject" | "partial" | "unjudged" | "running" | "unreadable" | "missing"
+                           | "unbound",
                 "profile", "level", "started", "duration_s", "ranks", "gpus", "gpu_models": [str],
                 "tests": {outcome: count}, "failed_tests": [{"nodeid", "outcome", "summary"}],
                 "reasons": [str], "warnings": [str],
@@ -55,24 +64,34 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate import manifest as suite_manifest
 from clustergate import resultsfile
+from clustergate.cluster import binding
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.hostlist import HostlistError, compress, read_hosts
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
-from clustergate.results import write_json
+from clustergate.manifest import LEVELS
+from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
+from clustergate.redact import keep
+from clustergate.results import encode
 from clustergate.thresholds import Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
 
 SCHEMA = 1
+DEFAULT_LEVEL = "standard"
+LISTS = ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt", "excluded-hostlist.txt")
+OUTPUTS = ("results.json", "report.html", *LISTS)
+"""What a merge writes into -o; an earlier merge's are moved to earlier/<UTC time>/ before any is written."""
 
 
 def parser() -> argparse.ArgumentParser:
     head, _, rest = __doc__.partition("\n\n")
-    p = argparse.ArgumentParser(prog="python -m clustergate.report merge", description=head,
+    p = Parser(prog="python -m clustergate.report merge", description=head,
                                 epilog=rest.split("Cluster results.json")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("nodes", nargs="*", type=Path, metavar="NODE_DIR",
@@ -83,7 +102,30 @@ def parser() -> argparse.ArgumentParser:
                    help="the hosts that should have a result: a file (one name or hostlist a line) or a Slurm "
                         "hostlist such as gpu[001-016]; a host without a result is excluded as missing")
     add_thresholds_option(p)
+    add_level_option(p)
+    p.add_argument("--run-id", default=None, metavar="RUN_ID",
+                   help="the cluster run the node files must belong to (their CLUSTERGATE_RUN_ID; default: the name "
+                        "of the directory above nodes/, RUN_ID of REPORTS/RUN_ID/nodes/*)")
+    p.add_argument("--window", type=_hours, default=binding.WINDOW_H, metavar="HOURS",
+                   help=f"a node file must have started within this many hours of the node phase's median start "
+                        f"(default {binding.WINDOW_H:g})")
     return p
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 24 * 365:  # nan fails this too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours above 0")
+    return value
+
+
+def add_level_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--level", choices=LEVELS, default=DEFAULT_LEVEL,
+                   help=f"the level the site requires: a node run at a lower level ran less and is excluded "
+                        f"(default {DEFAULT_LEVEL})")
 
 
 def add_thresholds_option(p: argparse.ArgumentParser) -> None:
@@ -100,7 +142,8 @@ def load_thresholds(path: Path | None) -> Thresholds:
         raise MergeInputError(f"--thresholds: {exc}") from None
 
 
-def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds) -> tuple[list[NodeRun], list[str]]:
+def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds,
+           level: str = DEFAULT_LEVEL) -> tuple[list[NodeRun], list[str]]:
     """Every node given or expected, in host order, and warnings about the input."""
     runs: dict[str, NodeRun] = {}
     warnings: list[str] = []
@@ -110,7 +153,7 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
         if path.is_file() and path.name != "results.json":
             warnings.append(f"{path}: not a node directory, left out")
             continue
-        run = read_node(path, thresholds)
+        run = read_node(path, thresholds, level)
         if run.host in runs:
             first = runs[run.host]
             first.reasons.append(f"two result directories name this host ({first.directory} and {run.directory}): "
@@ -129,13 +172,27 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
     return [runs[h] for h in sorted(runs)], warnings
 
 
-def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
-                ) -> tuple[list[NodeRun], list[fleet_mod.FleetMetric], int, list[str]]:
-    """Every node read and judged, then set against the fleet: what merge writes and sign-off checks again."""
-    runs, warnings = gather(paths, expected, thresholds)
+@dataclass(slots=True)
+class Judged:
+    """The node phase read, bound to its run, judged and set against the fleet."""
+
+    runs: list[NodeRun]
+    fleet: list[fleet_mod.FleetMetric]
+    outliers: int
+    warnings: list[str]
+    window: dict[str, Any]
+
+
+def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thresholds, *, run_id: str,
+                level: str = DEFAULT_LEVEL, window_h: float = binding.WINDOW_H,
+                now: datetime | None = None) -> Judged:
+    """Every node read and judged, bound to run ``run_id``, then set against the fleet: what merge writes and
+    sign-off checks again (``now``: the time the parts must have started before: the merge's)."""
+    runs, warnings = gather(paths, expected, thresholds, level)
+    window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc))
     fleet = fleet_mod.collect(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
-    return runs, fleet, outliers, warnings
+    return Judged(runs, fleet, outliers, warnings, window)
 
 
 def check_output(output: Path, paths: list[Path]) -> None:
@@ -147,6 +204,12 @@ def check_output(output: Path, paths: list[Path]) -> None:
         if directory.resolve() == target:
             raise MergeInputError(f"-o {output} is one of the node directories given: merge would overwrite "
                                   "that node's results; write to REPORTS/RUN_ID/ (the node directories' parent)")
+    nodes = [p if p.name == "results.json" else p / "results.json" for p in paths]
+    try:
+        refuse_inputs("-o", [output / name for name in OUTPUTS], nodes,
+                      "write to REPORTS/RUN_ID/ (the node directories' parent)")
+    except OutputError as exc:
+        raise MergeInputError(str(exc)) from None
     existing = output / "results.json"
     if existing.is_file():
         try:
@@ -158,9 +221,9 @@ def check_output(output: Path, paths: list[Path]) -> None:
                                   "unreadable): merge would overwrite it; choose the run's directory REPORTS/RUN_ID/")
 
 
-def cluster_results(runs: list[NodeRun], fleet: list[fleet_mod.FleetMetric], outliers: int,
-                    expected: tuple[str, list[str]] | None, warnings: list[str], output: Path,
+def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, output: Path,
                     seconds: float) -> dict[str, Any]:
+    runs, fleet, outliers, warnings = judged.runs, judged.fleet, judged.outliers, judged.warnings
     accepted = [r.host for r in runs if r.status == ACCEPTED]
     excluded = [r for r in runs if r.status != ACCEPTED]
     with_results = [r.results for r in runs if r.results]
@@ -192,45 +255,63 @@ def cluster_results(runs: list[NodeRun], fleet: list[fleet_mod.FleetMetric], out
 
 
 def write_lists(output: Path, lists: dict[str, Any], prefix: str = "",
-                excluded_line: Callable[[dict[str, Any]], str] | None = None) -> None:
-    """accepted-hosts.txt (one host a line), excluded-hosts.txt (``HOST<TAB>reasons``) and both as hostlists."""
+                excluded_line: Callable[[dict[str, Any]], str] | None = None, accepted: bool = True) -> None:
+    """accepted-hosts.txt (one host a line), excluded-hosts.txt (``HOST<TAB>reasons``) and both as hostlists;
+    ``accepted`` False: the excluded lists alone (a sign-off that does not accept leaves no accepted list)."""
     line = excluded_line or (lambda e: f"{e['host']}\t{'; '.join(e['reasons'])}")
-    (output / f"{prefix}accepted-hosts.txt").write_text("".join(f"{h}\n" for h in lists["accepted"]))
-    (output / f"{prefix}excluded-hosts.txt").write_text("".join(f"{line(e)}\n" for e in lists["excluded"]))
-    (output / f"{prefix}accepted-hostlist.txt").write_text(lists["accepted_hostlist"] + "\n")
-    (output / f"{prefix}excluded-hostlist.txt").write_text(lists["excluded_hostlist"] + "\n")
+    write_text(output / f"{prefix}excluded-hosts.txt", "".join(f"{line(e)}\n" for e in lists["excluded"]))
+    write_text(output / f"{prefix}excluded-hostlist.txt", lists["excluded_hostlist"] + "\n")
+    if accepted:
+        write_text(output / f"{prefix}accepted-hosts.txt", "".join(f"{h}\n" for h in lists["accepted"]))
+        write_text(output / f"{prefix}accepted-hostlist.txt", lists["accepted_hostlist"] + "\n")
 
 
-def merge(paths: list[Path], output: Path, expect: str | None = None,
-          thresholds: Path | None = None) -> dict[str, Any]:
+def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds: Path | None = None, *,
+          level: str = DEFAULT_LEVEL, run_id: str | None = None, window_h: float = binding.WINDOW_H) -> dict[str, Any]:
     """Read, judge the fleet, write every output; the cluster results dict. Raises MergeInputError,
     HostlistError (ValueErrors) and OSError with what to fix."""
     t0 = time.perf_counter()
+    now = datetime.now(timezone.utc)
+    check_output(output, paths)
+    output.mkdir(parents=True, exist_ok=True)
+    try:  # an earlier merge's lists must not outlive this one as if they were its own, whatever happens next
+        keep_earlier(output, OUTPUTS)
+    except OutputError as exc:
+        raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
     expected = read_hosts(expect) if expect is not None else None
     if not paths and expected is None:
         raise MergeInputError("no node directories given: pass REPORTS/RUN_ID/nodes/* (and --expect-hosts to "
                               "count nodes that wrote nothing)")
-    check_output(output, paths)
-    runs, fleet, outliers, warnings = judge_nodes(paths, expected[0] if expected else None, site)
-    output.mkdir(parents=True, exist_ok=True)
-    cluster = cluster_results(runs, fleet, outliers, (expected[1], expected[0]) if expected else None, warnings,
-                              output, time.perf_counter() - t0)
-    cluster["thresholds"] = str(site.path)
+    run_id = run_id if run_id is not None else binding.default_run_id(paths)
+    # The run's own names stay whole in what merge writes (the nodes' directories are named by their parent's).
+    keep(run_id, str(output), str(output.resolve()), *{str(p.parent) for p in paths},
+         *{str(p.resolve().parent) for p in paths})
+    judged = judge_nodes(paths, expected[0] if expected else None, site, run_id=run_id, level=level,
+                         window_h=window_h, now=now)
+    cluster = cluster_results(judged, (expected[1], expected[0]) if expected else None, output,
+                              time.perf_counter() - t0)
+    cluster.update(thresholds=str(site.path), run_id=run_id, level=level, window=judged.window,
+                   manifest=suite_manifest.shipped().digest, created=now.isoformat(timespec="seconds"))
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
-    write_json(output / "results.json", cluster)
+    write_text(output / "results.json", encode(cluster))
     write_lists(output, cluster)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 
-    (output / "report.html").write_text(cluster_page(cluster, fleet))
+    write_text(output / "report.html", cluster_page(cluster, judged.fleet))
     return cluster
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return main_guarded("clustergate.report merge", lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
-        cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds)
+        cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds, level=args.level,
+                        run_id=args.run_id, window_h=args.window)
     except (MergeInputError, HostlistError, OSError) as exc:
         print(f"clustergate.report merge: {exc}", file=sys.stderr)
         return 2

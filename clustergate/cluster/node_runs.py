@@ -1,9 +1,11 @@
 """The node phase's directories, read one by one into what the merged cluster report says of each node.
 
-A node's own results.json decides its own verdict (the rule in ``clustergate.verdict``); this module
-only reads it and says why in a line or two: the run error, each failed test's first failing figure
-or exception, or why there is no verdict at all (no results.json, an unreadable one, one that still
-says "running" because the run was killed or hung, or an expected host with no directory).
+A node's own results.json decides its own verdict (the rule in ``clustergate.verdict``, held to a complete
+node run at the level the site requires); this module only reads it and says why in a line or two: the
+run error, each failed test's first failing figure or exception, what a partial run left out, or why there
+is no verdict at all (no results.json, an unreadable one, one that still says "running" because the run
+was killed or hung, an expected host with no directory, or a file that is not this cluster run's part:
+``unbound``, see ``clustergate.cluster.binding``).
 """
 
 from __future__ import annotations
@@ -38,13 +40,20 @@ class NodeRun:
     host: str
     directory: str | None
     verdict: str
-    """The node's verdict computed again from its records (accept | reject | unjudged), or running |
-    unreadable | missing where it has none."""
+    """The node's verdict computed again from its records (accept | reject | partial | unjudged), or running |
+    unreadable | missing | unbound where it has none."""
     reasons: list[str] = field(default_factory=list)
     """Why the node is excluded: its own failures, then fleet outliers the merge finds."""
     warnings: list[str] = field(default_factory=list)
     results: dict[str, Any] | None = None
     """The node's results.json (not written into the cluster results)."""
+    digest: str | None = None
+    """sha256 of the node's results.json as merge read it: sign-off checks the file is still that one."""
+
+    def unbind(self, reason: str) -> None:
+        """Not a part of this cluster run (``clustergate.cluster.binding``): excluded, its figures out of the fleet."""
+        self.verdict = "unbound"
+        self.reasons.append(reason)
 
     @property
     def status(self) -> str:
@@ -139,10 +148,10 @@ def _identity_problem(host: str | None, directory: Path) -> str | None:
     return None
 
 
-def read_node(path: Path, thresholds: Thresholds) -> NodeRun:
-    """One node's directory (or its results.json), judged again by the run's rule against ``thresholds``;
-    never raises for what a dead run, a broken disk or a hand-edited file leaves behind: such a node is
-    excluded, saying why."""
+def read_node(path: Path, thresholds: Thresholds, level: str = "standard") -> NodeRun:
+    """One node's directory (or its results.json), judged again by the run's rule against ``thresholds``, as
+    a complete node run at ``level`` or more; never raises for what a dead run, a broken disk or a hand-edited
+    file leaves behind: such a node is excluded, saying why."""
     directory = path.parent if path.name == "results.json" else path
     if not directory.is_dir():
         raise MergeInputError(f"{path}: not a directory; give the node directories, e.g. REPORTS/RUN_ID/nodes/*")
@@ -156,20 +165,24 @@ def read_node(path: Path, thresholds: Thresholds) -> NodeRun:
                "no results.json: the node phase never reached pytest here (see this node's job output)")
         return NodeRun(host, str(directory), "missing", [why + _last_progress(directory)])
     try:
-        results = resultsfile.read(results_path)
+        results, digest = resultsfile.read_with_digest(results_path)
     except resultsfile.ResultsFileError as exc:
         return NodeRun(host, str(directory), "unreadable", [_cut(str(exc))])
     if problem := _identity_problem(_host_of(results, directory), directory):
         return NodeRun(host, str(directory), "unreadable", [problem])
     if (why := judged_by.problem(results, thresholds)) is not None:  # its figures stay out of the fleet
-        return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")])
-    stored, decision = str(results["verdict"]), of_record(results)
-    run = NodeRun(host, str(directory), decision.verdict, results=results)
+        return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")],
+                       digest=digest)
+    stored, decision = str(results["verdict"]), of_record(results, need="node", level=level)
+    run = NodeRun(host, str(directory), decision.verdict, results=results, digest=digest)
     run.warnings += [_cut(f"{w.get('metric', '?')}={w.get('value')} ({w.get('where', '')}): warning")
                      for w in results.get("warnings") or []]
     if stored == "running":
         run.verdict = "running"
         run.reasons.append("results.json still says running: the run was killed or hung" + _last_progress(directory))
+        return run
+    if decision.verdict == "partial":
+        run.reasons.append(_cut(str(decision.reason)))
         return run
     if stored == "accept" and decision.verdict != "accept":
         run.reasons.append(_cut(f"records contradict the stored verdict accept: {decision.reason}"))
@@ -199,7 +212,8 @@ def node_row(run: NodeRun) -> dict[str, Any]:
     for test in res.get("tests", []):
         counts[test.get("outcome", "?")] = counts.get(test.get("outcome", "?"), 0) + 1
     gpus = [g for n in res.get("nodes", []) for g in n.get("gpus", [])]
-    return {"host": run.host, "directory": run.directory, "status": run.status, "verdict": run.verdict,
+    return {"host": run.host, "directory": run.directory, "digest": run.digest, "run_id": res.get("run_id"),
+            "status": run.status, "verdict": run.verdict,
             "profile": res.get("profile"), "level": res.get("level"), "started": res.get("started"),
             "duration_s": res.get("duration_s"), "ranks": res.get("world_size"), "gpus": len(gpus),
             "gpu_models": sorted({str(g.get("name")) for g in gpus}), "tests": counts,

@@ -11,16 +11,21 @@ Reads the merged node phase (REPORTS/RUN_ID/results.json, from ``merge``) and th
 
 The accepted set is the hosts the node phase accepted, less those the fabric phase excluded: a node
 its pair rounds excluded (slow with a known-good partner, or unresolved), or a host a failed per-GPU
-or per-node fabric figure names. The accepted set is signed off only when the fabric run finished on
-exactly the node phase's accepted hosts and every fabric failure is one of those exclusions; anything
-else (a whole-job figure missed, a test that raised, a run that died) keeps the set from being
-signed off, and ``reasons`` says why. One accepted node needs no fabric phase.
+or per-node fabric figure names. The accepted set is signed off only when the fabric run is a complete
+fabric run (every multinode test of the suite's manifest, at the merge's level or more) of the same
+cluster run (its run id), started after the merge, on exactly the node phase's accepted hosts, every node
+file still the one the merge read (its digest), and every fabric failure is one of those exclusions;
+anything else (a whole-job figure missed, a test that raised, a run that died) keeps the set from being
+signed off, and ``reasons`` says why. One accepted node needs no fabric phase. An earlier sign-off's
+outputs in REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` first (each sign-off is kept), and one that
+does not sign off writes no ``signoff-accepted-*`` list.
 
 Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used.
 
 signoff.json (schema 1)::
 
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
+     "run_id": str, "level": str,
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node" | "fabric", "reasons": [str]}], "excluded_hostlist": str,
      "reasons": [str], "warnings": [str],
@@ -38,24 +43,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import resultsfile
-from clustergate.cluster import judged_by
+from clustergate import completeness, resultsfile
+from clustergate import manifest as suite_manifest
+from clustergate.cluster import binding, judged_by
 from clustergate.cluster.hostlist import compress
 from clustergate.cluster.merge import add_thresholds_option, judge_nodes, load_thresholds, write_lists
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
 from clustergate.criteria import Criterion
+from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
+from clustergate.redact import keep
 from clustergate.report.model import fmt, short_test_name
 from clustergate.report.rejudge import problems_of
-from clustergate.results import write_json
+from clustergate.results import encode
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
 SCHEMA = 1
+LISTS = ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
+         "signoff-excluded-hostlist.txt")
+OUTPUTS = ("signoff.json", "signoff.html", *LISTS)
+"""What a sign-off writes into REPORTS/RUN_ID; an earlier sign-off's are moved to earlier/<UTC time>/ first."""
 
 
 def parser() -> argparse.ArgumentParser:
     head, _, rest = __doc__.partition("\n\n")
-    p = argparse.ArgumentParser(prog="python -m clustergate.report signoff", description=head,
+    p = Parser(prog="python -m clustergate.report signoff", description=head,
                                 epilog=rest.split("signoff.json (schema")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="REPORTS/RUN_ID", help="the run's directory: results.json of merge")
@@ -84,14 +96,23 @@ def _node_directory(stored: str, run_dir: Path) -> Path:
 
 
 def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds) -> tuple[list[str], dict[str, list[str]]]:
-    """The node phase judged again from its node directories, as merge judged it: the hosts accepted now,
+    """The node phase judged again from its node directories, as merge judged it (the same run id, level and
+    window, the merge's time), each node file checked against the digest merge kept: the hosts accepted now,
     and, for each host the merged file accepts but its directory no longer supports, why. The merged
     results.json's own lists are never taken on trust."""
     paths = [_node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
     expected = (cluster.get("expected") or {}).get("hosts")
-    runs, _, _, _ = judge_nodes([p for p in paths if p.is_dir()], expected, site)
-    now = {r.host: r for r in runs}
-    accepted = [r.host for r in runs if r.status == ACCEPTED]
+    created = binding.started({"started": cluster.get("created")})
+    judged = judge_nodes([p for p in paths if p.is_dir()], expected, site, run_id=str(cluster.get("run_id")),
+                         level=str(cluster.get("level")), window_h=float((cluster.get("window") or {}).get("hours")
+                                                                          or binding.WINDOW_H), now=created)
+    now = {r.host: r for r in judged.runs}
+    kept = {n["host"]: n.get("digest") for n in cluster["nodes"]}
+    for run in judged.runs:
+        if run.digest is not None and kept.get(run.host) != run.digest:
+            run.reasons.append(f"its results.json is not the file the merge read (digest {run.digest}, the merge "
+                               f"kept {kept.get(run.host)}): changed or replaced since; run merge again")
+    accepted = [r.host for r in judged.runs if r.status == ACCEPTED]
     unsupported: dict[str, list[str]] = {}
     for host in cluster["accepted"]:
         if host not in accepted:
@@ -101,35 +122,26 @@ def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds) -> tu
     return accepted, unsupported
 
 
-def fabric_selection_problem(results: dict[str, Any]) -> str | None:
-    """Why a fabric run did not test every multinode check (None when it did): it must have selected
-    multinode tests and left out none of them (-k or -m). A record from before the run counted them
-    must have run ``-m multinode`` (or no -m) and no -k at all."""
-    sel = results.get("selection") or {}
-    if "multinode_deselected" in sel:
-        if sel["multinode_deselected"]:
-            return (f"the fabric run left out {sel['multinode_deselected']} multinode tests (-k/-m): the sign-off "
-                    "covers only what was tested, so run the fabric phase with -m multinode")
-        if not sel.get("multinode"):
-            return "the fabric run selected no multinode test: run the fabric phase with -m multinode"
-        return None
-    if sel.get("k"):
-        return (f"the fabric run was narrowed with -k {sel['k']!r}: multinode tests may have been left out; run "
-                "it with -m multinode alone")
-    if sel.get("m") not in (None, "multinode"):
-        return (f"the fabric run selected -m {sel['m']!r}, not -m multinode: the sign-off covers only what was "
-                "tested, so run the fabric phase with -m multinode")
-    if sel.get("selected") is None:
-        return "the fabric run does not record what it selected: its results.json is not a run's"
-    return None
+def binding_problems(fabric: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
+    """Why the fabric run is not this cluster run's fabric phase: another run id, or started before the merge."""
+    out = []
+    if fabric.get("run_id") != cluster.get("run_id"):
+        out.append(f"the fabric run belongs to run {fabric.get('run_id')!r}, not to this run {cluster.get('run_id')!r} "
+                   "(CLUSTERGATE_RUN_ID): run the fabric phase of this run")
+    began, merged = binding.started(fabric), binding.started({"started": cluster.get("created")})
+    if began is None or merged is None or began < merged:
+        out.append(f"the fabric run started {fabric.get('started')}, before the merge ({cluster.get('created')}): "
+                   "it did not run on the merge's accepted hosts; run it again on accepted-hosts.txt")
+    return out
 
 
 class Fabric:
     """What the fabric run says: hosts it excludes with evidence, and failures that block the sign-off."""
 
-    def __init__(self, results: dict[str, Any], site: Thresholds) -> None:
+    def __init__(self, results: dict[str, Any], site: Thresholds, level: str | None = None) -> None:
         self.results = results
         self.site = site
+        self.level = level
         self.excluded: dict[str, list[str]] = {}
         self.blocking: list[str] = []
         self.warnings: list[str] = []
@@ -144,7 +156,7 @@ class Fabric:
 
     def read(self) -> Fabric:
         res = self.results
-        decision = of_record(res)
+        decision = of_record(res, need="fabric", level=self.level)
         if res.get("verdict") == "running":
             self.blocking.append("the fabric run did not finish: its results.json still says running (killed or hung)")
         elif res.get("error"):
@@ -153,8 +165,9 @@ class Fabric:
             self.blocking.append(f"fabric phase: records contradict the stored verdict {res['verdict']}: {problem}")
         elif decision.verdict == "unjudged":
             self.blocking.append(f"fabric phase: {decision.reason}")
-        if (problem := fabric_selection_problem(res)) is not None:
-            self.blocking.append(problem)
+        # Whatever else it says (its failures exclude hosts below), a fabric run signs only what it tested.
+        if ran_less := completeness.partial(res, suite_manifest.shipped(), need="fabric", level=self.level):
+            self.blocking.append("fabric phase: ran less than a complete run: " + "; ".join(ran_less))
         if (problem := judged_by.problem(res, self.site)) is not None:
             self.blocking.append(f"the fabric run was not judged by the site's thresholds: {problem}")
         for test in res.get("tests", []):
@@ -211,9 +224,19 @@ class Fabric:
 
 def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | None = None) -> dict[str, Any]:
     """The sign-off of ``run_dir``, written there; raises MergeInputError when an input cannot be used."""
+    keep(str(run_dir), str(run_dir.resolve()), *([str(fabric_dir), str(fabric_dir.resolve())] if fabric_dir else []))
+    if run_dir.is_dir():
+        try:  # every sign-off is kept, and one that fails leaves none of an earlier one's lists as its own
+            keep_earlier(run_dir, OUTPUTS)
+        except OutputError as exc:
+            raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
     cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `python -m clustergate.report "
                                                          "merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/` wrote")
+    if not isinstance(cluster.get("run_id"), str) or cluster.get("level") is None:
+        raise MergeInputError(f"{run_dir / 'results.json'} does not say which run and level it merged (written by an "
+                              "older clustergate): run merge again")
+    keep(cluster["run_id"])
     reasons: list[str] = []
     warnings: list[str] = list(cluster.get("warnings", []))
     merged_with = cluster.get("thresholds")
@@ -235,14 +258,20 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     fabric_path = fabric_dir / "results.json"
     fabric: Fabric | None = None
     if fabric_path.exists():
-        fabric = Fabric(_load(fabric_path, "results", "the fabric phase's results.json"), site).read()
+        fabric = Fabric(_load(fabric_path, "results", "the fabric phase's results.json"), site,
+                        str(cluster["level"])).read()
         reasons += fabric.blocking
+        reasons += binding_problems(fabric.results, cluster)
         warnings += fabric.warnings
         outside = sorted(set(fabric.hosts) - set(node_accepted))
         if outside:
             reasons.append(f"the fabric phase ran on hosts the node phase did not accept ({compress(outside)}): run "
                            "it on accepted-hosts.txt")
         untested = sorted(set(node_accepted) - set(fabric.hosts))
+        if untested:
+            reasons.append(f"the fabric run did not cover every host the node phase accepted ({compress(untested)} "
+                           "never joined it): a sign-off covers exactly the accepted hosts; run the fabric phase on "
+                           "accepted-hosts.txt")
         for host in untested:
             fabric.excluded.setdefault(host, []).append("accepted by the node phase but not in the fabric phase's "
                                                         "job: its links were never tested")
@@ -265,6 +294,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     out = {
         "schema": SCHEMA, "kind": "signoff", "verdict": "accept" if accepted and not reasons else "reject",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": str(run_dir),
+        "run_id": cluster["run_id"], "level": cluster["level"],
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),
@@ -276,8 +306,8 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
                               "hosts": fabric.hosts if fabric else [], "rounds": fabric.rounds if fabric else None,
                               "tests": counts, "error": fres.get("error")}},
     }
-    write_json(run_dir / "signoff.json", out)
-    write_lists(run_dir, out, prefix="signoff-",
+    write_text(run_dir / "signoff.json", encode(out))
+    write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
     from clustergate.report.merge_html import node_reports
     from clustergate.report.signoff_html import signoff_page
@@ -285,12 +315,16 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     links = node_reports({**cluster, "output": str(run_dir)})  # the node phase's own reports
     links |= {e["host"]: os.path.relpath(fabric_dir / "report.html", run_dir)
               for e in excluded if e["phase"] == "fabric" and (fabric_dir / "report.html").is_file()}
-    (run_dir / "signoff.html").write_text(signoff_page(out, links))
+    write_text(run_dir / "signoff.html", signoff_page(out, links))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return main_guarded("clustergate.report signoff", lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         out = signoff(args.run_dir, args.fabric, args.thresholds)
     except (MergeInputError, OSError) as exc:

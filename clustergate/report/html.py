@@ -123,6 +123,8 @@ def banner(results: dict[str, Any]) -> str:
         why.insert(0, f"NOT A SIGN-OFF: profile {results.get('profile')!r} has no sign-off criteria; "
                       "figures are measured, not judged")
         cls = "cg-unjudged" if verdict == "unjudged" else cls
+    if verdict == "partial":  # what passed is shown; it is not a sign-off
+        cls = "cg-unjudged"
     f = model.facts(results)
     rows = [("profile", f["profile"]), ("level", f["level"]), ("started", f["started"]),
             ("duration", f["duration"]), ("hosts", f["hosts"]), ("GPUs", f["gpus"]), ("ranks", f["ranks"]),

@@ -19,6 +19,8 @@
 #                      commas (merge's accepted-hosts.txt); CG_NODES becomes their count (required)
 #   CG_EXPECT_HOSTS    merge: the hosts that should have a result, a Slurm hostlist (node[001-016]) or a
 #                      file on the reports volume (/reports/...) []
+#   CG_LEVEL           merge: the level the site requires of every node run: a node that ran at a lower one is
+#                      excluded as partial (quick, standard or extended) [standard]
 #   CG_THRESHOLDS      merge and signoff: the thresholds file the node and fabric phases ran with, in the image
 #                      or under /reports (pass the same file with --thresholds in CG_PYTEST_ARGS) [the shipped one]
 #   CG_REPORT_DIR      where the job's reports go [/reports/<job>-<job uid>; fabric: /reports/<run>/fabric]
@@ -80,6 +82,7 @@ export CG_HOSTS_JSON=""
 export CG_EXPECT_HOSTS=${CG_EXPECT_HOSTS:-}
 export CG_EXPECT_ARGS=""
 export CG_THRESHOLDS_ARGS=""
+export CG_LEVEL_ARGS=""
 case $CG_PHASE in
     "") default_manifest=clustergate.yaml ;;
     node) default_manifest=node-phase.yaml ;;
@@ -122,6 +125,13 @@ if [[ -n ${CG_THRESHOLDS:-} ]]; then
     [[ $CG_THRESHOLDS =~ ^[A-Za-z0-9._/-]+$ ]] \
         || fail "CG_THRESHOLDS=${CG_THRESHOLDS@Q}: a path of letters, digits and ._-/ (in the image or under /reports)"
     CG_THRESHOLDS_ARGS="--thresholds '$CG_THRESHOLDS'"
+fi
+
+if [[ -n ${CG_LEVEL:-} ]]; then
+    [[ $CG_PHASE == merge ]] || fail "CG_LEVEL is for CG_PHASE=merge (the node and fabric phases take --level in" \
+        "CG_PYTEST_ARGS)"
+    [[ $CG_LEVEL =~ ^(quick|standard|extended)$ ]] || fail "CG_LEVEL=${CG_LEVEL@Q}: quick, standard or extended"
+    CG_LEVEL_ARGS="--level $CG_LEVEL"
 fi
 
 manifest=${1:-$default_manifest}

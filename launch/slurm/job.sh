@@ -53,19 +53,34 @@ report_cli() {
     (cd "$root" && "$py" -m clustergate.report "$@")
 }
 
-# The --thresholds of pytest's arguments ("$@"), as merge and signoff take it: they hold every run to the
-# thresholds it was started with. Sets the array thresholds_args (empty: the shipped file). Paths resolve
-# alike: node.sh and report_cli both run in the checkout.
-# shellcheck disable=SC2034  # thresholds_args is read by the batch scripts that source this file
-thresholds_option() {
-    thresholds_args=()
+# An option of pytest's arguments as merge and signoff take it: option_of NAME ARRAY "$@" sets the array named
+# ARRAY to (--NAME VALUE) from --NAME VALUE or --NAME=VALUE (the last one given), else to ().
+# shellcheck disable=SC2034  # found names the caller's array: what is set here is read there
+option_of() {
+    local name=$1
+    local -n found=$2
+    shift 2
+    found=()
     while (($# > 0)); do
         case $1 in
-            --thresholds) (($# > 1)) && thresholds_args=(--thresholds "$2"); shift ;;
-            --thresholds=*) thresholds_args=(--thresholds "${1#--thresholds=}") ;;
+            "--$name") (($# > 1)) && found=("--$name" "$2"); shift ;;
+            "--$name="*) found=("--$name" "${1#--"$name"=}") ;;
         esac
         shift
     done
+}
+
+# The --thresholds of pytest's arguments ("$@"): merge and signoff hold every run to the thresholds it was
+# started with. Sets the array thresholds_args (empty: the shipped file). Paths resolve alike: node.sh and
+# report_cli both run in the checkout.
+thresholds_option() {
+    option_of thresholds thresholds_args "$@"
+}
+
+# The --level of pytest's arguments ("$@"): the level every node run must have run at, as merge takes it (a
+# node that ran less is excluded as partial). Sets the array level_args (empty: merge's default, standard).
+level_option() {
+    option_of level level_args "$@"
 }
 
 # After a step that ended non-zero: name the node that failed first, in this output and in the

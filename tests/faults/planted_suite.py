@@ -1,0 +1,43 @@
+"""A pytest plugin for the suite's own tests of the run: the test files planted in the run's directory are the
+whole suite.
+
+The run holds its verdict to the acceptance suite's manifest (``clustergate.manifest``): a run of a planted
+test file ran none of the suite's tests, so it is partial, never accept. The tests of the run's endings
+(signals, lost ranks, timeouts, the final barrier an accept waits for) need a run that can accept in seconds:
+loaded with ``-p tests.faults.planted_suite``, this makes what the run collected its manifest, so a clean run
+of the planted file is complete and its verdict is the run's own. It exists only here, loaded by a test as it
+would load a fault; ``merge``, ``signoff``, ``calibrate`` and the re-render read the shipped manifest, so a
+planted run never counts there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clustergate import manifest
+from clustergate.completeness import manifest_id, suite_prefix
+
+PLANTED: list[manifest.Manifest] = []
+
+
+def _planted() -> manifest.Manifest:
+    """The planted suite: the test files under the directory the run is started in (its rootdir)."""
+    if PLANTED:
+        return PLANTED[0]
+    return manifest.Manifest("planted", (), Path("planted"), "planted", directory=Path.cwd())
+
+
+manifest.shipped = _planted  # before the plugin reads it (this module is imported when -p names it)
+
+
+@pytest.hookimpl(tryfirst=True)  # what was collected, before -k, -m or --deselect leave any of it out
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    planted = _planted()
+    where = {"suite": suite_prefix((item.nodeid, item.path) for item in items)}  # as the run records it
+    tests = tuple(manifest.SuiteTest(str(manifest_id(item.nodeid, where, planted)),
+                                     "fabric" if item.get_closest_marker("multinode") else "node",
+                                     {n: "gpu" for m in item.iter_markers("metrics") for n in m.args})
+                  for item in items if manifest_id(item.nodeid, where, planted))
+    PLANTED[:] = [manifest.Manifest("planted", tests, Path("planted"), "planted", directory=Path.cwd())]

@@ -1,0 +1,64 @@
+"""One real complete node run, made once per session and shared by the contract's tests.
+
+README's command 1 exactly (``torchrun --standalone --nproc-per-node=2 -m pytest acceptance``: the cpu
+profile, level standard), as one node of a cluster run: ``CLUSTERGATE_RUN_ID=run-trust``, node name
+``cg-a``, into ``REPORTS/run-trust/nodes/cg-a``. The tests of the manifest, merge, sign-off, calibrate and
+the re-render craft their inputs from its results.json (renamed hosts, narrowed copies) rather than start
+more torchrun jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_runs import shared
+
+from torchrun_job import ROOT, job_env
+
+RUN_ID = "run-trust"
+HOST = "cg-a"
+COMMAND = ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "pytest", "acceptance"]
+"""README's command 1 (torchrun is run as ``python -m torch.distributed.run``, the same program)."""
+
+
+def make_node_run(target: Path) -> None:
+    report = target / "reports" / RUN_ID / "nodes" / HOST
+    argv = [sys.executable, "-m", "torch.distributed.run", *COMMAND[1:], "--report-dir", str(report)]
+    # A hang guard only: the whole suite on 2 CPU ranks takes 1-3 minutes on CI's 2 busy cores.
+    proc = subprocess.run(argv, cwd=ROOT, env=job_env({"CLUSTERGATE_RUN_ID": RUN_ID, "CLUSTERGATE_NODE_NAME": HOST}),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    (target / "output.txt").write_text(proc.stdout)
+    (target / "status").write_text(str(proc.returncode))
+
+
+@pytest.fixture(scope="session")
+def node_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report directory of the shared run (REPORTS/run-trust/nodes/cg-a)."""
+    return shared(tmp_path_factory, "trust-node", make_node_run) / "reports" / RUN_ID / "nodes" / HOST
+
+
+def recorded(node_run: Path) -> dict[str, Any]:
+    """A fresh copy of the shared run's results.json, to change."""
+    return copy.deepcopy(json.loads((node_run / "results.json").read_text()))
+
+
+def as_node(results: dict[str, Any], host: str, run_id: str = RUN_ID) -> dict[str, Any]:
+    """The run's results as another node's: its host renamed everywhere a node's name is recorded."""
+    text = json.dumps(results).replace(f'"{HOST}"', json.dumps(host))
+    out = json.loads(text)
+    out["run_id"] = run_id
+    return out
+
+
+def write_node(run_dir: Path, host: str, results: dict[str, Any]) -> Path:
+    """``results`` as RUN_DIR/nodes/HOST/results.json."""
+    directory = run_dir / "nodes" / host
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.json").write_text(json.dumps(results, indent=2))
+    return directory
