@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from clustergate.judge import Record, Where, judge
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.counters import Change, grown
 from workloads.gpu.error_counters import GPU_PART

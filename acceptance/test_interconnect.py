@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from acceptance.gpu_helpers import require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.interconnect import collectives, comm_groups
 from workloads.interconnect import pairs as p2p_pairs
 from workloads.interconnect import transport as nccl_transport

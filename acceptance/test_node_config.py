@@ -19,7 +19,7 @@ import torch.distributed as dist
 from acceptance.evidence import decide, gpu_label, host_root, is_node_reader, where_of
 from acceptance.gpu_helpers import require_device
 from clustergate.expect import RULES, Expected, check
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.gpu import gpu_config
 from workloads.interconnect import comm_groups

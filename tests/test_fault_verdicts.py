@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from report_runs import schema_errors
 
-from clustergate.endings import BLOCKED_S, SIGNAL_GRACE_S
-from clustergate.session import FINAL_S, POISONED_WAIT_S, REPORT_S, SESSION_END_S, STARTUP_S
-from clustergate.watchdog import POLL_S
+from clustergate.run.endings import BLOCKED_S, SIGNAL_GRACE_S
+from clustergate.run.session import FINAL_S, POISONED_WAIT_S, REPORT_S, SESSION_END_S, STARTUP_S
+from clustergate.run.watchdog import POLL_S
 
 from torchrun_job import ROOT, JobResult, plant, run_job, start_job, wait_for
 

@@ -1,6 +1,6 @@
 """The sign-off report through pytest-html's hooks, the terminal summary, and ``--baseline``.
 
-Enabled beside ``clustergate.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
+Enabled beside ``clustergate.run.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
 Only rank 0 writes a report (the plugin switches pytest-html off elsewhere), so every hook here
 does its work where pytest-html is active and leaves other ranks alone.
 
@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _gate(config: pytest.Config) -> Any:
     """The live run's ClusterGate; None in a re-render (which never imports the torch-based plugin)."""
-    plugin = sys.modules.get("clustergate.plugin")
+    plugin = sys.modules.get("clustergate.run.plugin")
     return None if plugin is None else config.stash.get(plugin.GATE, None)
 
 
@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("baseline", None)
     if gate is None or path is None:
         return
-    from clustergate import control
+    from clustergate.run import control
 
     problem, data = None, None
     if gate.world.is_leader:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from clustergate.redact import Scrubber
-from clustergate.session import ClusterGate
+from clustergate.run.session import ClusterGate
 
 STATUS = pytest.StashKey[int]()
 """The exit status every rank agreed at the end of the session."""

@@ -4,7 +4,7 @@ the signal watcher (SIGINT, SIGTERM, even while the main thread is blocked in C+
 
 Each ending records what happened, on which rank and host, and where every rank was (results.json on
 rank 0, progress.jsonl, the rendezvous store for the other ranks, stderr), then ends the process with
-one known code. ``ClusterGate`` (clustergate.session) is built on this.
+one known code. ``ClusterGate`` (clustergate.run.session) is built on this.
 
 The first cause is the headline: a rank that only sees the consequence (a peer gone, a signal torchrun
 sent because a peer exited) reads in the store why every rank that left did so, and names the earliest
@@ -22,14 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from clustergate import control
-from clustergate.control import Step
-from clustergate.peers import Peers, main_thread_collective
-from clustergate.progress import Progress
 from clustergate.redact import Scrubber
 from clustergate.results import RunRecord, write_json
-from clustergate.watchdog import EXIT_TIMEOUT
-from clustergate.world import World
+from clustergate.run import control
+from clustergate.run.control import Step
+from clustergate.run.peers import Peers, main_thread_collective
+from clustergate.run.progress import Progress
+from clustergate.run.watchdog import EXIT_TIMEOUT
+from clustergate.run.world import World
 
 EXIT_LOST = EXIT_TIMEOUT
 """Exit status of a rank that ends the run early (a peer lost, a failed write): as a test past its time."""

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from clustergate import control
 from clustergate.judge import Record
+from clustergate.run import control
 from clustergate.thresholds import REQUIRED
 from workloads.result import Metric, Result, Scope
 
 if TYPE_CHECKING:
-    from clustergate.session import ClusterGate
+    from clustergate.run.session import ClusterGate
 
 
 @dataclass(slots=True)

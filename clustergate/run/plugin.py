@@ -18,13 +18,21 @@ import pytest
 
 from clustergate.identity import gpu_model_name
 from clustergate.outcomes import PhaseOutcome, poisons
-from clustergate.recorder import Recorder
 from clustergate.redact import Scrubber, ScrubbingStream, scrub_strings
-from clustergate.session import ClusterGate
-from clustergate.startup import LOCK, check_seconds, claim_report_dir, given_or, prepare_report_dir, seconds, stale_note
-from clustergate.stops import STATUS, SessionEvents
+from clustergate.run.recorder import Recorder
+from clustergate.run.session import ClusterGate
+from clustergate.run.startup import (
+    LOCK,
+    check_seconds,
+    claim_report_dir,
+    given_or,
+    prepare_report_dir,
+    seconds,
+    stale_note,
+)
+from clustergate.run.stops import STATUS, SessionEvents
+from clustergate.run.world import WorldError, init_world, shutdown
 from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
-from clustergate.world import WorldError, init_world, shutdown
 from workloads.common import LEVELS
 from workloads.node.name import NodeNameError, node_name
 
@@ -33,7 +41,7 @@ RECORDER = pytest.StashKey[Recorder]()
 REAL_STDOUT = pytest.StashKey[Any]()
 DESELECTED = pytest.StashKey[int]()
 DESELECTED_MULTINODE = pytest.StashKey[int]()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
 """The source checkout this module runs from; None when installed from a wheel."""
 

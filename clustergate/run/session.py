@@ -1,10 +1,10 @@
 """One acceptance run on one rank: its world, profile, outputs, tests and how it ends.
 
-The hooks in ``clustergate.plugin`` call into this object. results.json says "running" from the
+The hooks in ``clustergate.run.plugin`` call into this object. results.json says "running" from the
 session's start; ``conclude`` agrees the exit status with every rank and decides the verdict, and
 ``seal`` writes it once every output is written and every rank has agreed: only then can the file say
 "accept". The early endings (a peer lost or gone elsewhere, a test past its time, a signal, a failed
-write) are ``clustergate.endings``. Three threads may touch the record: the main one, the watchdog
+write) are ``clustergate.run.endings``. Three threads may touch the record: the main one, the watchdog
 and the signal watcher; one lock guards it.
 """
 
@@ -21,21 +21,21 @@ from typing import Any
 import pytest
 
 import clustergate
-from clustergate import control
-from clustergate.control import Step, within
-from clustergate.endings import BLOCKED_S, EXIT_LOST, Endings
 from clustergate.identity import RankIdentity, environment, rank_identity
-from clustergate.interrupts import SignalWatcher, die_with_parent
 from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
-from clustergate.peers import Peers
-from clustergate.progress import Progress
 from clustergate.redact import Scrubber, scrub_file
 from clustergate.results import RunRecord, nodes_from_identities, write_json
+from clustergate.run import control
+from clustergate.run.control import Step, within
+from clustergate.run.endings import BLOCKED_S, EXIT_LOST, Endings
+from clustergate.run.interrupts import SignalWatcher, die_with_parent
+from clustergate.run.peers import Peers
+from clustergate.run.progress import Progress
+from clustergate.run.watchdog import Watchdog
+from clustergate.run.world import World
 from clustergate.thresholds import Profile
 from clustergate.verdict import missing_tests
-from clustergate.watchdog import Watchdog
-from clustergate.world import World
 
 STARTUP_S = 45.0
 """How long a rank waits at a start-up exchange (report directory, identities, collection) for the others.
@@ -363,7 +363,7 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-# ---- the shapes of the control messages (clustergate.control checks every one it receives) ------------
+# ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------
 def _identity(message: Any) -> dict[str, Any]:
     expect(message, dict, "an identity")
     for key, kind in (("rank", int), ("local_rank", int), ("node_rank", int), ("host", str)):

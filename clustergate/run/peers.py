@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from clustergate.redact import outgoing
-from clustergate.world import World
+from clustergate.run.world import World
 
 STEPS = ("started", "finished setup of", "finished call of", "finished teardown of")
 """A rank's progress through a test, in order (the index is how far it got)."""
@@ -152,7 +152,7 @@ def main_thread_collective() -> str | None:
     call, caller = None, None
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("clustergate/control.py"):
+        if name.endswith("clustergate/run/control.py"):
             return None
         if "/torch/distributed/" in name:
             call = call or frame.f_code.co_name  # the innermost: the collective itself

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from clustergate import control, reportdir
-from clustergate.control import Step, within
-from clustergate.session import STARTUP_S
-from clustergate.world import World
+from clustergate import reportdir
+from clustergate.run import control
+from clustergate.run.control import Step, within
+from clustergate.run.session import STARTUP_S
+from clustergate.run.world import World
 
 LOCK = pytest.StashKey[reportdir.RunLock]()
 """The report directory's lock, held by rank 0 until the run ends."""
