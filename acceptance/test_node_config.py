@@ -31,7 +31,7 @@ Seen = tuple[Any, str]
 
 
 def _expected(cg: Recorder, key: str) -> Expected:
-    expected = cg.gate.profile.expect.get(key)
+    expected = cg.profile.expect.get(key)
     if expected is None:
         pytest.skip(f"profile {cg.profile_name!r} sets no expect.{key} ({RULES[key].what}): not checked")
     return expected

@@ -22,9 +22,16 @@ from pathlib import Path
 import pytest
 from report_runs import schema_errors
 
-from clustergate.run.endings import BLOCKED_S, SIGNAL_GRACE_S
-from clustergate.run.session import FINAL_S, POISONED_WAIT_S, REPORT_S, SESSION_END_S, STARTUP_S
-from clustergate.run.watchdog import POLL_S
+from clustergate.run.limits import (
+    BLOCKED_S,
+    FINAL_S,
+    POISONED_WAIT_S,
+    POLL_S,
+    REPORT_S,
+    SESSION_END_S,
+    SIGNAL_GRACE_S,
+    STARTUP_S,
+)
 
 from torchrun_job import ROOT, JobResult, plant, run_job, start_job, wait_for
 

@@ -47,9 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _gate(config: pytest.Config) -> Any:
-    """The live run's ClusterGate; None in a re-render (which never imports the torch-based plugin)."""
+    """The live run (``clustergate.run.lifecycle.Run``); None in a re-render (which never imports the plugin)."""
     plugin = sys.modules.get("clustergate.run.plugin")
-    return None if plugin is None else config.stash.get(plugin.GATE, None)
+    return None if plugin is None else config.stash.get(plugin.RUN, None)
 
 
 def _active(config: pytest.Config) -> bool:
@@ -71,7 +71,7 @@ def results_of(config: pytest.Config, final: bool = False, only_test: str | None
         return None
     if final and gate.decided is not None:
         return gate.decided
-    return gate.run.as_json(only_test=only_test)
+    return gate.record.as_json(only_test=only_test)
 
 
 def _scrub(config: pytest.Config) -> Scrubber:
@@ -120,7 +120,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if gate is not None:
             metadata["clustergate"] = {"profile": gate.profile.name, "level": gate.level,
                                        "world size": gate.world.world_size, "report dir": str(gate.report_dir),
-                                       **gate.run.environment}
+                                       **gate.record.environment}
         shown = shown_environment()
         if shown:
             metadata["environment variables"] = shown
@@ -294,7 +294,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if gate is None or base is None or not gate.world.is_leader:
         return
     tolerance = float(gate.profile.settings.get("baseline_tolerance", baseline_mod.DEFAULT_TOLERANCE))
-    gate.run.extra["baseline"] = baseline_mod.compare(gate.run.as_json(), base, tolerance)
+    gate.add_section("baseline", baseline_mod.compare(gate.record.as_json(), base, tolerance))
 
 
 @pytest.hookimpl(optionalhook=True)

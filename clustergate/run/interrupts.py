@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,6 +68,26 @@ def die_with_parent(signum: int) -> bool:
         return int(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+class Launcher:
+    """This rank's parent: torchrun's agent."""
+
+    def __init__(self) -> None:
+        self.pid = os.getppid()
+
+    def gone(self) -> bool:
+        """Whether the launcher has died. The kernel re-parents a rank one thread at a time and signals it at the
+        first: this thread may still see the old parent for a moment."""
+        for _ in range(5):
+            if os.getppid() != self.pid:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def follow(self, signum: int) -> bool:
+        """Have the kernel send ``signum`` when the launcher dies (``die_with_parent``)."""
+        return die_with_parent(signum)
 
 
 class SignalWatcher:

@@ -33,9 +33,10 @@ def _store(world: World) -> Any:
 
 
 class Peers:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, store: Any = None) -> None:
+        """``store``: the rendezvous store's client (default: the default process group's)."""
         self.world = world
-        self._store = _store(world)
+        self._store = store if store is not None else _store(world)
         self.hosts: list[str] = [world.host] * world.world_size
         # Every rank's keys exist before any peer reads them (a get of a missing key would block).
         self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})

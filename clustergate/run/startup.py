@@ -1,28 +1,35 @@
-"""What the run checks before any test: the numbers on the command line, and the report directory on
-every rank (usable, held by this run alone, cleared of an earlier run's outputs). Each problem is one
-pytest.UsageError naming the option or path and what to do, raised alike on every rank.
+"""What the run sets up before any test: the report directory on every rank (usable, held by this run alone,
+cleared of an earlier run's outputs), the thresholds, the process groups, and the ``Run`` itself. Each
+problem is one pytest.UsageError naming the option or path and what to do, raised alike on every rank.
 
-Order matters (issue 23): ``claim_report_dir`` runs first, before any check that can stop the run, so
-that a run refused for a broken thresholds.yaml, an unknown profile or a bad option leaves no earlier
-run's "accept" as the results.json of its --report-dir. Where the earlier outputs cannot be moved (a
-read-only directory), every error of the run ends with ``stale_note``: the file there is not this run's.
+Order matters: ``claim_report_dir`` runs first, before any check that can stop the run, so that a run
+refused for a broken thresholds.yaml, an unknown profile or a bad option leaves no earlier run's "accept" as
+the results.json of its --report-dir. Where the earlier outputs cannot be moved (a read-only directory),
+every error of the run ends with ``stale_note``: the file there is not this run's.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from clustergate import reportdir
+from clustergate.identity import environment, gpu_model_name, rank_identity
+from clustergate.redact import ScrubbingStream
 from clustergate.run import control
 from clustergate.run.control import Step, within
-from clustergate.run.session import STARTUP_S
-from clustergate.run.world import World
+from clustergate.run.lifecycle import Outside, Run
+from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
+from clustergate.run.options import Options
+from clustergate.run.peers import Peers
+from clustergate.run.world import World, WorldError, init_world
+from clustergate.thresholds import ThresholdsError, load
+from workloads.node.name import NodeNameError
 
 LOCK = pytest.StashKey[reportdir.RunLock]()
 """The report directory's lock, held by rank 0 until the run ends."""
@@ -30,27 +37,62 @@ MOVED = pytest.StashKey[dict[Path, Path]]()
 """Where this run moved each earlier output (rank 0)."""
 NOT_MOVED = pytest.StashKey["tuple[Path, str] | None"]()
 """Set once rank 0 has tried to claim the directory: None, or (directory, why its earlier outputs stay)."""
+REAL_STDOUT = pytest.StashKey[Any]()
+"""A rank other than 0: its own stdout, while pytest's terminal reporter writes to a sink."""
+ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
+"""The source checkout this module runs from; None when installed from a wheel."""
 
 
-def seconds(text: str) -> float | str:
-    """The type of the time-limit options: a number, or the text as given. A text is refused by
-    ``check_seconds`` in pytest_configure, after the report directory is claimed: an argparse error
-    would stop pytest before any of the plugin runs, leaving an earlier run's results.json in place."""
+def open_run(config: pytest.Config, options: Options) -> Run:
+    """The run of this rank: its profile, its process groups, its report directory, every rank's identity."""
     try:
-        return float(text)
-    except ValueError:
-        return text
+        thresholds = load(options.thresholds)
+        profile = thresholds.profile(options.profile) if options.profile else thresholds.select(gpu_model_name())
+        world = init_world(options.collective_limit_s(profile),
+                           control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S,
+                           want_cuda=profile.name != thresholds.cpu_profile)
+    except (ThresholdsError, WorldError, NodeNameError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    report_dir = prepare_report_dir(config, world, CHECKOUT or Path.cwd())
+    # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
+    # sys.stdout when it configures, after this hook.
+    sys.stdout = ScrubbingStream(sys.stdout)
+    sys.stderr = ScrubbingStream(sys.stderr)
+    identity = rank_identity(world.rank, world.local_rank, world.node_rank, world.device)
+    run = Run(world, profile, options, report_dir, identity=identity, outside=Outside(peers=Peers(world)))
+    run.meet(environment())
+    return run
 
 
-def check_seconds(what: str, value: float | str | None) -> None:
-    """A time limit must be a finite number of seconds above 0 (0 would silently mean the default)."""
-    if value is not None and not (isinstance(value, float) and math.isfinite(value) and value > 0):
-        raise pytest.UsageError(f"{what} {value}: a time limit must be a finite number of seconds above 0")
+def route_outputs(config: pytest.Config, run: Run) -> None:
+    """Exactly one report: rank 0 writes report.html (self-contained) and junit.xml into the report directory;
+    the other ranks write neither, and only global rank 0 talks to the terminal (torchrun prints every node's
+    local rank 0)."""
+    if run.world.is_leader:
+        if not config.getoption("htmlpath", None):
+            config.option.htmlpath = str(run.report_dir / "report.html")
+        config.option.self_contained_html = True
+        if not config.option.xmlpath:
+            config.option.xmlpath = str(run.report_dir / "junit.xml")
+        return
+    # pytest's terminal reporter binds sys.stdout when it configures, after this hook: hand it a sink (it must
+    # stay registered: assertion rewriting asks it for a terminal writer). The session's start gives stdout back.
+    config.option.htmlpath = None
+    config.option.xmlpath = None
+    config.stash[REAL_STDOUT] = sys.stdout
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the session
+
+
+def restore_stdout(config: pytest.Config) -> None:
+    real = config.stash.get(REAL_STDOUT, None)
+    if real is not None:
+        sys.stdout = real  # the terminal reporter already holds the sink
 
 
 def claim_report_dir(config: pytest.Config, report_dir: str | None) -> None:
     """Rank 0, first thing: hold --report-dir and move an earlier run's outputs aside, before any check
-    that can stop the run (issue 23: nothing stale). Nothing is raised here: the other ranks learn of a
+    that can stop the run (nothing stale). Nothing is raised here: the other ranks learn of a
     problem in ``prepare_report_dir``, after the same checks, so every rank stops with the same words.
     Without --report-dir the directory is new (reports/<UTC time>/): nothing there can be stale."""
     if NOT_MOVED in config.stash:
@@ -75,10 +117,6 @@ def stale_note(config: pytest.Config) -> str | None:
     """The line every error must end with while an earlier run's results.json stays in --report-dir."""
     not_moved = config.stash.get(NOT_MOVED, None)
     return reportdir.stale_note(*not_moved) if not_moved else None
-
-
-def given_or(given: float | None, default: float) -> float:
-    return default if given is None else given
 
 
 def prepare_report_dir(config: pytest.Config, world: World, root: Path) -> Path:
