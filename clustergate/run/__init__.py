@@ -1,7 +1,11 @@
 """The run: one acceptance run on one rank, from its options to the exit status every rank agrees.
 
-The pytest plugin (``plugin``) forwards pytest's hooks to the run's owner; the rest of this folder is how a run
-lives and ends: its world and control exchanges (``world``, ``control``, ``peers``), its outputs as they go
-(``progress``), the test's handle (``recorder``, the ``cg`` fixture), and what ends it early (``endings``,
-``watchdog``, ``interrupts``, ``stops``, ``startup``).
+- ``plugin``: pytest's hooks, each forwarded to the run; ``items`` reads and writes pytest's items and reports.
+- ``options``: the options, one checked dataclass; ``limits``: every deadline and exit status.
+- ``startup``: the report directory, the thresholds and process groups, the run itself.
+- ``lifecycle``: ``Run``, the one owner of the run's state, and its ``Stage``s; ``Run.end`` is the one way down.
+- ``ending``: the ``Ending`` value and whose fault it was; ``detectors``: what each fault means as an Ending.
+- ``watchdog``, ``interrupts``: the threads that see a test past its limit, a blocked collective, a signal.
+- ``world``, ``control``, ``peers``: the process groups, the control exchanges, the rendezvous store.
+- ``progress``: progress.jsonl; ``recorder``: the ``cg`` fixture; ``outside``: what the run touches beyond itself.
 """

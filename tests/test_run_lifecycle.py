@@ -1,0 +1,285 @@
+"""The run's state machine without torchrun: every (stage x fault) pair, in milliseconds.
+
+Rank 0 of a 2-rank job runs in this process (tests/run_fakes.py): a fake clock, the other rank as the control
+exchanges and the rendezvous store see it, an exit that raises. Each fault is handed to the run at one stage
+and the table says how the run ends: the exit status, the culprits (results.json's ``error_ranks``), the
+headline (``error``), the bound the run waited (seconds) and the verdict results.json is left saying. A pair
+missing from the table is a fault that cannot reach the run at that stage (a watchdog not armed, no exchange
+to notice a peer, no signal watched yet): the run goes on and accepts.
+
+One real torchrun job per fault class stays in tests/test_fault_verdicts.py, tests/test_run_endings.py and
+tests/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from run_fakes import TEST, TEST_LIMIT_S, Exited, Harness
+
+from clustergate.run import detectors
+from clustergate.run.control import ControlLost, ControlMismatch, Step
+from clustergate.run.lifecycle import Stage
+from clustergate.run.limits import (
+    BLOCKED_S,
+    EXCHANGE_GRACE_S,
+    EXIT_EARLY,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    FINAL_S,
+    LEAVING_S,
+    POLL_S,
+    REPORT_S,
+    SESSION_END_S,
+    SIGINT_GRACE_S,
+    SIGNAL_GRACE_S,
+    STARTUP_S,
+)
+
+
+# ---- the faults ---------------------------------------------------------------------------------------------
+def watchdog_expires(h: Harness) -> None:
+    """The watchdog's deadline passes: a test past its limit, or rank 0 past REPORT_S after the verdict."""
+    if h.watchdog.armed is not None:
+        label, seconds, expiry = h.watchdog.armed
+        h.bound = seconds
+        expiry(label, seconds)
+
+
+def blocked_collective(h: Harness) -> None:
+    """Rank 1 failed the phase and waits at its exchange; rank 0's main thread is in a workload collective. The
+    watchdog polls every POLL_S."""
+    if h.run.test and h.run.phase:
+        h.peer.arrived_early(Step(h.run.test, h.run.phase).tag, "failed", "E   ValueError: planted on rank 1")
+    h.in_collective = "all_reduce called at t.py:3"
+    start = h.clock()
+    try:
+        for _ in range(6):
+            h.run.on_poll()
+            h.clock.sleep(POLL_S)
+    except Exited:
+        h.bound = h.clock() - start
+        raise
+    finally:
+        h.in_collective = None
+
+
+def _signal(h: Harness, signum: int) -> None:
+    if h.run.signals is not None:  # watched from the moment every rank is known
+        h.run.signals.on_signal(signum)
+
+
+def sigint(h: Harness) -> None:
+    """Ctrl-C: recorded at once; pytest unwinds, and the process ends SIGINT_GRACE_S later if it cannot."""
+    _signal(h, signal.SIGINT)
+    if h.timers:
+        seconds, action = h.timers.pop()
+        h.bound = seconds
+        action()
+
+
+def sigterm_to_the_job(h: Harness) -> None:
+    """torchrun forwards a SIGTERM to every rank at once: rank 1 says so in the store as rank 0 gets it."""
+    h.peer_leaves(f"stopped by SIGTERM on rank 1 (node-b) during {h.run.where_now()} (sent from outside the run: "
+                  "the job was cancelled or torchrun was signalled)", "signal", [], interrupted=True)
+    _signal(h, signal.SIGTERM)
+
+
+def launcher_lost(h: Harness) -> None:
+    """kill -9 of torchrun: the kernel's parent-death signal; the store went with the launcher."""
+    h.launcher.is_gone = True
+    _signal(h, signal.SIGTERM)
+
+
+def _lost(step: Step) -> ControlLost:
+    return ControlLost(f"control exchange '{step}' failed on rank 0: a peer rank died or stopped answering "
+                       "(RuntimeError: Connection closed by peer)")
+
+
+def peer_gone(h: Harness) -> None:
+    """Rank 1 dies without a word (kill -9, a crash): rank 0 sees its connection closed at its next exchange."""
+    h.exchange.failing = _lost
+
+
+def peer_stuck(h: Harness) -> None:
+    """Rank 1 never comes to rank 0's next exchange (stuck in a conftest, a test, a hook): its deadline passes."""
+    def late(step: Step) -> ControlLost:
+        lost = ControlLost(f"control exchange '{step}' did not complete on rank 0: a peer rank never arrived")
+        lost.timed_out = True
+        lost.waited_s = (step.deadline or 0.0) - h.clock()
+        h.bound = lost.waited_s
+        return lost
+    h.exchange.failing = late
+
+
+def peer_elsewhere(h: Harness) -> None:
+    """Rank 1 is at another step: it left the run (pytest.exit in a test) and said why in the store first."""
+    h.peer_leaves(f"pytest.exit('planted') on rank 1 (node-b) during {TEST} [call]", "cause", [1], ago_s=1.0,
+                  interrupted=True)
+    h.exchange.failing = lambda step: ControlMismatch(step, [str(step), "session end (left)"])
+
+
+def _pytest_unwinds(h: Harness) -> bool:
+    """pytest tells the plugin of pytest.exit, KeyboardInterrupt and internal errors between the session's start
+    and its end only."""
+    return h.run.stage in (Stage.STARTING, Stage.COLLECTING, Stage.TESTING)
+
+
+def pytest_exit(h: Harness) -> None:
+    if _pytest_unwinds(h):
+        h.pytest_status = pytest.ExitCode.INTERRUPTED
+        h.run.record_ending(detectors.pytest_stopped(h.run, pytest.exit.Exception("planted")))
+
+
+def internal_error(h: Harness) -> None:
+    if _pytest_unwinds(h):
+        h.pytest_status = pytest.ExitCode.INTERNAL_ERROR
+        h.run.record_ending(detectors.internal_error(h.run, "RuntimeError: planted crash"))
+
+
+def failed_write(h: Harness) -> None:
+    """The disk fills: every write of results.json from now on fails."""
+    h.write_fails = True
+    h.bound = 0.0  # noticed at the run's next write, which ends it at once
+
+
+FAULTS: dict[str, Callable[[Harness], None]] = {
+    "watchdog expires": watchdog_expires, "blocked collective": blocked_collective, "SIGINT": sigint,
+    "SIGTERM to the job": sigterm_to_the_job, "launcher lost": launcher_lost, "peer gone": peer_gone,
+    "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
+    "internal error": internal_error, "failed write": failed_write,
+}
+
+
+# ---- how each ends --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ends:
+    exit: int | None
+    """The process's exit status; None: the run went on to its end and returned the agreed status (``status``)."""
+    culprits: tuple[int, ...] = ()
+    cause: str | None = None
+    """How the recorded ending (results.json's error) starts; None: nothing was recorded."""
+    bound: float = 0.0
+    """The deadline the run waited before it ended, seconds (0: at once)."""
+    verdict: str | None = "reject"
+    """What results.json says afterwards (None: it was never written)."""
+    status: int | None = None
+    hosts: tuple[str, ...] | None = None
+    """The culprits' hosts as the ending names them (None: each culprit's own host)."""
+
+
+ACCEPTED = Ends(exit=None, status=0, verdict="accept")
+"""The fault never reached the run at that stage: it ends as it would have without it."""
+ENDED_ALREADY = Ends(exit=0, verdict="accept")
+"""After the final barrier the record is final: the process leaves with the agreed status."""
+PHASE_S = 1.0
+"""Each phase of the fake test takes this long (run_fakes)."""
+IN_TEST = f"{TEST} [call]"
+SESSION = (Stage.STARTING, Stage.COLLECTING, Stage.TESTING, Stage.CONCLUDING, Stage.WRITING, Stage.FINAL_BARRIER)
+"""The stages in which the signal watcher runs and the record is not final."""
+UNWINDING = (Stage.STARTING, Stage.COLLECTING, Stage.TESTING)
+"""The stages in which pytest tells the plugin of pytest.exit and internal errors."""
+EXCHANGES = {Stage.CONFIGURING: ("identities", STARTUP_S), Stage.STARTING: ("collection", STARTUP_S),
+             Stage.COLLECTING: ("collection", STARTUP_S),
+             Stage.TESTING: (IN_TEST, TEST_LIMIT_S + EXCHANGE_GRACE_S - 2 * PHASE_S),
+             Stage.CONCLUDING: ("session end", SESSION_END_S), Stage.WRITING: ("final barrier", FINAL_S),
+             Stage.FINAL_BARRIER: ("final barrier", FINAL_S)}
+"""The exchange at which rank 0 notices a peer that went at that stage (or just before), and its deadline: a
+stage without one of its own (starting, writing the outputs) is noticed at the next."""
+
+
+def where(stage: Stage) -> str:
+    return IN_TEST if stage is Stage.TESTING else "the session"
+
+
+def _table() -> dict[tuple[str, Stage], Ends]:
+    t: dict[tuple[str, Stage], Ends] = {}
+    # The watchdog: a test past its limit names the rank that got least far; after the verdict it bounds rank 0.
+    t["watchdog expires", Stage.TESTING] = Ends(EXIT_EARLY, (1,), f"{TEST} did not finish within 60 s on rank 0 "
+                                                "(node-a); the run stops", TEST_LIMIT_S)
+    for stage in (Stage.WRITING, Stage.FINAL_BARRIER):
+        t["watchdog expires", stage] = Ends(EXIT_EARLY, (0,), "rank 0 (node-a) did not get from the verdict to the "
+                                            "final barrier within 45 s", REPORT_S)
+    t["blocked collective", Stage.TESTING] = Ends(
+        EXIT_EARLY, (1,), f"{IN_TEST}: rank 1 (node-b) failed it (ValueError: planted on rank 1) and waits for the "
+        "others, while rank 0 (node-a) has been blocked for 10 s in all_reduce called at t.py:3", BLOCKED_S)
+    for stage in SESSION:
+        w = where(stage)
+        t["SIGINT", stage] = Ends(EXIT_SIGINT, (), f"interrupted by SIGINT on rank 0 (node-a) during {w}",
+                                  SIGINT_GRACE_S)
+        t["SIGTERM to the job", stage] = Ends(EXIT_SIGTERM, (), f"stopped by SIGTERM on rank 0 (node-a) during {w} "
+                                              "(sent from outside the run")
+    for stage in (Stage.CONFIGURING, *SESSION):
+        t["launcher lost", stage] = Ends(EXIT_SIGTERM, (), f"stopped on rank 0 (node-a) during {where(stage)}: its "
+                                         "launcher (pid 4242, torchrun) is gone")
+    for fault in ("SIGINT", "SIGTERM to the job", "launcher lost"):
+        t[fault, Stage.ENDED] = ENDED_ALREADY
+    for stage, (step, deadline) in EXCHANGES.items():
+        w = where(stage)
+        host = "node-a" if stage is Stage.CONFIGURING else "node-b"  # before the identities, only its own is known
+        t["peer gone", stage] = Ends(EXIT_EARLY, (1,), f"rank 1 ({host}) ended without a word during {w} (killed, "
+                                     "crashed or exited inside a test", SIGNAL_GRACE_S, hosts=(host,))
+        t["peer stuck", stage] = Ends(EXIT_EARLY, (1,), f"rank 1 ({host}) did not reach '{step}' within "
+                                      f"{deadline:.0f} s of rank 0 (node-a)", deadline, hosts=(host,))
+        t["peer elsewhere", stage] = Ends(EXIT_EARLY, (1,), "pytest.exit('planted') on rank 1 (node-b) during "
+                                          f"{IN_TEST}\n  (then ranks are at different steps, so the run cannot go on: "
+                                          f"rank 0 (node-a) at '{step}'; rank 1 ({host}) at 'session end (left)'",
+                                          hosts=(host,))
+    for stage in UNWINDING:
+        w = where(stage)
+        t["pytest.exit", stage] = Ends(pytest.ExitCode.INTERRUPTED, (0,), f"pytest.exit('planted') on rank 0 (node-a) "
+                                       f"during {w}", LEAVING_S)
+        t["internal error", stage] = Ends(pytest.ExitCode.INTERNAL_ERROR, (0,), f"internal error on rank 0 (node-a) "
+                                          f"during {w}: RuntimeError: planted crash", LEAVING_S)
+    # A write that fails ends the run at once; results.json keeps its last good state ("running"), or never was.
+    cannot = "could not write {results} on rank 0 (node-a): [Errno 28] No space left on device; the run stops"
+    for stage in (Stage.CONFIGURING, Stage.STARTING):
+        t["failed write", stage] = Ends(EXIT_EARLY, (), cannot, verdict=None)
+    for stage in (Stage.COLLECTING, Stage.TESTING):
+        t["failed write", stage] = Ends(EXIT_EARLY, (), cannot, verdict="running")
+    for stage in (Stage.CONCLUDING, Stage.WRITING, Stage.FINAL_BARRIER):  # the accept, written after the barrier
+        t["failed write", stage] = Ends(EXIT_EARLY, (), None, verdict="running")
+    return t
+
+
+TABLE = _table()
+STAGES = list(Stage)
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.name.lower() for s in STAGES])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_every_stage_and_fault(tmp_path: Path, fault: str, stage: Stage) -> None:
+    h = Harness(tmp_path)
+    want = TABLE.get((fault, stage), ACCEPTED)
+    try:
+        status, code = h.drive(stage, FAULTS[fault]), None
+    except Exited as exc:
+        status, code = None, exc.code
+    ending = h.run.ending
+    res = h.results()
+    assert (code, status) == (want.exit, want.status), (ending, res and res["error"])
+    assert (res or {}).get("verdict") == want.verdict, res
+    if want.cause is None:
+        assert ending is None, ending
+        return
+    assert ending is not None and ending.cause.startswith(want.cause.format(results=tmp_path / "results.json")), \
+        ending
+    hosts = want.hosts if want.hosts is not None else tuple(("node-a", "node-b")[r] for r in want.culprits)
+    assert ending.culprits == want.culprits and ending.hosts == hosts, ending
+    if h.bound is not None:
+        bound = h.bound
+    elif ending.unwinds:  # the rank goes to the session's end, and waits LEAVING_S there for the others
+        [(step, at)] = [(s, t) for s, t in h.exchange.steps if s.phase == "session end"]
+        bound = (step.deadline or 0.0) - at
+    else:
+        bound = round(h.clock() - (h.fault_clock or h.clock()), 6)
+    assert bound == pytest.approx(want.bound), bound
+    if res is not None and res["verdict"] == "reject":  # what rank 0 wrote is the ending it recorded
+        assert res["error"] == ending.cause and res["error_ranks"] == list(ending.culprits), res
+        if ending.test is not None and (ending.interrupted or not ending.unwinds):  # else pytest's report says
+            [test] = res["tests"]
+            assert test["outcome"] == ("interrupted" if ending.interrupted else "failed"), test
