@@ -89,6 +89,15 @@ def sigterm_to_the_job(h: Harness) -> None:
     _signal(h, signal.SIGTERM)
 
 
+def sigterm_to_rank_1(h: Harness) -> None:
+    """A SIGTERM to rank 1 alone (a kill of its pid): rank 1 says so and leaves after its grace; torchrun then
+    stops rank 0 with its own SIGTERM, seconds later."""
+    h.peer_leaves(f"stopped by SIGTERM on rank 1 (node-b) during {h.run.where_now()} (sent from outside the run: "
+                  "the job was cancelled or torchrun was signalled)", "signal", [], ago_s=SIGNAL_GRACE_S + 0.5,
+                  interrupted=True)
+    _signal(h, signal.SIGTERM)
+
+
 def launcher_lost(h: Harness) -> None:
     """kill -9 of torchrun: the kernel's parent-death signal; the store went with the launcher."""
     h.launcher.is_gone = True
@@ -149,7 +158,8 @@ def failed_write(h: Harness) -> None:
 
 FAULTS: dict[str, Callable[[Harness], None]] = {
     "watchdog expires": watchdog_expires, "blocked collective": blocked_collective, "SIGINT": sigint,
-    "SIGTERM to the job": sigterm_to_the_job, "launcher lost": launcher_lost, "peer gone": peer_gone,
+    "SIGTERM to the job": sigterm_to_the_job, "SIGTERM to rank 1": sigterm_to_rank_1,
+    "launcher lost": launcher_lost, "peer gone": peer_gone,
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
     "internal error": internal_error, "failed write": failed_write,
 }
@@ -213,10 +223,13 @@ def _table() -> dict[tuple[str, Stage], Ends]:
                                   SIGINT_GRACE_S)
         t["SIGTERM to the job", stage] = Ends(EXIT_SIGTERM, (), f"stopped by SIGTERM on rank 0 (node-a) during {w} "
                                               "(sent from outside the run")
+        # The signal reached rank 1 first: it is named, not rank 0, which torchrun stopped after rank 1 had gone.
+        t["SIGTERM to rank 1", stage] = Ends(EXIT_SIGTERM, (), f"stopped by SIGTERM on rank 1 (node-b) during {w} "
+                                             "(sent from outside the run")
     for stage in (Stage.CONFIGURING, *SESSION):
         t["launcher lost", stage] = Ends(EXIT_SIGTERM, (), f"stopped on rank 0 (node-a) during {where(stage)}: its "
                                          "launcher (pid 4242, torchrun) is gone")
-    for fault in ("SIGINT", "SIGTERM to the job", "launcher lost"):
+    for fault in ("SIGINT", "SIGTERM to the job", "SIGTERM to rank 1", "launcher lost"):
         t[fault, Stage.ENDED] = ENDED_ALREADY
     for stage, (step, deadline) in EXCHANGES.items():
         w = where(stage)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from clustergate.run.limits import EXIT_EARLY
+from clustergate.run.limits import EXIT_EARLY, SIGNAL_SKEW_S
 
 
 class Kind(str, Enum):
@@ -57,14 +57,16 @@ class Ending:
     """What results.json says once it is recorded ("reject"; "running" on a rank that could not write it)."""
 
 
-def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: list[int], own_signal: str | None,
-                vanished: bool, who: Callable[[int], str], where: str, described: str) -> Ending:
+def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: list[int],
+                own_signal: tuple[str, float] | None, vanished: bool, who: Callable[[int], str], where: str,
+                described: str) -> Ending:
     """``observed`` told with its first cause first.
 
-    ``said``: why each peer that left did so (its record in the store); ``silent``: the peers that said nothing.
-    An earlier cause another rank recorded comes first; with ``vanished`` (a peer's connection closed, or
-    torchrun's SIGTERM) a silent peer died without a word and is the cause; then a signal (this rank's own
-    first); else what this rank saw.
+    ``said``: why each peer that left did so (its record in the store); ``silent``: the peers that said nothing;
+    ``own_signal``: this rank's own signal and when it came. An earlier cause another rank recorded comes first;
+    with ``vanished`` (a peer's connection closed, or torchrun's SIGTERM) a silent peer died without a word and
+    is the cause; then the first signal: a peer's that came SIGNAL_SKEW_S before this rank's own reached that
+    peer alone (torchrun signals this rank once that peer has gone), else this rank's own.
     """
     then = f"\n  (then {observed.cause[0].lower()}{observed.cause[1:]})"
     signals = [d for d in said.values() if d.get("kind") == Kind.SIGNAL]
@@ -78,10 +80,11 @@ def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: li
         return _told(observed, f"{names} ended without a word during {where} (killed, crashed or exited inside a "
                                "test: torchrun's summary gives its exit code)" + (f"; {described}" if described else "")
                      + then, tuple(silent), False)
-    if own_signal is not None:
-        return _told(observed, own_signal, (), True)
-    if signals:
-        return _told(observed, min(signals, key=lambda d: d.get("t", 0))["why"], (), True)
+    earliest = min(signals, key=lambda d: d.get("t", 0), default=None)
+    if own_signal is not None and (earliest is None or earliest.get("t", 0) >= own_signal[1] - SIGNAL_SKEW_S):
+        return _told(observed, own_signal[0], (), True)
+    if earliest is not None:
+        return _told(observed, earliest["why"], (), True)
     return _told(observed, observed.cause, observed.culprits, False)
 
 

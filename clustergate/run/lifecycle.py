@@ -120,8 +120,8 @@ class Run:
         """The exit status every rank agreed at the end of the session (final once the stage is ENDED)."""
         self.decided: dict[str, Any] | None = None
         """The final record (report.html and the terminal show it); results.json gets it in ``finish``."""
-        self.signalled: str | None = None
-        """This rank's own signal, as its ending says it."""
+        self.signalled: tuple[str, float] | None = None
+        """This rank's own signal, as its ending says it, and when it came (wall clock, as the store's times)."""
         self.written: str | None = None
         """The verdict results.json says (rank 0's last write that succeeded)."""
         self._decided_error: str | None = None
@@ -574,6 +574,7 @@ class Run:
 
     def on_signal(self, signum: int) -> None:
         """The signal watcher, even while the main thread is blocked in a collective."""
+        came = self.outside.wall()
         with self._lock:
             ended = self.stage is Stage.ENDED
         if ended:
@@ -583,7 +584,7 @@ class Run:
             gone = self.outside.launcher.gone()
             ending = detectors.sigterm(self, launcher_gone=gone)
             with self._lock:
-                self.signalled = ending.cause
+                self.signalled = (ending.cause, came)
             if gone:  # every rank got it from the kernel; the store went with the launcher
                 self.end(ending)
             self.peers.leave(ending.cause, Kind.SIGNAL.value, [], interrupted=True)
@@ -595,7 +596,7 @@ class Run:
             self.end(detectors.second_sigint(self))
         ending = detectors.sigint(self)
         with self._lock:
-            self.signalled = ending.cause
+            self.signalled = (ending.cause, came)
         self.record_ending(ending)
         self.outside.timer(SIGINT_GRACE_S, lambda: self.end(detectors.still_running_after_sigint(self)))
 

@@ -44,6 +44,10 @@ SIGNAL_GRACE_S = 2.0
 """How long a rank that saw a peer go (or got SIGTERM) waits for every peer's word in the store before it
 names the cause: torchrun signals every rank at once, and each says so within milliseconds; a rank that
 says nothing by then died without a word (kill -9, a crash, a hard exit)."""
+SIGNAL_SKEW_S = 1.0
+"""torchrun forwards a signal to every rank within milliseconds. A peer's signal this much earlier than a rank's
+own reached that peer alone (a kill of one rank): torchrun signalled the rank once that peer had gone, and the
+peer's signal is the cause."""
 SIGINT_GRACE_S = 20.0
 """After SIGINT pytest unwinds and writes what it can; a main thread blocked in C++ cannot, and the
 process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""

@@ -59,6 +59,8 @@ class Outside:
     exchange: Any = control
     """The control exchanges: ``max_int``, ``all_gather``, ``gather_to_leader``, ``broadcast_from_leader``."""
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    """The wall clock, as the ranks' words in the store are dated."""
     sleep: Callable[[float], None] = time.sleep
     write: Callable[[Any, dict[str, Any]], None] = write_json
     """Writes results.json (``clustergate.results.write_json``: atomic, strict, redacted)."""
