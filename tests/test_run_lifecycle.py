@@ -178,7 +178,7 @@ class Ends:
     verdict: str | None = "reject"
     """What results.json says afterwards (None: it was never written)."""
     status: int | None = None
-    hosts: tuple[str, ...] | None = None
+    hosts: tuple[str | None, ...] | None = None
     """The culprits' hosts as the ending names them (None: each culprit's own host)."""
 
 
@@ -233,14 +233,16 @@ def _table() -> dict[tuple[str, Stage], Ends]:
         t[fault, Stage.ENDED] = ENDED_ALREADY
     for stage, (step, deadline) in EXCHANGES.items():
         w = where(stage)
-        host = "node-a" if stage is Stage.CONFIGURING else "node-b"  # before the identities, only its own is known
-        t["peer gone", stage] = Ends(EXIT_EARLY, (1,), f"rank 1 ({host}) ended without a word during {w} (killed, "
-                                     "crashed or exited inside a test", SIGNAL_GRACE_S, hosts=(host,))
-        t["peer stuck", stage] = Ends(EXIT_EARLY, (1,), f"rank 1 ({host}) did not reach '{step}' within "
-                                      f"{deadline:.0f} s of rank 0 (node-a)", deadline, hosts=(host,))
+        # Before the identities are exchanged a rank knows no other rank's host, and names none.
+        host = None if stage is Stage.CONFIGURING else "node-b"
+        one = "rank 1" if host is None else f"rank 1 ({host})"
+        t["peer gone", stage] = Ends(EXIT_EARLY, (1,), f"{one} ended without a word during {w} (killed, crashed or "
+                                     "exited inside a test", SIGNAL_GRACE_S, hosts=(host,))
+        t["peer stuck", stage] = Ends(EXIT_EARLY, (1,), f"{one} did not reach '{step}' within {deadline:.0f} s of "
+                                      "rank 0 (node-a)", deadline, hosts=(host,))
         t["peer elsewhere", stage] = Ends(EXIT_EARLY, (1,), "pytest.exit('planted') on rank 1 (node-b) during "
                                           f"{IN_TEST}\n  (then ranks are at different steps, so the run cannot go on: "
-                                          f"rank 0 (node-a) at '{step}'; rank 1 ({host}) at 'session end (left)'",
+                                          f"rank 0 (node-a) at '{step}'; {one} at 'session end (left)'",
                                           hosts=(host,))
     for stage in UNWINDING:
         w = where(stage)

@@ -51,8 +51,8 @@ class Ending:
     left to torchrun's SIGKILL 30 s later."""
     test: str | None = None
     """The test the run was in (set when the run records it)."""
-    hosts: tuple[str, ...] = ()
-    """The culprits' hosts (set when the run records it)."""
+    hosts: tuple[str | None, ...] = ()
+    """The culprits' hosts, None where not known yet (set when the run records it)."""
     verdict: str | None = None
     """What results.json says once it is recorded ("reject"; "running" on a rank that could not write it)."""
 

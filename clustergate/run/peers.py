@@ -37,7 +37,8 @@ class Peers:
         """``store``: the rendezvous store's client (default: the default process group's)."""
         self.world = world
         self._store = store if store is not None else _store(world)
-        self.hosts: list[str] = [world.host] * world.world_size
+        self.hosts: list[str | None] = [world.host if r == world.rank else None for r in range(world.world_size)]
+        """Each rank's host, once every rank's identity is known (before, only this rank's own)."""
         # Every rank's keys exist before any peer reads them (a get of a missing key would block).
         self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})
         self._set(f"left/{world.rank}", None)
@@ -59,7 +60,8 @@ class Peers:
             return default
 
     def who(self, rank: int) -> str:
-        return f"rank {rank} ({self.hosts[rank]})"
+        host = self.hosts[rank] if 0 <= rank < len(self.hosts) else None
+        return f"rank {rank} ({host})" if host else f"rank {rank}"
 
     # ---- this rank says ------------------------------------------------------------------------
     def mark(self, step: int, nodeid: str) -> None:

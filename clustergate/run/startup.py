@@ -21,14 +21,15 @@ import pytest
 from clustergate import reportdir
 from clustergate.identity import environment, gpu_model_name, rank_identity
 from clustergate.redact import ScrubbingStream
+from clustergate.results import RunRecord, write_json
 from clustergate.run import control
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
 from clustergate.run.options import Options
 from clustergate.run.peers import Peers
-from clustergate.run.world import World, WorldError, init_world
-from clustergate.thresholds import ThresholdsError, load
+from clustergate.run.world import StartupLost, World, WorldError, init_world
+from clustergate.thresholds import Profile, ThresholdsError, load
 from workloads.node.name import NodeNameError
 
 LOCK = pytest.StashKey[reportdir.RunLock]()
@@ -44,6 +45,10 @@ CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
 """The source checkout this module runs from; None when installed from a wheel."""
 
 
+class CouldNotStart(pytest.UsageError):
+    """The run could not start: a rank never came, the process groups could not form."""
+
+
 def open_run(config: pytest.Config, options: Options) -> Run:
     """The run of this rank: its profile, its process groups, its report directory, every rank's identity."""
     try:
@@ -51,7 +56,11 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         profile = thresholds.profile(options.profile) if options.profile else thresholds.select(gpu_model_name())
         world = init_world(options.collective_limit_s(profile),
                            control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S,
-                           want_cuda=profile.name != thresholds.cpu_profile)
+                           want_cuda=profile.name != thresholds.cpu_profile, startup_s=STARTUP_S)
+    except StartupLost as exc:
+        if os.environ.get("RANK", "0") == "0":
+            record_refusal(config, options, profile, str(exc), exc.missing)
+        raise CouldNotStart(str(exc)) from None
     except (ThresholdsError, WorldError, NodeNameError) as exc:
         raise pytest.UsageError(str(exc)) from None
     report_dir = prepare_report_dir(config, world, CHECKOUT or Path.cwd())
@@ -63,6 +72,22 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     run = Run(world, profile, options, report_dir, identity=identity, outside=Outside(peers=Peers(world)))
     run.meet(environment())
     return run
+
+
+def record_refusal(config: pytest.Config, options: Options, profile: Profile, error: str, culprits: list[int]) -> None:
+    """Rank 0, where the run could not start: results.json says why and names the ranks (no other rank can be
+    asked where the outputs go: rank 0 alone chooses, as it always does)."""
+    path = Path(options.report_dir) if options.report_dir else default_report_dir(CHECKOUT or Path.cwd())
+    if reportdir.problem(path) is not None or hold(config, path) is not None:
+        return  # nowhere to write: the error says it all
+    record = RunRecord(profile=profile.name, level=options.level, world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                       sign_off=profile.sign_off, selection=options.selection())
+    record.fail(error)
+    record.extra["error_ranks"] = culprits
+    try:
+        write_json(path / "results.json", record.as_json())
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"clustergate: could not write {path / 'results.json'}: {exc}\n")
 
 
 def route_outputs(config: pytest.Config, run: Run) -> None:
@@ -130,11 +155,15 @@ def prepare_report_dir(config: pytest.Config, world: World, root: Path) -> Path:
         raise pytest.UsageError(f"the run could not start: {exc}") from None
 
 
+def default_report_dir(root: Path) -> Path:
+    """reports/<UTC time>/ under ``root``: new, so nothing there can be stale."""
+    return root / "reports" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
 def _prepare(config: pytest.Config, world: World, root: Path) -> Path:
     chosen = config.getoption("report_dir")
     if chosen is None and world.is_leader:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        chosen = str(root / "reports" / stamp)
+        chosen = str(default_report_dir(root))
     chosen = control.broadcast_from_leader(world, chosen, Step(None, "report directory", within(STARTUP_S)))
     path = Path(chosen)
     problems = control.all_gather(world, (world.host, reportdir.problem(path)),
@@ -146,24 +175,29 @@ def _prepare(config: pytest.Config, world: World, root: Path) -> Path:
             if world.launched else ""
         raise pytest.UsageError(f"--report-dir {path}: {why}{where}; choose a directory every rank can "
                                 "write to (--report-dir DIR)")
-    refusal = None
-    if world.is_leader:
-        lock = config.stash.get(LOCK, None) or reportdir.RunLock(path)  # claimed at start-up, where it existed
-        refusal = None if lock.held else lock.acquire()
-        if refusal is None:
-            config.stash[LOCK] = lock
-            if lock.no_flock:
-                sys.stderr.write(f"clustergate: flock does not work on the file system of {path} ({lock.no_flock}); "
-                                 f"this run holds it through {lock.owner_path} instead" +
-                                 (f", replacing the stale one of {lock.took_over}" if lock.took_over else "") + "\n")
-            try:
-                move_earlier_outputs(config, path)
-            except OSError as exc:  # problem() found the directory writable on every rank: unexpected
-                refusal = f"cannot take the earlier run's outputs aside ({exc.strerror or exc})"
+    refusal = hold(config, path) if world.is_leader else None
     refusal = control.broadcast_from_leader(world, refusal, Step(None, "report directory lock", within(STARTUP_S)))
     if refusal:
         raise pytest.UsageError(f"--report-dir {path} {refusal}")
     return path
+
+
+def hold(config: pytest.Config, path: Path) -> str | None:
+    """Rank 0 holds ``path`` for this run and moves an earlier run's outputs aside; why not, or None."""
+    lock = config.stash.get(LOCK, None) or reportdir.RunLock(path)  # claimed at start-up, where it existed
+    refusal = None if lock.held else lock.acquire()
+    if refusal is not None:
+        return refusal
+    config.stash[LOCK] = lock
+    if lock.no_flock:
+        sys.stderr.write(f"clustergate: flock does not work on the file system of {path} ({lock.no_flock}); "
+                         f"this run holds it through {lock.owner_path} instead" +
+                         (f", replacing the stale one of {lock.took_over}" if lock.took_over else "") + "\n")
+    try:
+        move_earlier_outputs(config, path)
+    except OSError as exc:  # problem() found the directory writable on every rank: unexpected
+        return f"cannot take the earlier run's outputs aside ({exc.strerror or exc})"
+    return None
 
 
 def move_earlier_outputs(config: pytest.Config, path: Path) -> None:
