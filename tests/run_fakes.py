@@ -155,6 +155,8 @@ class Harness:
         self.exchange = FakeExchange(self.clock)
         self.launcher = FakeLauncher()
         self.said: list[str] = []
+        self.stopped: list[int] = []
+        """The process ids the run stopped (stuck ranks beside it)."""
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.in_collective: str | None = None
         self.write_fails = False
@@ -173,6 +175,7 @@ class Harness:
             peers=Peers(world_of(0), store=self.store), exchange=self.exchange, clock=self.clock,
             sleep=self.clock.sleep, write=self._write, exit=self._exit, park=self._park, say=self.said.append,
             timer=lambda seconds, action: self.timers.append((seconds, action)), dump_stacks=lambda: None,
+            stop=self.stopped.extend,
             launcher=self.launcher, collective_in_main_thread=lambda: self.in_collective,
             watchdog=lambda on_expiry, on_poll: FakeWatchdog(self.clock, on_expiry, on_poll), signals=FakeSignals)
         identity = RankIdentity(rank=0, local_rank=0, node_rank=0, host=HOSTS[0], gpu=None)
@@ -208,6 +211,11 @@ class Harness:
         """Rank 1 says in the store why it left, ``ago_s`` seconds ago."""
         self.store.set("clustergate/left/1", json.dumps({"rank": 1, "why": why, "kind": kind, "culprits": culprits,
                                                          "interrupted": interrupted, "t": time.time() - ago_s}))
+
+    def peer_beside(self) -> None:
+        """Rank 1 runs beside rank 0: the same host, the same launcher (its process record in the store says so)."""
+        mine = json.loads(self.store.get("clustergate/process/0"))
+        self.store.set("clustergate/process/1", json.dumps(mine))
 
     def drive(self, fault_at: Stage | None = None, fault: Callable[[Harness], None] | None = None) -> int:
         """Rank 0 through every stage of a one-test run; ``fault`` acts when the run is at ``fault_at`` (inside that

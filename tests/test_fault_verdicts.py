@@ -166,19 +166,29 @@ def test_rank_stuck_at_start_up_is_named(tmp_path: Path) -> None:
     assert res["error_ranks"] == [1] and res["tests"] == []
 
 
-def test_rank_asleep_while_its_peers_collective_times_out_is_named(tmp_path: Path) -> None:
-    """Default test limit (300 s on cpu): rank 0's all_reduce times out at the collective timeout, then
-    rank 0 waits POISONED_WAIT_S for rank 1 at the exchange, not the test limit."""
-    job = start_job(tmp_path, plant(tmp_path, "asleep_while_peer_waits"), timeout=240)
-    asleep = wait_for(tmp_path / "asleep-1")
-    r = job.wait()
-    measured("rank 1 asleep, rank 0 in all_reduce", ended_after(r, asleep))
-    assert ended_after(r, asleep) < CPU_COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
+def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(tmp_path: Path) -> None:
+    """Rank 1 SIGSTOPped in a test while rank 0 waits in all_reduce (default test limit, 300 s on cpu): rank 0's
+    collective times out at the collective timeout, rank 0 waits POISONED_WAIT_S for rank 1 at the exchange and
+    names it; then it stops rank 1 itself (SIGCONT, SIGTERM; SIGKILL after STOP_GRACE_S), rather than leave it to
+    torchrun's SIGKILL 30 s later."""
+    job = start_job(tmp_path, plant(tmp_path, "collective_loop"), timeout=240)
+    wait_for(tmp_path / "ready-0")
+    wait_for(tmp_path / "ready-1")
+    pid = int((tmp_path / "ready-1").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        r = job.wait()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    measured("rank 1 SIGSTOPped, rank 0 in all_reduce", ended_after(r, stopped))
+    assert ended_after(r, stopped) < CPU_COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
     res = rejected(r)
-    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'test_fault.py::test_asleep_on_rank_1 [call] "
-                                   "(after its collective failed"), res["error"]
-    assert f"rank 1 ({HOST}) last finished setup of test_fault.py::test_asleep_on_rank_1" in res["error"]
-    assert res["error_ranks"] == [1] and res["tests"][0]["failed_ranks"] == [1], res["tests"]
+    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'test_fault.py::test_loop [call] (after its "
+                                   "collective failed"), res["error"]
+    assert f"rank 1 ({HOST}) last finished setup of test_fault.py::test_loop" in res["error"]
+    assert res["error_ranks"] == [1] and res["tests"][-1]["failed_ranks"] == [1], res["tests"]
 
 
 def test_rank_0_raising_before_a_collective_is_the_culprit(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ tests/test_faults.py.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,7 +116,9 @@ def peer_gone(h: Harness) -> None:
 
 
 def peer_stuck(h: Harness) -> None:
-    """Rank 1 never comes to rank 0's next exchange (stuck in a conftest, a test, a hook): its deadline passes."""
+    """Rank 1 never comes to rank 0's next exchange (stuck in a conftest, a test, a hook, or SIGSTOPped): its
+    deadline passes. Rank 1 runs under rank 0's launcher, so rank 0 stops it itself once it has recorded why."""
+    h.peer_beside()
     def late(step: Step) -> ControlLost:
         lost = ControlLost(f"control exchange '{step}' did not complete on rank 0: a peer rank never arrived")
         lost.timed_out = True
@@ -175,6 +178,8 @@ class Ends:
     """How the recorded ending (results.json's error) starts; None: nothing was recorded."""
     bound: float = 0.0
     """The deadline the run waited before it ended, seconds (0: at once)."""
+    stops: bool = False
+    """The run stops the culprits itself (stuck ranks beside it), rather than leave them to torchrun."""
     verdict: str | None = "reject"
     """What results.json says afterwards (None: it was never written)."""
     status: int | None = None
@@ -239,7 +244,7 @@ def _table() -> dict[tuple[str, Stage], Ends]:
         t["peer gone", stage] = Ends(EXIT_EARLY, (1,), f"{one} ended without a word during {w} (killed, crashed or "
                                      "exited inside a test", SIGNAL_GRACE_S, hosts=(host,))
         t["peer stuck", stage] = Ends(EXIT_EARLY, (1,), f"{one} did not reach '{step}' within {deadline:.0f} s of "
-                                      "rank 0 (node-a)", deadline, hosts=(host,))
+                                      "rank 0 (node-a)", deadline, hosts=(host,), stops=True)
         t["peer elsewhere", stage] = Ends(EXIT_EARLY, (1,), "pytest.exit('planted') on rank 1 (node-b) during "
                                           f"{IN_TEST}\n  (then ranks are at different steps, so the run cannot go on: "
                                           f"rank 0 (node-a) at '{step}'; {one} at 'session end (left)'",
@@ -293,8 +298,17 @@ def test_every_stage_and_fault(tmp_path: Path, fault: str, stage: Stage) -> None
     else:
         bound = round(h.clock() - (h.fault_clock or h.clock()), 6)
     assert bound == pytest.approx(want.bound), bound
+    assert h.stopped == ([os.getpid()] if want.stops else []), h.stopped  # rank 1 of the fake job is this process
     if res is not None and res["verdict"] == "reject":  # what rank 0 wrote is the ending it recorded
         assert res["error"] == ending.cause and res["error_ranks"] == list(ending.culprits), res
         if ending.test is not None and (ending.interrupted or not ending.unwinds):  # else pytest's report says
             [test] = res["tests"]
             assert test["outcome"] == ("interrupted" if ending.interrupted else "failed"), test
+
+
+def test_only_ranks_beside_it_are_stopped(tmp_path: Path) -> None:
+    """A rank stops stuck ranks of its own host and launcher only: another node's are its own launcher's."""
+    h = Harness(tmp_path)
+    assert h.run.peers.siblings((1,)) == []  # rank 1 of the fake job is on another node
+    h.peer_beside()
+    assert h.run.peers.siblings((0, 1)) == [os.getpid()]  # never itself

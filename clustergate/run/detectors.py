@@ -42,7 +42,7 @@ def exchange_failed(run: Run, step: Step, exc: ControlLost) -> Ending:
         names = ", ".join(peers.who(r) for r in late) or "a peer rank"
         return run.blamed(Ending(f"{names} did not reach '{step}' within {exc.waited_s:.0f} s of {run.who} (stuck, "
                                  "or slower than every limit allows)" + (f"; {described}" if described else ""),
-                                 culprits=tuple(late or peers.behind(run.test))), grace_s=0.0)
+                                 culprits=tuple(late or peers.behind(run.test)), stuck=tuple(late)), grace_s=0.0)
     return run.blamed(Ending(f"{exc} during {run.where_now()}" + (f"; {described}" if described else ""),
                              culprits=tuple(peers.behind(run.test))), vanished=True)
 

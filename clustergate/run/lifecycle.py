@@ -477,6 +477,8 @@ class Run:
             final = self.stage is Stage.ENDED
         if not final:
             self._record(ending)
+        if ending.stuck:  # the record is written: the ranks it names as stuck need not wait for torchrun
+            self._try(lambda: self.outside.stop(self.peers.siblings(ending.stuck)))
         if stacks:
             self._try(self.outside.dump_stacks)
         self.outside.exit(ending.exit_code)

@@ -48,6 +48,9 @@ SIGNAL_SKEW_S = 1.0
 """torchrun forwards a signal to every rank within milliseconds. A peer's signal this much earlier than a rank's
 own reached that peer alone (a kill of one rank): torchrun signalled the rank once that peer had gone, and the
 peer's signal is the cause."""
+STOP_GRACE_S = SIGNAL_GRACE_S + 3.0
+"""A stuck rank that another rank of its node stops (SIGCONT, SIGTERM) gets this long to record its ending and go
+(its signal watcher waits SIGNAL_GRACE_S for the others' word) before that rank kills it."""
 SIGINT_GRACE_S = 20.0
 """After SIGINT pytest unwinds and writes what it can; a main thread blocked in C++ cannot, and the
 process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""

@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 from clustergate.redact import Scrubber
 from clustergate.results import write_json
 from clustergate.run import control
-from clustergate.run.interrupts import Launcher, SignalWatcher
+from clustergate.run.interrupts import Launcher, SignalWatcher, stop_processes
+from clustergate.run.limits import STOP_GRACE_S
 from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
 
@@ -44,6 +45,10 @@ def _timer(seconds: float, action: Callable[[], None]) -> None:
     timer = threading.Timer(seconds, action)
     timer.daemon = True
     timer.start()
+
+
+def _stop(pids: list[int]) -> None:
+    stop_processes(pids, STOP_GRACE_S)
 
 
 def _dump_stacks() -> None:
@@ -73,6 +78,8 @@ class Outside:
     timer: Callable[[float, Callable[[], None]], None] = _timer
     dump_stacks: Callable[[], None] = _dump_stacks
     """Every thread's stack to stderr (a test past its limit: which rank was where in its code)."""
+    stop: Callable[[list[int]], None] = _stop
+    """Stops stuck sibling ranks (their process ids), rather than leave them to torchrun's SIGKILL 30 s later."""
     launcher: Launcher = field(default_factory=Launcher)
     collective_in_main_thread: Callable[[], str | None] = main_thread_collective
     watchdog: Callable[..., Any] = Watchdog

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -43,6 +44,7 @@ class Peers:
         self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})
         self._set(f"left/{world.rank}", None)
         self._set(f"at/{world.rank}", "")
+        self._set(f"process/{world.rank}", {"pid": os.getpid(), "launcher": os.getppid(), "host": world.host})
 
     def _set(self, key: str, value: Any) -> None:
         if self._store is not None:
@@ -111,6 +113,19 @@ class Peers:
                     out[r] = left
         except Exception:
             return None
+        return out
+
+    def siblings(self, ranks: tuple[int, ...]) -> list[int]:
+        """The process ids of those of ``ranks`` that run beside this rank: the same host, the same launcher."""
+        mine = self._get(f"process/{self.world.rank}", None)
+        if not mine:
+            return []
+        out = []
+        for r in ranks:
+            theirs = self._get(f"process/{r}", None)
+            if theirs and r != self.world.rank and (theirs.get("host"), theirs.get("launcher")) == \
+                    (mine.get("host"), mine.get("launcher")):
+                out.append(int(theirs["pid"]))
         return out
 
     def elsewhere(self, label: str) -> list[int]:
