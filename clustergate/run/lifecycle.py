@@ -435,6 +435,8 @@ class Run:
         if not (self.poisoned or self.exiting):
             with self._lock:
                 self.stage = Stage.FINAL_BARRIER
+            # Rank 0 is at the barrier: from here it waits for the others, whom the barrier's deadline names.
+            self.watchdog.disarm()
             # Rank 0 arrives last (it wrote the outputs); the others wait for it as long as it may take.
             wait = FINAL_S if self.world.is_leader else REPORT_S + FINAL_S
             step = Step(None, "final barrier", self.within(wait))
@@ -449,8 +451,9 @@ class Run:
                 try:
                     self._write(final)
                 except (OSError, ValueError) as exc:
-                    self.outside.say(f"clustergate: {self.who}: could not write {self.results_path}: {exc}; it does "
-                                     "not say accept\n")
+                    what = f"could not write {self.results_path} on {self.who}: {exc}; it does not say accept"
+                    self.outside.say(f"clustergate: {self.who}: {what}\n")
+                    self.fail(what)
                     status = EXIT_EARLY
         with self._lock:
             self.status = status
