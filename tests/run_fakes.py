@@ -244,7 +244,7 @@ class Harness:
             mine = PhaseOutcome(rank=0, host=HOSTS[0], outcome="passed", message="", stop=self.clock())
             run.merge_phase(TEST, when, mine, (), 0.01)
         run.end_test(TEST)
-        status = run.conclude(self.pytest_status, collect_only=False)
+        status = run.conclude(self.pytest_status)
         if fault_at is Stage.WRITING:
             now(Stage.WRITING)
         status = run.finish([])

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from report_runs import schema_errors
 
+from clustergate.exit_codes import Exit
+
 from torchrun_job import ROOT, JobResult, foreground_signals, job_env, plant, run_job, start_job, start_ranks, wait_for
 
 HOST = socket.gethostname()
@@ -100,7 +102,7 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
                                                             tmp_path / "report"), time.monotonic() - sent, res,
          res["error"])
     assert time.monotonic() - sent < 20, out  # pytest unwinds at once; 20 s is the grace before a forced end
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert proc.returncode == Exit.NOT_ACCEPTED, out  # interrupted: the run did not finish
     assert_valid(res)
     assert res["verdict"] == "reject", res
     assert res["error"] == f"interrupted by SIGINT on rank 0 ({HOST}) during test_fault.py::test_sleeps [call]"

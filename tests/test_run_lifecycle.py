@@ -22,15 +22,13 @@ from pathlib import Path
 import pytest
 from run_fakes import TEST, TEST_LIMIT_S, Exited, Harness
 
+from clustergate.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
 from clustergate.run.lifecycle import Stage
 from clustergate.run.limits import (
     BLOCKED_S,
     EXCHANGE_GRACE_S,
-    EXIT_EARLY,
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
     FINAL_S,
     LEAVING_S,
     POLL_S,
@@ -39,6 +37,7 @@ from clustergate.run.limits import (
     SIGINT_GRACE_S,
     SIGNAL_GRACE_S,
     STARTUP_S,
+    exit_status,
 )
 
 
@@ -189,6 +188,8 @@ class Ends:
     """The culprits' hosts as the ending names them (None: each culprit's own host)."""
 
 
+NOT_ACCEPTED = Exit.NOT_ACCEPTED
+"""Every early ending's exit status: the run did not finish (what ended it is in results.json, not the status)."""
 ACCEPTED = Ends(exit=None, status=0, verdict="accept")
 """The fault never reached the run at that stage: it ends as it would have without it."""
 ENDED_ALREADY = Ends(exit=0, verdict="accept")
@@ -216,24 +217,24 @@ def where(stage: Stage) -> str:
 def _table() -> dict[tuple[str, Stage], Ends]:
     t: dict[tuple[str, Stage], Ends] = {}
     # The watchdog: a test past its limit names the rank that got least far; after the verdict it bounds rank 0.
-    t["watchdog expires", Stage.TESTING] = Ends(EXIT_EARLY, (1,), f"{TEST} did not finish within 60 s on rank 0 "
+    t["watchdog expires", Stage.TESTING] = Ends(NOT_ACCEPTED, (1,), f"{TEST} did not finish within 60 s on rank 0 "
                                                 "(node-a); the run stops", TEST_LIMIT_S)
-    t["watchdog expires", Stage.WRITING] = Ends(EXIT_EARLY, (0,), "rank 0 (node-a) did not get from the verdict to the "
-                                                "final barrier within 45 s", REPORT_S)
+    t["watchdog expires", Stage.WRITING] = Ends(NOT_ACCEPTED, (0,), "rank 0 (node-a) did not get from the verdict to "
+                                                "the final barrier within 45 s", REPORT_S)
     t["blocked collective", Stage.TESTING] = Ends(
-        EXIT_EARLY, (1,), f"{IN_TEST}: rank 1 (node-b) failed it (ValueError: planted on rank 1) and waits for the "
+        NOT_ACCEPTED, (1,), f"{IN_TEST}: rank 1 (node-b) failed it (ValueError: planted on rank 1) and waits for the "
         "others, while rank 0 (node-a) has been blocked for 10 s in all_reduce called at t.py:3", BLOCKED_S)
     for stage in SESSION:
         w = where(stage)
-        t["SIGINT", stage] = Ends(EXIT_SIGINT, (), f"interrupted by SIGINT on rank 0 (node-a) during {w}",
+        t["SIGINT", stage] = Ends(NOT_ACCEPTED, (), f"interrupted by SIGINT on rank 0 (node-a) during {w}",
                                   SIGINT_GRACE_S)
-        t["SIGTERM to the job", stage] = Ends(EXIT_SIGTERM, (), f"stopped by SIGTERM on rank 0 (node-a) during {w} "
+        t["SIGTERM to the job", stage] = Ends(NOT_ACCEPTED, (), f"stopped by SIGTERM on rank 0 (node-a) during {w} "
                                               "(sent from outside the run")
         # The signal reached rank 1 first: it is named, not rank 0, which torchrun stopped after rank 1 had gone.
-        t["SIGTERM to rank 1", stage] = Ends(EXIT_SIGTERM, (), f"stopped by SIGTERM on rank 1 (node-b) during {w} "
+        t["SIGTERM to rank 1", stage] = Ends(NOT_ACCEPTED, (), f"stopped by SIGTERM on rank 1 (node-b) during {w} "
                                              "(sent from outside the run")
     for stage in (Stage.CONFIGURING, *SESSION):
-        t["launcher lost", stage] = Ends(EXIT_SIGTERM, (), f"stopped on rank 0 (node-a) during {where(stage)}: its "
+        t["launcher lost", stage] = Ends(NOT_ACCEPTED, (), f"stopped on rank 0 (node-a) during {where(stage)}: its "
                                          "launcher (pid 4242, torchrun) is gone")
     for fault in ("SIGINT", "SIGTERM to the job", "SIGTERM to rank 1", "launcher lost"):
         t[fault, Stage.ENDED] = ENDED_ALREADY
@@ -242,28 +243,28 @@ def _table() -> dict[tuple[str, Stage], Ends]:
         # Before the identities are exchanged a rank knows no other rank's host, and names none.
         host = None if stage is Stage.CONFIGURING else "node-b"
         one = "rank 1" if host is None else f"rank 1 ({host})"
-        t["peer gone", stage] = Ends(EXIT_EARLY, (1,), f"{one} ended without a word during {w} (killed, crashed or "
+        t["peer gone", stage] = Ends(NOT_ACCEPTED, (1,), f"{one} ended without a word during {w} (killed, crashed or "
                                      "exited inside a test", SIGNAL_GRACE_S, hosts=(host,))
-        t["peer stuck", stage] = Ends(EXIT_EARLY, (1,), f"{one} did not reach '{step}' within {deadline:.0f} s of "
+        t["peer stuck", stage] = Ends(NOT_ACCEPTED, (1,), f"{one} did not reach '{step}' within {deadline:.0f} s of "
                                       "rank 0 (node-a)", deadline, hosts=(host,), stops=True)
-        t["peer elsewhere", stage] = Ends(EXIT_EARLY, (1,), "pytest.exit('planted') on rank 1 (node-b) during "
+        t["peer elsewhere", stage] = Ends(NOT_ACCEPTED, (1,), "pytest.exit('planted') on rank 1 (node-b) during "
                                           f"{IN_TEST}\n  (then ranks are at different steps, so the run cannot go on: "
                                           f"rank 0 (node-a) at '{step}'; {one} at 'session end (left)'",
                                           hosts=(host,))
     for stage in UNWINDING:
         w = where(stage)
-        t["pytest.exit", stage] = Ends(pytest.ExitCode.INTERRUPTED, (0,), f"pytest.exit('planted') on rank 0 (node-a) "
-                                       f"during {w}", LEAVING_S)
-        t["internal error", stage] = Ends(pytest.ExitCode.INTERNAL_ERROR, (0,), f"internal error on rank 0 (node-a) "
-                                          f"during {w}: RuntimeError: planted crash", LEAVING_S)
+        t["pytest.exit", stage] = Ends(NOT_ACCEPTED, (0,), f"pytest.exit('planted') on rank 0 (node-a) during {w}",
+                                       LEAVING_S)
+        t["internal error", stage] = Ends(NOT_ACCEPTED, (0,), f"internal error on rank 0 (node-a) during {w}: "
+                                          "RuntimeError: planted crash", LEAVING_S)
     # A write that fails ends the run at once; results.json keeps its last good state ("running"), or never was.
     cannot = "could not write {results} on rank 0 (node-a): [Errno 28] No space left on device; the run stops"
     for stage in (Stage.CONFIGURING, Stage.STARTING):
-        t["failed write", stage] = Ends(EXIT_EARLY, (), cannot, verdict=None)
+        t["failed write", stage] = Ends(NOT_ACCEPTED, (), cannot, verdict=None)
     for stage in (Stage.COLLECTING, Stage.TESTING):
-        t["failed write", stage] = Ends(EXIT_EARLY, (), cannot, verdict="running")
+        t["failed write", stage] = Ends(NOT_ACCEPTED, (), cannot, verdict="running")
     for stage in (Stage.CONCLUDING, Stage.WRITING, Stage.FINAL_BARRIER):  # the accept, written after the barrier
-        t["failed write", stage] = Ends(EXIT_EARLY, (), cannot.replace("the run stops", "it does not say accept"),
+        t["failed write", stage] = Ends(NOT_ACCEPTED, (), cannot.replace("the run stops", "it does not say accept"),
                                         verdict="running", final=True)
     return t
 
@@ -314,3 +315,19 @@ def test_only_ranks_beside_it_are_stopped(tmp_path: Path) -> None:
     assert h.run.peers.siblings((1,)) == []  # rank 1 of the fake job is on another node
     h.peer_beside()
     assert h.run.peers.siblings((0, 1)) == [os.getpid()]  # never itself
+
+
+@pytest.mark.parametrize(("pytest_status", "status"), [
+    (pytest.ExitCode.OK, Exit.ACCEPT), (pytest.ExitCode.TESTS_FAILED, Exit.NOT_ACCEPTED),
+    (pytest.ExitCode.INTERRUPTED, Exit.NOT_ACCEPTED), (pytest.ExitCode.INTERNAL_ERROR, Exit.NOT_ACCEPTED),
+    (pytest.ExitCode.USAGE_ERROR, Exit.USAGE), (pytest.ExitCode.NO_TESTS_COLLECTED, Exit.NOT_ACCEPTED),
+])
+def test_pytest_status_as_the_table_says_it(pytest_status: int, status: Exit) -> None:
+    assert exit_status(pytest_status) == status
+
+
+def test_every_rank_leaves_with_a_status_of_the_table() -> None:
+    """The statuses of the run's endings and of its session's end are the table's, never 3 (pytest's internal
+    error) or a signal's 128+N."""
+    assert {ends.exit for ends in TABLE.values()} | {int(exit_status(s)) for s in pytest.ExitCode} <= \
+        {None, *map(int, Exit)}

@@ -67,7 +67,7 @@ def results_of(config: pytest.Config, final: bool = False, only_test: str | None
     if REPLAYED in config.stash:
         return config.stash[REPLAYED]
     gate = _gate(config)
-    if gate is None or not gate.world.is_leader:
+    if gate is None or not gate.writes:  # rank 0 of a run that writes outputs (not a --collect-only listing)
         return None
     if final and gate.decided is not None:
         return gate.decided

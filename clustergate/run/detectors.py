@@ -19,7 +19,7 @@ import pytest
 
 from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
-from clustergate.run.limits import BLOCKED_S, EXIT_SIGINT, EXIT_SIGTERM, SIGINT_GRACE_S
+from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
 
 if TYPE_CHECKING:
     from clustergate.run.lifecycle import Run
@@ -97,7 +97,7 @@ def sigterm(run: Run, *, launcher_gone: bool) -> Ending:
     else:
         cause = (f"stopped by SIGTERM on {where} (sent from outside the run: the job was cancelled or torchrun was "
                  "signalled)")
-    return Ending(cause, exit_code=EXIT_SIGTERM, interrupted=True)
+    return Ending(cause, interrupted=True)
 
 
 def sigint(run: Run) -> Ending:
@@ -107,14 +107,13 @@ def sigint(run: Run) -> Ending:
 
 
 def second_sigint(run: Run) -> Ending:
-    return Ending(f"interrupted by a second SIGINT on {run.who} during {run.where_now()}", exit_code=EXIT_SIGINT,
-                  interrupted=True)
+    return Ending(f"interrupted by a second SIGINT on {run.who} during {run.where_now()}", interrupted=True)
 
 
 def still_running_after_sigint(run: Run) -> Ending:
     """SIGINT_GRACE_S after the first SIGINT the main thread has not unwound (blocked in C++)."""
     return Ending(f"still running {SIGINT_GRACE_S:.0f} s after SIGINT on {run.who} (blocked in {run.where_now()}); "
-                  "ending the process", exit_code=EXIT_SIGINT, interrupted=True)
+                  "ending the process", interrupted=True)
 
 
 

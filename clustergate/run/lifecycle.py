@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 import pytest
 
 import clustergate
+from clustergate.exit_codes import Exit
 from clustergate.identity import RankIdentity
 from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
@@ -47,6 +48,7 @@ from clustergate.run.limits import (
     SIGINT_GRACE_S,
     SIGNAL_GRACE_S,
     STARTUP_S,
+    exit_status,
 )
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
@@ -94,13 +96,14 @@ def code_digest() -> str:
 class Run:
     """The run on this rank; the only writer of its state (under ``_lock``)."""
 
-    def __init__(self, world: World, profile: Profile, options: Options, report_dir: Path, *,
+    def __init__(self, world: World, profile: Profile, options: Options, report_dir: Path | None, *,
                  identity: RankIdentity, outside: Outside) -> None:
         self.world = world
         self.profile = profile
         self.options = options
         self.level = options.level
         self.report_dir = report_dir
+        """Where the outputs go; None under --collect-only (a listing writes none)."""
         self.test_timeout_s = options.test_limit_s(profile)
         self.identity = identity
         self.outside = outside
@@ -152,7 +155,12 @@ class Run:
 
     @property
     def results_path(self) -> Path:
-        return self.report_dir / "results.json"
+        return (self.report_dir or Path()) / "results.json"
+
+    @property
+    def writes(self) -> bool:
+        """This rank writes the run's outputs: rank 0, unless the run is a listing (--collect-only)."""
+        return self.world.is_leader and self.report_dir is not None
 
     @property
     def started(self) -> bool:
@@ -197,8 +205,8 @@ class Run:
         """The session starts: results.json exists from now on and says "running"."""
         with self._lock:
             self.stage = Stage.STARTING
-        if self.world.is_leader:
-            path = self.report_dir / "progress.jsonl"
+        if self.writes:
+            path = self.results_path.with_name("progress.jsonl")
             try:
                 self.progress = Progress(path)
             except OSError as exc:
@@ -211,7 +219,7 @@ class Run:
     def write_results(self, at_most_every_s: float = 0.0) -> None:
         """Rank 0 rewrites results.json; ``at_most_every_s`` bounds the cost when tests are short.
         A write that fails (a full disk) ends the run: a record that cannot be kept is no record."""
-        if not self.world.is_leader:
+        if not self.writes:
             return
         with self._lock:
             now = self.outside.clock()
@@ -360,8 +368,9 @@ class Run:
             return self.outside.clock() - self._blocked[2]
 
     # ---- concluding -----------------------------------------------------------------------------------------
-    def conclude(self, status: int, *, collect_only: bool) -> int:
-        """The session is over on this rank: agree the exit status with every rank and decide the verdict."""
+    def conclude(self, status: int) -> int:
+        """The session is over on this rank (pytest's ``status``): agree the exit status with every rank, as the
+        exit-status table says it (``exit_status``), and decide the verdict."""
         self.watchdog.disarm()
         with self._lock:
             self.stage = Stage.CONCLUDING
@@ -371,19 +380,24 @@ class Run:
                                       culprits=(self.world.rank,), unwinds=True))
         note = self.ending.cause if self.ending else ""
         step = Step(None, "session end", self.within(LEAVING_S if self.ending else SESSION_END_S), note=note)
+        mine = int(exit_status(status))
         everyone = self.exchange(step, lambda: self.outside.exchange.all_gather(
-            self.world, [status, self.record.error], step, check=_session_end))
+            self.world, [mine, self.record.error], step, check=_session_end))
         status = max(s for s, _ in everyone)
+        if self.report_dir is None:  # --collect-only: a listing, with no verdict and no outputs
+            with self._lock:
+                self.status = status
+            return status
         with self._lock:
             for _, error in everyone:
                 if error:
                     self.record.fail(error)  # this rank's own error stays first; then by rank
-            problem = None if self.record.error else self._incomplete(collect_only)
+            problem = None if self.record.error else self._incomplete()
             if problem:
                 self.record.fail(problem)
             self.record.finished = True
-            if status == 0 and self.record.verdict != "accept":
-                status = 1
+            if status == Exit.ACCEPT and self.record.verdict != "accept":
+                status = Exit.NOT_ACCEPTED
             if status != 0 and self.record.verdict == "accept":
                 self.record.fail(f"a rank ended with exit status {status}")
             self.status = status
@@ -391,27 +405,23 @@ class Run:
             self._decided_error = self.record.error
         if self.decided["verdict"] != "accept":
             self.write_results()  # final already: nothing later can make it better
-        if self.world.is_leader:  # rank 0 writes the outputs next: bounded, naming rank 0 if it hangs there
+        if self.writes:  # rank 0 writes the outputs next: bounded, naming rank 0 if it hangs there
             with self._lock:
                 self.stage = Stage.WRITING
             self.watchdog.arm("the end of the session", REPORT_S, on_expiry=self.on_stuck_after_verdict)
         return status
 
-    def _incomplete(self, collect_only: bool) -> str | None:
+    def _incomplete(self) -> str | None:
         """Why the run did not run every selected test, or None."""
         sel = self.record.selection
-        selected, deselected, ran = sel.get("selected"), sel.get("deselected") or 0, len(self.record.tests)
-        if collect_only:
-            return (f"--collect-only: {selected} tests collected, none run; nothing was measured, so nothing "
-                    "can be signed off")
-        return missing_tests(selected, deselected, ran)
+        return missing_tests(sel.get("selected"), sel.get("deselected") or 0, len(self.record.tests))
 
     def finish(self, outputs: list[Path]) -> int:
         """Every output written (rank 0 checks and scrubs them), the final record written, every rank
         agreed: the exit status every rank leaves with."""
         status = self.status if self.status is not None else EXIT_EARLY
         final: dict[str, Any] | None = None
-        if self.world.is_leader:
+        if self.world.is_leader and self.report_dir is not None:
             scrub = Scrubber.from_environment()
             for path in outputs:
                 try:
@@ -425,7 +435,7 @@ class Run:
                 unchanged = self.decided is not None and self.record.error == self._decided_error
                 final = self.decided if unchanged else self.record.as_json()
                 if final["verdict"] != "accept":
-                    status = status or 1
+                    status = status or Exit.NOT_ACCEPTED
                     try:
                         self._write(final)
                     except (OSError, ValueError) as exc:
@@ -525,7 +535,7 @@ class Run:
             entry.failed_ranks = sorted(set(culprits))
 
     def _write_now(self) -> None:
-        if self.world.is_leader:
+        if self.writes:
             with self._lock:
                 self._write(self.record.as_json())
 

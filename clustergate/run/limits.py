@@ -6,7 +6,9 @@ unwind) before it ends the run naming what did not come. Each says why it is as 
 
 from __future__ import annotations
 
-import signal
+import pytest
+
+from clustergate.exit_codes import Exit
 
 # ---- waiting for the other ranks ------------------------------------------------------------------------------
 STARTUP_S = 45.0
@@ -64,8 +66,16 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 """The workloads' process group timeout where neither --collective-timeout nor the profile's
 collective_timeout_s says."""
 
-# ---- exit statuses ----------------------------------------------------------------------------------------------
-EXIT_EARLY = 3
-"""A rank that ends the run early (a peer lost, a test past its time, a failed write)."""
-EXIT_SIGINT = 128 + signal.SIGINT
-EXIT_SIGTERM = 128 + signal.SIGTERM
+# ---- exit statuses (clustergate.exit_codes: 0 accept, 1 not accepted, 2 usage, 4 could not run; never 3) ----
+EXIT_EARLY = Exit.NOT_ACCEPTED
+"""A rank that ends the run early, whatever ended it (a peer lost, a test past its time, a signal, a failed write):
+the run did not finish, so it is not accepted (what ended it is in results.json)."""
+
+
+def exit_status(pytest_status: int) -> Exit:
+    """pytest's exit status as the table says it: a usage error is 2; all passed is 0 (whether that is an accept,
+    the verdict decides); anything else (tests failed, interrupted, pytest's internal error 3, no tests collected
+    5) is a run that is not accepted."""
+    if pytest_status == pytest.ExitCode.OK:
+        return Exit.ACCEPT
+    return Exit.USAGE if pytest_status == pytest.ExitCode.USAGE_ERROR else Exit.NOT_ACCEPTED

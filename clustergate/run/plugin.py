@@ -14,13 +14,23 @@ from typing import Any
 
 import pytest
 
+from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
-from clustergate.run import detectors
+from clustergate.run import detectors, outcome
 from clustergate.run import items as pytest_items
 from clustergate.run.lifecycle import Run
 from clustergate.run.options import Options, add_options
 from clustergate.run.recorder import Recorder
-from clustergate.run.startup import LOCK, claim_report_dir, open_run, restore_stdout, route_outputs, stale_note
+from clustergate.run.startup import (
+    LOCK,
+    CouldNotRun,
+    claim_report_dir,
+    open_run,
+    restore_stdout,
+    route_outputs,
+    show_tests_from_rootdir,
+    stale_note,
+)
 from clustergate.run.world import shutdown
 from workloads.node.name import NodeNameError, node_name
 
@@ -56,15 +66,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config) -> Any:
-    """A run that stops with a usage error while an earlier run's results.json could not be moved aside
-    says so: that file is not this run's result."""
+    """A run refused before or during its session ends with the exit status the table gives it (2 for a usage
+    error, 4 for a run that could not start; pytest's own is 4 for both), saying why in pytest's words; where an
+    earlier run's results.json could not be moved aside, it says so too: that file is not this run's result."""
     try:
         return (yield)
     except pytest.UsageError as exc:
+        status = Exit.COULD_NOT_RUN if isinstance(exc, CouldNotRun) else Exit.USAGE
         note = stale_note(config)
-        if note is None:
-            raise
-        raise pytest.UsageError(f"{exc}\n{note}") from None
+        sys.stderr.write(f"ERROR: {exc}\n" + (f"{note}\n" if note else "") + "\n")
+        outcome.tell(status=int(status))
+        return status
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,6 +101,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     run = session.config.stash.get(RUN, None)
     if run is not None:
         run.start()
+        show_tests_from_rootdir(session.config)
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
@@ -174,7 +187,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN, None)
     if run is None:
         return
-    status = run.conclude(int(exitstatus), collect_only=bool(session.config.option.collectonly))
+    status = run.conclude(int(exitstatus))
     session.exitstatus = status
     session.config.stash[STATUS] = status
 
@@ -204,9 +217,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8 H200s). Every rank has
     # written what it must (the final barrier), so all leave now. A usage error is the exception:
     # pytest prints it after this hook, so that run ends normally.
-    if run.poisoned or run.exiting or status not in (0, pytest.ExitCode.USAGE_ERROR):
+    if run.poisoned or run.exiting or status not in (Exit.ACCEPT, Exit.USAGE):
         run.end(run.final_ending())
-    if status == 0:
+    if status == Exit.ACCEPT:
         shutdown(run.world)
 
 
@@ -250,5 +263,5 @@ class SessionGuard:
             sys.stderr.write(Scrubber.from_environment()(f"clustergate: {what}\n"))
             self.run.fail(what)
             if self.run.status is None:
-                session.config.stash[STATUS] = self.run.conclude(pytest.ExitCode.INTERNAL_ERROR, collect_only=False)
+                session.config.stash[STATUS] = self.run.conclude(pytest.ExitCode.INTERNAL_ERROR)
             return None

@@ -10,6 +10,7 @@ every error of the run ends with ``stale_note``: the file there is not this run'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from datetime import datetime, timezone
@@ -22,7 +23,7 @@ from clustergate import reportdir
 from clustergate.identity import environment, gpu_model_name, rank_identity
 from clustergate.redact import ScrubbingStream
 from clustergate.results import RunRecord, write_json
-from clustergate.run import control
+from clustergate.run import control, outcome
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -45,8 +46,9 @@ CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
 """The source checkout this module runs from; None when installed from a wheel."""
 
 
-class CouldNotStart(pytest.UsageError):
-    """The run could not start: a rank never came, the process groups could not form."""
+class CouldNotRun(pytest.UsageError):
+    """The run could not start: a rank never came, the process groups could not form, no report directory.
+    Exit status 4 (clustergate.exit_codes), where any other usage error is 2."""
 
 
 def open_run(config: pytest.Config, options: Options) -> Run:
@@ -60,10 +62,11 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     except StartupLost as exc:
         if os.environ.get("RANK", "0") == "0":
             record_refusal(config, options, profile, str(exc), exc.missing)
-        raise CouldNotStart(str(exc)) from None
+        raise CouldNotRun(str(exc)) from None
     except (ThresholdsError, WorldError, NodeNameError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    report_dir = prepare_report_dir(config, world, CHECKOUT or Path.cwd())
+    # A listing (--collect-only) writes no outputs: no report directory is made, none is held.
+    report_dir = None if options.collect_only else prepare_report_dir(config, world, CHECKOUT or Path.cwd())
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
     # sys.stdout when it configures, after this hook.
     sys.stdout = ScrubbingStream(sys.stdout)
@@ -80,6 +83,7 @@ def record_refusal(config: pytest.Config, options: Options, profile: Profile, er
     path = Path(options.report_dir) if options.report_dir else default_report_dir(CHECKOUT or Path.cwd())
     if reportdir.problem(path) is not None or hold(config, path) is not None:
         return  # nowhere to write: the error says it all
+    outcome.tell(report_dir=path)
     record = RunRecord(profile=profile.name, level=options.level, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                        sign_off=profile.sign_off, selection=options.selection())
     record.fail(error)
@@ -93,8 +97,11 @@ def record_refusal(config: pytest.Config, options: Options, profile: Profile, er
 def route_outputs(config: pytest.Config, run: Run) -> None:
     """Exactly one report: rank 0 writes report.html (self-contained) and junit.xml into the report directory;
     the other ranks write neither, and only global rank 0 talks to the terminal (torchrun prints every node's
-    local rank 0)."""
+    local rank 0). A listing (--collect-only) writes neither."""
     if run.world.is_leader:
+        if run.report_dir is None:
+            config.option.htmlpath = config.option.xmlpath = None
+            return
         if not config.getoption("htmlpath", None):
             config.option.htmlpath = str(run.report_dir / "report.html")
         config.option.self_contained_html = True
@@ -109,6 +116,18 @@ def route_outputs(config: pytest.Config, run: Run) -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the session
 
 
+def show_tests_from_rootdir(config: pytest.Config) -> None:
+    """Where the command was started outside the suite's root (``clustergate run`` of an installed suite, from any
+    directory), tests are shown as their ids say them, "acceptance/test_world.py", not as a climb from there
+    ("../../usr/lib/python3/site-packages/acceptance/test_world.py")."""
+    if config.rootpath in (config.invocation_params.dir, *config.invocation_params.dir.parents):
+        return
+    config.invocation_params = dataclasses.replace(config.invocation_params, dir=config.rootpath)
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        terminal.startpath = config.rootpath
+
+
 def restore_stdout(config: pytest.Config) -> None:
     real = config.stash.get(REAL_STDOUT, None)
     if real is not None:
@@ -119,11 +138,13 @@ def claim_report_dir(config: pytest.Config, report_dir: str | None) -> None:
     """Rank 0, first thing: hold --report-dir and move an earlier run's outputs aside, before any check
     that can stop the run (nothing stale). Nothing is raised here: the other ranks learn of a
     problem in ``prepare_report_dir``, after the same checks, so every rank stops with the same words.
-    Without --report-dir the directory is new (reports/<UTC time>/): nothing there can be stale."""
+    Without --report-dir the directory is new (reports/<UTC time>/): nothing there can be stale; a listing
+    (--collect-only) writes nothing there, so it leaves the directory as it is."""
     if NOT_MOVED in config.stash:
         return
     config.stash[NOT_MOVED] = None
-    if report_dir is None or os.environ.get("RANK", "0") != "0" or not Path(report_dir).is_dir():
+    listing = bool(getattr(config.known_args_namespace, "collectonly", False))
+    if report_dir is None or listing or os.environ.get("RANK", "0") != "0" or not Path(report_dir).is_dir():
         return
     path = Path(report_dir)
     lock = reportdir.RunLock(path)
@@ -150,9 +171,10 @@ def prepare_report_dir(config: pytest.Config, world: World, root: Path) -> Path:
     try:
         path = _prepare(config, world, root)
         follow_baseline(config)
+        outcome.tell(report_dir=path)
         return path
     except control.ControlLost as exc:  # a rank died during start-up: one clear line, not a traceback
-        raise pytest.UsageError(f"the run could not start: {exc}") from None
+        raise CouldNotRun(f"the run could not start: {exc}") from None
 
 
 def default_report_dir(root: Path) -> Path:
@@ -173,12 +195,12 @@ def _prepare(config: pytest.Config, world: World, root: Path) -> Path:
         r, host, why = bad[0]
         where = f" on rank {r} ({host})" + (f" and {len(bad) - 1} other ranks" if len(bad) > 1 else "") \
             if world.launched else ""
-        raise pytest.UsageError(f"--report-dir {path}: {why}{where}; choose a directory every rank can "
-                                "write to (--report-dir DIR)")
+        raise CouldNotRun(f"--report-dir {path}: {why}{where}; choose a directory every rank can write to "
+                          "(--report-dir DIR)")
     refusal = hold(config, path) if world.is_leader else None
     refusal = control.broadcast_from_leader(world, refusal, Step(None, "report directory lock", within(STARTUP_S)))
     if refusal:
-        raise pytest.UsageError(f"--report-dir {path} {refusal}")
+        raise CouldNotRun(f"--report-dir {path} {refusal}")
     return path
 
 
