@@ -105,6 +105,8 @@ class FakeExchange:
     steps: list[tuple[Step, float]] = field(default_factory=list)
     failing: Callable[[Step], BaseException] | None = None
     """What the next exchange raises (a peer gone, late, elsewhere), from the step it is at."""
+    peer_sends: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    """What rank 1 sends at the all_gather of a phase, made from what rank 0 sends (default: the same)."""
 
     def _arrive(self, step: Step) -> None:
         self.steps.append((step, self.clock()))
@@ -119,6 +121,8 @@ class FakeExchange:
         self._arrive(step)
         out = [dict(obj, rank=r, host=HOSTS[r]) if isinstance(obj, dict) and "host" in obj else obj
                for r in range(self.size)]
+        if step.phase in self.peer_sends:
+            out[1] = self.peer_sends[step.phase](json.loads(json.dumps(obj)))
         return [check(json.loads(json.dumps(o))) if check else o for o in out]
 
     def max_int(self, world: World, value: int, step: Step) -> int:

@@ -178,14 +178,15 @@ def test_run_ends_with_the_tables_status_and_the_verdict_last(
     assert out[-1].startswith(last), out
 
 
-def test_run_shows_the_words_of_a_rank_that_stopped_a_run_without_a_record(
+def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_record(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    launcher = _ran(tmp_path, command.Launched(codes={1: 2, 0: -15}, first=1),
-                    rank_said=(1, "ERROR: LOCAL_RANK=1 but only 1 CUDA devices are visible\n"))
-    assert command.main(["--nproc-per-node", "2"], launcher=launcher) == Exit.USAGE
+    launcher = _ran(tmp_path, command.Launched(codes={1: -11, 0: -15}, first=1), rank_said=(1, "Segmentation fault\n"))
+    assert command.main(["--nproc-per-node", "2"], launcher=launcher) == Exit.NOT_ACCEPTED
     said = capsys.readouterr()
-    assert "clustergate run: rank 1, the first to stop, said:\nERROR: LOCAL_RANK=1 but only 1 CUDA" in said.err
-    assert said.out.splitlines()[-1].startswith("clustergate run: usage or unusable input")
+    where = said.err.split("every rank's own output is under ", 1)[1].split()[0]
+    assert "clustergate run: rank 1 stopped first" in said.err and (Path(where) / "run-id").is_dir(), said.err
+    assert said.out.splitlines()[-1] == ("clustergate run: not accepted: no results.json was written; rank 1 ended "
+                                         "with exit status -11 (exit 1)")
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ tests/test_faults.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from run_fakes import TEST, TEST_LIMIT_S, Exited, Harness
 
 from clustergate.exit_codes import Exit
@@ -39,6 +41,7 @@ from clustergate.run.limits import (
     STARTUP_S,
     exit_status,
 )
+from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
 
 
 # ---- the faults ---------------------------------------------------------------------------------------------
@@ -50,11 +53,11 @@ def watchdog_expires(h: Harness) -> None:
         expiry(label, seconds)
 
 
-def blocked_collective(h: Harness) -> None:
-    """Rank 1 failed the phase and waits at its exchange; rank 0's main thread is in a workload collective. The
-    watchdog polls every POLL_S."""
+def _blocked(h: Harness, outcome: str, message: str) -> None:
+    """Rank 1 ended the phase (``outcome``) and waits at its exchange; rank 0's main thread is in a workload
+    collective. The watchdog polls every POLL_S."""
     if h.run.test and h.run.phase:
-        h.peer.arrived_early(Step(h.run.test, h.run.phase).tag, "failed", "E   ValueError: planted on rank 1")
+        h.peer.arrived_early(Step(h.run.test, h.run.phase).tag, outcome, message)
     h.in_collective = "all_reduce called at t.py:3"
     start = h.clock()
     try:
@@ -66,6 +69,15 @@ def blocked_collective(h: Harness) -> None:
         raise
     finally:
         h.in_collective = None
+
+
+def blocked_collective(h: Harness) -> None:
+    _blocked(h, "failed", "E   ValueError: planted on rank 1")
+
+
+def blocked_by_a_skip(h: Harness) -> None:
+    """Rank 1 skipped the phase alone (a skip that differs by rank)."""
+    _blocked(h, "skipped", "Skipped: planted: rank 1 skips alone")
 
 
 def _signal(h: Harness, signum: int) -> None:
@@ -159,7 +171,8 @@ def failed_write(h: Harness) -> None:
 
 
 FAULTS: dict[str, Callable[[Harness], None]] = {
-    "watchdog expires": watchdog_expires, "blocked collective": blocked_collective, "SIGINT": sigint,
+    "watchdog expires": watchdog_expires, "blocked collective": blocked_collective,
+    "blocked by a skip": blocked_by_a_skip, "SIGINT": sigint,
     "SIGTERM to the job": sigterm_to_the_job, "SIGTERM to rank 1": sigterm_to_rank_1,
     "launcher lost": launcher_lost, "peer gone": peer_gone,
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
@@ -223,6 +236,9 @@ def _table() -> dict[tuple[str, Stage], Ends]:
                                                 "the final barrier within 45 s", REPORT_S)
     t["blocked collective", Stage.TESTING] = Ends(
         NOT_ACCEPTED, (1,), f"{IN_TEST}: rank 1 (node-b) failed it (ValueError: planted on rank 1) and waits for the "
+        "others, while rank 0 (node-a) has been blocked for 10 s in all_reduce called at t.py:3", BLOCKED_S)
+    t["blocked by a skip", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (1,), f"{IN_TEST}: rank 1 (node-b) skipped it (planted: rank 1 skips alone) and waits for the "
         "others, while rank 0 (node-a) has been blocked for 10 s in all_reduce called at t.py:3", BLOCKED_S)
     for stage in SESSION:
         w = where(stage)
@@ -331,3 +347,48 @@ def test_every_rank_leaves_with_a_status_of_the_table() -> None:
     error) or a signal's 128+N."""
     assert {ends.exit for ends in TABLE.values()} | {int(exit_status(s)) for s in pytest.ExitCode} <= \
         {None, *map(int, Exit)}
+
+
+@pytest.mark.parametrize(("field", "what"), [
+    (0, "the tests"), (2, "the profile"), (3, "the thresholds"), (4, "the level"), (5, "the clustergate version"),
+    (6, "the clustergate code"),
+])
+def test_ranks_that_disagree_about_what_to_run_are_named(tmp_path: Path, field: int, what: str) -> None:
+    """Every rank's summary of what it runs is compared at collection: a difference in any field is one error
+    naming the ranks that differ and what differs (ranks on another checkout, thresholds file, --profile, --level)."""
+    h = Harness(tmp_path)
+    h.run.meet({})
+    h.run.start()
+
+    def other(summary: list) -> list:
+        summary[field] = summary[field] + 1 if isinstance(summary[field], int) else f"other-{summary[field]}"
+        return summary
+    h.exchange.peer_sends["collection"] = other
+    said = h.run.collected([TEST])
+    assert said is not None and said.startswith(f"ranks disagree about what to run ({what}): ranks 1 differ from "
+                                                "rank 0; refusing to start"), said
+    assert "  rank 1 (node-b): clustergate " in said and h.run.record.extra["error_ranks"] == [1]
+
+
+# ---- before the Run exists: every rank comes to the start through the rendezvous store ------------------------
+def _launch(rank: int) -> Launch:
+    return Launch(rank=rank, world_size=2, local_rank=rank, local_world_size=2, node_rank=0)
+
+
+def test_a_problem_one_rank_has_at_the_start_stops_every_rank_with_its_words() -> None:
+    """Rank 1 cannot take part (its device, say): rank 0 learns it at the start, at once, in rank 1's words, rather
+    than wait STARTUP_S for it and call it stuck."""
+    store = dist.HashStore()
+    store.set("clustergate/start/1", json.dumps({"host": "node-a", "node": 0,
+                                                 "problem": "LOCAL_RANK=1 but only 1 CUDA devices are visible"}))
+    with pytest.raises(StartupRefused, match=r"^LOCAL_RANK=1 but only 1 CUDA devices are visible \(on rank 1 "
+                                             r"\(node-a\)\)$"):
+        meet_at_start(store, _launch(0), "node-a", wait_s=STARTUP_S)
+
+
+def test_a_rank_that_never_comes_to_the_start_is_named_with_its_nodes_host() -> None:
+    store = dist.HashStore()
+    with pytest.raises(StartupLost, match=r"^rank 1 \(node-a\) did not reach the start of the run within 0 s of "
+                                          r"rank 0 \(node-a\): stuck before the process groups form") as lost:
+        meet_at_start(store, _launch(0), "node-a", wait_s=0.2)
+    assert lost.value.missing == [1]

@@ -1,8 +1,8 @@
 """``clustergate run``: the acceptance suite that came with clustergate, on this node, one pytest per rank.
 
 torchrun runs in this process (its launcher), so what the command prints and how it ends are the run's: rank 0's
-output as it goes (every other rank's goes to a file, shown only where that rank is what stopped a run that could
-write no record), no torchrun traceback, then one line with the verdict, last. Its exit status is the one table
+output as it goes (every other rank's goes to a file: a problem one rank has before the run starts reaches every
+rank and rank 0 says it), no torchrun traceback, then one line with the verdict, last. Its exit status is the one table
 (clustergate.exit_codes): 0 accept, 1 not accepted, 2 usage or unusable input, 4 could not run.
 
 Nothing here imports torch until the ranks are started: ``--help`` and ``--print-command`` stay instant.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -35,10 +36,6 @@ time (a hypothesis plugin alone took 1.4 s of a quick run on an H100 node)."""
 
 RUN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 """The environment ``run`` adds for torchrun and its ranks: only the plugins named (``RUN_PLUGINS``) load."""
-
-TAIL_LINES = 20
-"""Lines of a rank's own output shown when that rank stopped a run that wrote no record."""
-
 
 def acceptance_dir() -> Path:
     """The acceptance suite that came with this clustergate (the checkout's, or the wheel's)."""
@@ -207,14 +204,6 @@ def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None
     return printable(f"{PROG}: {TABLE[status]}: no results.json was written; {how} (exit {int(status)})")
 
 
-def _tail(log_dir: Path, local_rank: int) -> list[str]:
-    """The last lines a rank wrote to stderr (its file under torchrun's log directory)."""
-    lines: list[str] = []
-    for path in sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log")):
-        lines += path.read_text(errors="replace").splitlines()
-    return [line for line in lines if line.strip()][-TAIL_LINES:]
-
-
 def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) -> int:
     own, rest = split_args(argv)
     args = parser().parse_args(own)
@@ -231,19 +220,19 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
     if args.print_command:
         print(" ".join(f"{k}={v}" for k, v in RUN_ENV.items()), " ".join(run_command(nproc, rest)))
         return Exit.ACCEPT
-    with tempfile.TemporaryDirectory(prefix="clustergate-run-") as tmp:
-        told_path, log_dir = Path(tmp) / "outcome.json", Path(tmp) / "ranks"
-        os.environ.update({**RUN_ENV, outcome.OUTCOME_ENV: str(told_path)})
-        sys.stdout.flush()
-        launched = launcher(torchrun_args(nproc, rest, log_dir))
-        told = outcome.read(told_path)
-        status = status_of(launched, told)
-        path, results = results_of(told)
-        if results is None and launched.first not in (None, 0) and launched.codes.get(0, -1) < 0:
-            # Rank 0 was stopped by torchrun, not by what it saw: the rank that stopped first says what it was.
-            said = _tail(log_dir, launched.first)
-            if said:
-                print(f"{PROG}: rank {launched.first}, the first to stop, said:", *said, sep="\n", file=sys.stderr)
+    tmp = Path(tempfile.mkdtemp(prefix="clustergate-run-"))
+    told_path, log_dir = tmp / "outcome.json", tmp / "ranks"
+    os.environ.update({**RUN_ENV, outcome.OUTCOME_ENV: str(told_path)})
+    sys.stdout.flush()
+    launched = launcher(torchrun_args(nproc, rest, log_dir))
+    told = outcome.read(told_path)
+    status = status_of(launched, told)
+    path, results = results_of(told)
+    if results is None and launched.first not in (None, 0):  # no record, and another rank stopped first: keep theirs
+        print(f"{PROG}: rank {launched.first} stopped first; every rank's own output is under {log_dir}",
+              file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     line = verdict_line(status, path, results, launched)
     sys.stderr.flush()
     if line is not None:

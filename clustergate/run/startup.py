@@ -29,9 +29,19 @@ from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
 from clustergate.run.options import Options
 from clustergate.run.peers import Peers
-from clustergate.run.world import StartupLost, World, WorldError, init_world
+from clustergate.run.world import (
+    StartupLost,
+    StartupRefused,
+    World,
+    WorldError,
+    init_world,
+    launch_from_env,
+    meet_at_start,
+    rendezvous,
+)
 from clustergate.thresholds import Profile, ThresholdsError, load
-from workloads.node.name import NodeNameError
+from workloads.common import PlacementError, rank_device
+from workloads.node.name import NodeNameError, node_name
 
 LOCK = pytest.StashKey[reportdir.RunLock]()
 """The report directory's lock, held by rank 0 until the run ends."""
@@ -52,19 +62,40 @@ class CouldNotRun(pytest.UsageError):
 
 
 def open_run(config: pytest.Config, options: Options) -> Run:
-    """The run of this rank: its profile, its process groups, its report directory, every rank's identity."""
+    """The run of this rank: its profile, its process groups, its report directory, every rank's identity.
+
+    Every rank first comes to the start through the rendezvous store, saying whatever keeps it from taking part
+    (its thresholds, its device, its node's name): one rank's problem stops every rank at once with its words,
+    and a rank that never comes is named after STARTUP_S (``meet_at_start``)."""
+    try:
+        launch = launch_from_env()
+    except WorldError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    try:
+        store = rendezvous(launch, STARTUP_S)
+    except Exception as exc:  # torch's store errors: the agent's store cannot be reached
+        raise CouldNotRun(f"the run could not start: the rendezvous store cannot be reached ({exc})") from None
+    problem, profile, host = None, None, None
     try:
         thresholds = load(options.thresholds)
         profile = thresholds.profile(options.profile) if options.profile else thresholds.select(gpu_model_name())
-        world = init_world(options.collective_limit_s(profile),
-                           control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S,
-                           want_cuda=profile.name != thresholds.cpu_profile, startup_s=STARTUP_S)
-    except StartupLost as exc:
-        if os.environ.get("RANK", "0") == "0":
-            record_refusal(config, options, profile, str(exc), exc.missing)
-        raise CouldNotRun(str(exc)) from None
-    except (ThresholdsError, WorldError, NodeNameError) as exc:
-        raise pytest.UsageError(str(exc)) from None
+        device = rank_device(launch.local_rank, want_cuda=profile.name != thresholds.cpu_profile)
+        host = node_name()
+    except (ThresholdsError, PlacementError, NodeNameError) as exc:
+        problem = str(exc)
+    if store is not None:
+        try:
+            meet_at_start(store, launch, host, STARTUP_S, problem)
+        except StartupLost as exc:
+            if launch.rank == 0 and profile is not None:
+                record_refusal(config, options, profile, str(exc), exc.missing)
+            raise CouldNotRun(str(exc)) from None
+        except StartupRefused as exc:
+            raise pytest.UsageError(str(exc)) from None
+    if problem is not None or profile is None or host is None:
+        raise pytest.UsageError(problem or "the run could not start")
+    world = init_world(launch, store, device, host, options.collective_limit_s(profile),
+                       control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S)
     # A listing (--collect-only) writes no outputs: no report directory is made, none is held.
     report_dir = None if options.collect_only else prepare_report_dir(config, world, CHECKOUT or Path.cwd())
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
