@@ -36,7 +36,7 @@ def test_ranks_at_different_steps_are_each_named() -> None:
                         "'t.py::test_a [call]'; rank 1 at 'session end (left)'")
 
 
-# ---- what travels is JSON, checked; never pickle (issue 24 item 5) ------------------------------------
+# ---- what travels is JSON, checked; never pickle --------------------------------------------------------
 PEER = '''
 import os, pickle, sys
 import torch, torch.distributed as dist

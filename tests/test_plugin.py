@@ -259,6 +259,19 @@ def test_internal_error_rejects_naming_rank_and_step(run, pytester: pytest.Pytes
                                          "RuntimeError: planted crash"), res["error"]
 
 
+def test_an_output_that_cannot_be_written_rejects(run, pytester: pytest.Pytester) -> None:
+    """pytest's JUnit writer fails at the end of the session (a directory where junit.xml goes): the run must not
+    read as accepted, and says which output and why."""
+    pytester.makepyfile("from pathlib import Path\n\n\ndef test_blocks_junit():\n"
+                        "    (Path('report') / 'junit.xml').mkdir()\n")
+    result, report = run()
+    assert result.ret == Exit.NOT_ACCEPTED
+    res = results(report)
+    assert res["verdict"] == "reject" and [t["outcome"] for t in res["tests"]] == ["passed"]
+    assert fnmatch.fnmatch(res["error"], "the end of the session failed on rank 0 (*): IsADirectoryError*junit.xml*"), \
+        res["error"]
+
+
 def test_no_tests_is_not_accepted_and_a_reject(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def helper():\n    pass\n")
     result, report = run()
