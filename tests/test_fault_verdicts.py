@@ -169,13 +169,15 @@ def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(tmp_path: Path) 
 
 
 def test_pytest_exit_on_one_rank_is_the_headline(tmp_path: Path) -> None:
-    r = run_job(tmp_path, plant(tmp_path, "exit_before_collective"), timeout=150)
-    took = since_test_start(r, time.time(), "test_leaves_before_all_reduce")
+    """Rank 1 calls pytest.exit in a test; rank 0 finds it at another step at the test's exchange (a rank blocked in
+    a collective then is the table's 'blocked, peer gone')."""
+    r = run_job(tmp_path, plant(tmp_path, "exit_on_one_rank"), timeout=150)
+    took = since_test_start(r, time.time(), "test_leaves")
     measured("pytest.exit on rank 1", took)
-    assert took < BLOCKED_BOUND_S, r.output
+    assert took < SIGNAL_GRACE_S + SLACK_S, r.output
     res = rejected(r)
     assert res["error"].startswith(f"pytest.exit('planted: rank 1 leaves the run') on rank 1 ({HOST}) during "
-                                   "test_fault.py::test_leaves_before_all_reduce [call]"), res["error"]
+                                   "test_fault.py::test_leaves [call]"), res["error"]
     assert res["error_ranks"] == [1]
     [test] = res["tests"]
     assert test["outcome"] == "interrupted" and test["failed_ranks"] == [1], test

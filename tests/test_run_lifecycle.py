@@ -53,10 +53,10 @@ def watchdog_expires(h: Harness) -> None:
         expiry(label, seconds)
 
 
-def _blocked(h: Harness, outcome: str, message: str) -> None:
-    """Rank 1 ended the phase (``outcome``) and waits at its exchange; rank 0's main thread is in a workload
-    collective. The watchdog polls every POLL_S."""
-    if h.run.test and h.run.phase:
+def _blocked(h: Harness, outcome: str | None, message: str = "") -> None:
+    """Rank 0's main thread is in a workload collective; rank 1 ended the phase (``outcome``) and waits at its
+    exchange (None: it is not there). The watchdog polls every POLL_S."""
+    if h.run.test and h.run.phase and outcome is not None:
         h.peer.arrived_early(Step(h.run.test, h.run.phase).tag, outcome, message)
     h.in_collective = "all_reduce called at t.py:3"
     start = h.clock()
@@ -73,6 +73,13 @@ def _blocked(h: Harness, outcome: str, message: str) -> None:
 
 def blocked_collective(h: Harness) -> None:
     _blocked(h, "failed", "E   ValueError: planted on rank 1")
+
+
+def blocked_by_a_peer_gone(h: Harness) -> None:
+    """Rank 1 left the run (pytest.exit in the test) while rank 0's main thread waits for it in a collective."""
+    h.peer_leaves(f"pytest.exit('planted') on rank 1 (node-b) during {h.run.where_now()}", "cause", [1],
+                  interrupted=True)
+    _blocked(h, None)
 
 
 def blocked_by_a_skip(h: Harness) -> None:
@@ -172,7 +179,7 @@ def failed_write(h: Harness) -> None:
 
 FAULTS: dict[str, Callable[[Harness], None]] = {
     "watchdog expires": watchdog_expires, "blocked collective": blocked_collective,
-    "blocked by a skip": blocked_by_a_skip, "SIGINT": sigint,
+    "blocked by a skip": blocked_by_a_skip, "blocked by a peer gone": blocked_by_a_peer_gone, "SIGINT": sigint,
     "SIGTERM to the job": sigterm_to_the_job, "SIGTERM to rank 1": sigterm_to_rank_1,
     "launcher lost": launcher_lost, "peer gone": peer_gone,
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
@@ -240,6 +247,10 @@ def _table() -> dict[tuple[str, Stage], Ends]:
     t["blocked by a skip", Stage.TESTING] = Ends(
         NOT_ACCEPTED, (1,), f"{IN_TEST}: rank 1 (node-b) skipped it (planted: rank 1 skips alone) and waits for the "
         "others, while rank 0 (node-a) has been blocked for 10 s in all_reduce called at t.py:3", BLOCKED_S)
+    t["blocked by a peer gone", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (1,), f"pytest.exit('planted') on rank 1 (node-b) during {IN_TEST}\n  (then rank 0 (node-a) has "
+        f"been blocked for 10 s in all_reduce called at t.py:3 during {IN_TEST}, a collective that needs rank 1 "
+        "(node-b), which left the run", BLOCKED_S)
     for stage in SESSION:
         w = where(stage)
         t["SIGINT", stage] = Ends(NOT_ACCEPTED, (), f"interrupted by SIGINT on rank 0 (node-a) during {w}",
