@@ -248,10 +248,10 @@ class Harness:
             mine = PhaseOutcome(rank=0, host=HOSTS[0], outcome="passed", message="", stop=self.clock())
             run.merge_phase(TEST, when, mine, (), 0.01)
         run.end_test(TEST)
-        status = run.conclude(self.pytest_status)
+        status = run.decide(self.pytest_status)
         if fault_at is Stage.WRITING:
             now(Stage.WRITING)
-        status = run.finish([])
+        status = run.final_barrier([])
         if fault_at is Stage.ENDED:
             now(Stage.ENDED)
         if run.poisoned or run.exiting or status != 0:

@@ -162,13 +162,13 @@ def _pytest_unwinds(h: Harness) -> bool:
 def pytest_exit(h: Harness) -> None:
     if _pytest_unwinds(h):
         h.pytest_status = pytest.ExitCode.INTERRUPTED
-        h.run.record_ending(detectors.pytest_stopped(h.run, pytest.exit.Exception("planted")))
+        h.run.end(detectors.pytest_stopped(h.run, pytest.exit.Exception("planted")))
 
 
 def internal_error(h: Harness) -> None:
     if _pytest_unwinds(h):
         h.pytest_status = pytest.ExitCode.INTERNAL_ERROR
-        h.run.record_ending(detectors.internal_error(h.run, "RuntimeError: planted crash"))
+        h.run.end(detectors.internal_error(h.run, "RuntimeError: planted crash"))
 
 
 def failed_write(h: Harness) -> None:

@@ -133,6 +133,6 @@ def internal_error(run: Run, what: str) -> Ending:
                   unwinds=True)
 
 
-def abandoned(run: Run) -> Ending:
+def end_not_run(run: Run) -> Ending:
     """The session ended without deciding its verdict (a crash at its end): never accept."""
     return Ending(f"the end of the session did not run on {run.who} (see the error above)")

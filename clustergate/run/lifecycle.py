@@ -3,14 +3,14 @@
 A run goes through its ``Stage``s in order; the pytest hooks (``clustergate.run.plugin``) move it on and three
 threads besides the main one may end it (the watchdog, the signal watcher, the SIGINT timer): every write of
 its state, by any of them, takes the run's one lock. results.json says "running" from the session's start;
-``conclude`` agrees the exit status with every rank and decides the verdict, ``finish`` writes it once every
+``decide`` agrees the exit status with every rank and decides the verdict, ``final_barrier`` writes it once every
 output is written and every rank has passed the final barrier: only then can the file say "accept".
 
 An early ending is one ``Ending`` value (``clustergate.run.ending``), built by a detector
 (``clustergate.run.detectors``) and handed to ``end``, the one way down: it records the ending (results.json on
 rank 0, progress.jsonl, the rendezvous store for the other ranks, stderr) and ends the process with the
-ending's status. An ending pytest unwinds from (pytest.exit, KeyboardInterrupt, an internal error) is
-recorded with ``record_ending`` and the rank goes on to the session's end, where every rank agrees the status.
+ending's status; from an ending pytest unwinds from (pytest.exit, KeyboardInterrupt, an internal error) the rank
+goes on to the session's end, where every rank agrees the status.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
@@ -122,7 +122,7 @@ class Run:
         self.status: int | None = None
         """The exit status every rank agreed at the end of the session (final once the stage is ENDED)."""
         self.decided: dict[str, Any] | None = None
-        """The final record (report.html and the terminal show it); results.json gets it in ``finish``."""
+        """The final record (report.html and the terminal show it); results.json gets it in ``final_barrier``."""
         self.signalled: tuple[str, float] | None = None
         """This rank's own signal, as its ending says it, and when it came (wall clock, as the store's times)."""
         self.written: str | None = None
@@ -368,7 +368,7 @@ class Run:
             return self.outside.clock() - self._blocked[2]
 
     # ---- concluding -----------------------------------------------------------------------------------------
-    def conclude(self, status: int) -> int:
+    def decide(self, status: int) -> int:
         """The session is over on this rank (pytest's ``status``): agree the exit status with every rank, as the
         exit-status table says it (``exit_status``), and decide the verdict."""
         self.watchdog.disarm()
@@ -376,8 +376,8 @@ class Run:
             self.stage = Stage.CONCLUDING
         if status in PYTEST_STOPPED and self.record.error is None:
             name = pytest.ExitCode(status).name
-            self.record_ending(Ending(f"pytest stopped the session with exit status {status} ({name}) on {self.who}",
-                                      culprits=(self.world.rank,), unwinds=True))
+            self.end(Ending(f"pytest stopped the session with exit status {status} ({name}) on {self.who}",
+                            culprits=(self.world.rank,), unwinds=True))
         note = self.ending.cause if self.ending else ""
         step = Step(None, "session end", self.within(LEAVING_S if self.ending else SESSION_END_S), note=note)
         mine = int(exit_status(status))
@@ -416,7 +416,7 @@ class Run:
         sel = self.record.selection
         return missing_tests(sel.get("selected"), sel.get("deselected") or 0, len(self.record.tests))
 
-    def finish(self, outputs: list[Path]) -> int:
+    def final_barrier(self, outputs: list[Path]) -> int:
         """Every output written (rank 0 checks and scrubs them), the final record written, every rank
         agreed: the exit status every rank leaves with."""
         status = self.status if self.status is not None else EXIT_EARLY
@@ -480,9 +480,14 @@ class Run:
                           culprits=tuple(self.record.extra.get("error_ranks", ())), verdict=decision.verdict)
 
     # ---- ending -----------------------------------------------------------------------------------------------
-    def end(self, ending: Ending, *, stacks: bool = False) -> NoReturn:
+    def end(self, ending: Ending, *, stacks: bool = False) -> None:
         """The one way down: record ``ending`` (unless the record is final already), then end the process with its
-        exit status. ``stacks``: every thread's stack to stderr first (a test past its limit)."""
+        exit status. An ending pytest unwinds from (``ending.unwinds``: pytest.exit, KeyboardInterrupt, an internal
+        error, the first SIGINT) is recorded and the rank goes on to the session's end, where every rank agrees the
+        status. ``stacks``: every thread's stack to stderr first (a test past its limit)."""
+        if ending.unwinds:
+            self._record(ending)
+            return
         if not self._ending_once.acquire(blocking=False):
             self.outside.park()
         with self._lock:
@@ -496,11 +501,6 @@ class Run:
             self._try(self.outside.dump_stacks)
         self.outside.exit(ending.exit_code)
 
-    def record_ending(self, ending: Ending) -> None:
-        """An ending pytest unwinds from: recorded now; the rank goes on to the session's end, where every rank
-        agrees the exit status."""
-        self._record(replace(ending, unwinds=True))
-
     def _record(self, ending: Ending) -> None:
         culprits = tuple(sorted(set(ending.culprits)))
         with self._lock:
@@ -512,7 +512,7 @@ class Run:
             first = self.ending is None
             if first:
                 self.ending = recorded
-        self.peers.leave(ending.cause.splitlines()[0], ending.kind.value, list(culprits), ending.interrupted)
+        self.peers.departed(ending.cause.splitlines()[0], ending.kind.value, list(culprits), ending.interrupted)
         self.outside.say(f"clustergate: {self.who}: {ending.cause}\n")
         self._try(lambda: self.progress.event("run_error", nodeid=recorded.test, message=ending.cause))
         self._try(self._write_now)
@@ -602,7 +602,7 @@ class Run:
                 self.signalled = (ending.cause, came)
             if gone:  # every rank got it from the kernel; the store went with the launcher
                 self.end(ending)
-            self.peers.leave(ending.cause, Kind.SIGNAL.value, [], interrupted=True)
+            self.peers.departed(ending.cause, Kind.SIGNAL.value, [], interrupted=True)
             self.end(self.blamed(ending, vanished=True))
         with self._lock:
             self._sigints += 1
@@ -612,7 +612,7 @@ class Run:
         ending = detectors.sigint(self)
         with self._lock:
             self.signalled = (ending.cause, came)
-        self.record_ending(ending)
+        self.end(ending)
         self.outside.timer(SIGINT_GRACE_S, lambda: self.end(detectors.still_running_after_sigint(self)))
 
 # ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------

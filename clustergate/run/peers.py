@@ -74,7 +74,7 @@ class Peers:
         that are elsewhere)."""
         self._set(f"at/{self.world.rank}", label)
 
-    def leave(self, why: str, kind: str = "cause", culprits: list[int] | None = None,
+    def departed(self, why: str, kind: str = "cause", culprits: list[int] | None = None,
               interrupted: bool = False) -> None:
         """This rank leaves the run. ``kind``: "cause" (it starts the ending: pytest.exit, an error, a test
         past its time), "signal" (SIGINT or SIGTERM reached it) or "consequence" (it saw another rank go).

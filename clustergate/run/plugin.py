@@ -187,7 +187,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN, None)
     if run is None:
         return
-    status = run.conclude(int(exitstatus))
+    status = run.decide(int(exitstatus))
     session.exitstatus = status
     session.config.stash[STATUS] = status
 
@@ -202,14 +202,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     if STATUS not in config.stash:
         if run.started:  # the session's end failed before the verdict was decided: never accept
-            run.end(detectors.abandoned(run))
+            run.end(detectors.end_not_run(run))
         if run.signals is not None:
             run.signals.close()
         if lock is not None:
             lock.release()
         return  # configure failed after the groups were made (a usage error): pytest prints it next
     outputs = [Path(p) for p in (config.getoption("htmlpath", None), config.option.xmlpath) if p]
-    status = run.finish(outputs)
+    status = run.final_barrier(outputs)
     if lock is not None:
         lock.release()
     # A collective stuck or a peer gone: tearing the groups down could hang. A failed run: torchrun
@@ -243,11 +243,11 @@ class SessionGuard:
         self.run = run
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-        self.run.record_ending(detectors.pytest_stopped(self.run, excinfo.value))
+        self.run.end(detectors.pytest_stopped(self.run, excinfo.value))
 
     def pytest_internalerror(self, excrepr: Any, excinfo: Any) -> None:
         what = excinfo.exconly() if excinfo is not None else str(excrepr).splitlines()[-1]
-        self.run.record_ending(detectors.internal_error(self.run, what))
+        self.run.end(detectors.internal_error(self.run, what))
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -263,5 +263,5 @@ class SessionGuard:
             sys.stderr.write(Scrubber.from_environment()(f"clustergate: {what}\n"))
             self.run.fail(what)
             if self.run.status is None:
-                session.config.stash[STATUS] = self.run.conclude(pytest.ExitCode.INTERNAL_ERROR)
+                session.config.stash[STATUS] = self.run.decide(pytest.ExitCode.INTERNAL_ERROR)
             return None
