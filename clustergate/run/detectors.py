@@ -8,24 +8,46 @@
 - SIGTERM (from outside, or from torchrun because a peer exited) and the launcher gone; SIGINT;
 - rank 0 stuck between the verdict and the final barrier (the watchdog, REPORT_S).
 
-Each function reads the run's state and says what it means; none changes it.
+Each function reads the run's state (``RunView``: what a detector may see of ``clustergate.run.lifecycle.Run``)
+and says what it means; none changes it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pytest
 
 from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
 from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
+from clustergate.run.outside import Outside
+from clustergate.run.peers import Peers
+from clustergate.run.world import World
 
-if TYPE_CHECKING:
-    from clustergate.run.lifecycle import Run
+
+class RunView(Protocol):
+    """What a detector reads of the run."""
+
+    world: World
+    peers: Peers
+    outside: Outside
+    test: str | None
+    phase: str | None
+
+    @property
+    def who(self) -> str: ...
+
+    def where_now(self) -> str: ...
+
+    def blamed(self, observed: Ending, *, grace_s: float = ..., vanished: bool = ...) -> Ending:
+        """``observed`` with its first cause first (the others' words in the store)."""
+
+    def blocked_for(self, nodeid: str | None, phase: str | None, call: str | None) -> float | None:
+        """How long the main thread has been in collective ``call`` in this test and phase."""
 
 
-def exchange_failed(run: Run, step: Step, exc: ControlLost) -> Ending:
+def exchange_failed(run: RunView, step: Step, exc: ControlLost) -> Ending:
     """A control exchange did not complete: who was elsewhere, late or gone, first cause first."""
     peers, me = run.peers, run.world.rank
     if isinstance(exc, ControlMismatch):
@@ -47,7 +69,7 @@ def exchange_failed(run: Run, step: Step, exc: ControlLost) -> Ending:
                              culprits=tuple(peers.behind(run.test))), vanished=True)
 
 
-def time_limit(run: Run, nodeid: str, limit_s: float) -> Ending:
+def time_limit(run: RunView, nodeid: str, limit_s: float) -> Ending:
     """The test did not finish within its limit: the ranks that got least far are the culprits."""
     msg = (f"{nodeid} did not finish within {limit_s:.0f} s on {run.who}; the run stops (raise the limit "
            "with --test-timeout or @pytest.mark.time_limit if the workload is just slow)")
@@ -57,7 +79,7 @@ def time_limit(run: Run, nodeid: str, limit_s: float) -> Ending:
     return run.blamed(Ending(msg, culprits=tuple(run.peers.behind(nodeid))), grace_s=0.0)
 
 
-def blocked_collective(run: Run) -> Ending | None:
+def blocked_collective(run: RunView) -> Ending | None:
     """The main thread waits in a collective that a peer, failed, skipped or gone, will never join; None while
     that is not so, or not yet for BLOCKED_S."""
     nodeid, phase = run.test, run.phase
@@ -81,14 +103,14 @@ def blocked_collective(run: Run) -> Ending | None:
     return None
 
 
-def stuck_after_verdict(run: Run, limit_s: float) -> Ending:
+def stuck_after_verdict(run: RunView, limit_s: float) -> Ending:
     """Rank 0 did not get from the verdict to the final barrier within REPORT_S."""
     return Ending(f"{run.who} did not get from the verdict to the final barrier within {limit_s:.0f} s: stuck in the "
                   "end of the session (writing report.html or junit.xml, or another plugin's session finish or "
                   "unconfigure); the run stops", culprits=(run.world.rank,))
 
 
-def sigterm(run: Run, *, launcher_gone: bool) -> Ending:
+def sigterm(run: RunView, *, launcher_gone: bool) -> Ending:
     """SIGTERM reached this rank: its launcher died (killed outright), or it came from outside the run."""
     where = f"{run.who} during {run.where_now()}"
     if launcher_gone:
@@ -100,24 +122,24 @@ def sigterm(run: Run, *, launcher_gone: bool) -> Ending:
     return Ending(cause, interrupted=True)
 
 
-def sigint(run: Run) -> Ending:
+def sigint(run: RunView) -> Ending:
     """The first SIGINT: pytest unwinds (KeyboardInterrupt) and writes what it can."""
     return Ending(f"interrupted by SIGINT on {run.who} during {run.where_now()}", kind=Kind.SIGNAL, interrupted=True,
                   unwinds=True)
 
 
-def second_sigint(run: Run) -> Ending:
+def second_sigint(run: RunView) -> Ending:
     return Ending(f"interrupted by a second SIGINT on {run.who} during {run.where_now()}", interrupted=True)
 
 
-def still_running_after_sigint(run: Run) -> Ending:
+def still_running_after_sigint(run: RunView) -> Ending:
     """SIGINT_GRACE_S after the first SIGINT the main thread has not unwound (blocked in C++)."""
     return Ending(f"still running {SIGINT_GRACE_S:.0f} s after SIGINT on {run.who} (blocked in {run.where_now()}); "
                   "ending the process", interrupted=True)
 
 
 
-def pytest_stopped(run: Run, exc: BaseException) -> Ending:
+def pytest_stopped(run: RunView, exc: BaseException) -> Ending:
     """pytest.exit on this rank, or a KeyboardInterrupt (the signal watcher has said so already, unless it came
     some other way): pytest unwinds."""
     if isinstance(exc, pytest.exit.Exception):
@@ -127,12 +149,12 @@ def pytest_stopped(run: Run, exc: BaseException) -> Ending:
                   unwinds=True)
 
 
-def internal_error(run: Run, what: str) -> Ending:
+def internal_error(run: RunView, what: str) -> Ending:
     """An internal error of pytest or a plugin on this rank: pytest unwinds."""
     return Ending(f"internal error on {run.who} during {run.where_now()}: {what}", culprits=(run.world.rank,),
                   unwinds=True)
 
 
-def end_not_run(run: Run) -> Ending:
+def end_not_run(run: RunView) -> Ending:
     """The session ended without deciding its verdict (a crash at its end): never accept."""
     return Ending(f"the end of the session did not run on {run.who} (see the error above)")
