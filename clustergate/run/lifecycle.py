@@ -615,6 +615,7 @@ class Run:
         self.end(ending)
         self.outside.timer(SIGINT_GRACE_S, lambda: self.end(detectors.still_running_after_sigint(self)))
 
+
 # ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------
 def _identity(message: Any) -> dict[str, Any]:
     expect(message, dict, "an identity")
