@@ -2,7 +2,7 @@
 
 The fine-tune options each have an environment variable as their default, so a launcher (Slurm,
 Kubernetes) can set them for every rank without touching the command line (the plugin's own
-options live in clustergate.plugin).
+options live in clustergate.run.options).
 """
 
 from __future__ import annotations

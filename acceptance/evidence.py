@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from clustergate.judge import Record, Where, judge
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.counters import Change, grown
 from workloads.gpu.error_counters import GPU_PART
@@ -115,7 +115,7 @@ def judge_parts(cg: Recorder, parts: list[Part]) -> Verdicts:
     """Each part alone against the profile, through the plugin's judge: the same rule, the same words."""
     out = Verdicts()
     for p in parts:
-        [j] = judge([Record(p.metric, p.value, p.unit, p.scope, "", where_of(cg, p.owner))], cg.gate.profile)
+        [j] = judge([Record(p.metric, p.value, p.unit, p.scope, "", where_of(cg, p.owner))], cg.profile)
         status = "ok" if j.passed else "fail"
         step = faults.next_step(p.category)
         out.rows.append({**asdict(p), "where": where_of(cg, p.owner).label(p.scope), "status": status,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from clustergate.thresholds import expects_gpus
 from workloads.gpu import inventory as gpu_inventory
 from workloads.gpu.health import Check

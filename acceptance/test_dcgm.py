@@ -19,7 +19,7 @@ import pytest
 
 from acceptance.evidence import decide, gpu_label, is_node_reader, where_of
 from acceptance.gpu_helpers import require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults, heartbeat
 from workloads.gpu import dcgm
 from workloads.gpu._hw import release

@@ -28,7 +28,7 @@ from acceptance.evidence import (
     where_of,
 )
 from acceptance.gpu_helpers import require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.counters import Change, diff, grown
 from workloads.gpu import error_counters

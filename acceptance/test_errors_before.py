@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from acceptance.evidence import Baseline, host_root, is_node_reader
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.gpu import error_counters, xid_events
 from workloads.node import ib_counters, kernel_log, pcie_aer
 from workloads.result import Result

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.finetune import fsdp as fsdp_finetune
 from workloads.finetune import lora, zero3
 

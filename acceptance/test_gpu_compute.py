@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from acceptance.gpu_helpers import CPU_SKIP, expects_gpu, measure, require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.gpu import burn_in, hbm, hostlink, matmul
 
 BURN_IN_LIMIT_S = 3600

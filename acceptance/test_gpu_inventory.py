@@ -14,7 +14,7 @@ import pytest
 
 from acceptance.evidence import host_root
 from acceptance.gpu_helpers import settle, skip_on_cpu_profile, snapshots
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.gpu import health, processes
 from workloads.result import Result
 

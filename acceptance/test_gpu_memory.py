@@ -11,7 +11,7 @@ import pytest
 
 from acceptance.evidence import Part, gpu_label, settle_parts
 from acceptance.gpu_helpers import require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.gpu import memtest
 from workloads.result import Result
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from acceptance.gpu_helpers import require_device
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.interconnect import collectives, comm_groups
 from workloads.interconnect import pairs as p2p_pairs
 from workloads.interconnect import transport as nccl_transport
@@ -102,7 +102,7 @@ def test_gpu_pairs(cg: Recorder, kind: str) -> None:
     require_device(cg)
     _scope_ready(cg, "node" if kind == "intranode" else "net")
     # The rounds decide on the fly which nodes to re-test, so they judge each pair by the profile's own criterion.
-    criterion = cg.gate.profile.criterion(f"{kind}_pair_bw_gbps")
+    criterion = cg.profile.criterion(f"{kind}_pair_bw_gbps")
     cg.record_result(p2p_pairs.run(p2p_pairs.Config.for_level(
         cg.level, cg.device, kind=kind, max_bytes=cg.setting("collective_max_bytes"),
         floor=criterion.floor, floor_criterion=criterion.as_json())))

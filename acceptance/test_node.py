@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from clustergate.identity import environment
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.node import checks as node_checks
 from workloads.node import discovery, rendezvous, shared_fs
 from workloads.result import Result

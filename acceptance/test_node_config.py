@@ -18,7 +18,7 @@ import torch.distributed as dist
 from acceptance.evidence import decide, gpu_label, host_root, is_node_reader, where_of
 from acceptance.gpu_helpers import require_device
 from clustergate.expect import RULES, Expected, check
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.gpu import gpu_config
 from workloads.interconnect import comm_groups
@@ -28,7 +28,7 @@ from workloads.result import Result
 
 
 def _expected(cg: Recorder, key: str) -> Expected:
-    expected = cg.gate.profile.expect.get(key)
+    expected = cg.profile.expect.get(key)
     if expected is None:
         pytest.skip(f"profile {cg.profile_name!r} sets no expect.{key} ({RULES[key].what}): not checked")
     return expected

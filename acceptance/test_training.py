@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.result import Result
 from workloads.training import checkpoint, gpt, sampler, scaling
 

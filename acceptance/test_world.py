@@ -5,7 +5,7 @@ These run first and prove the flow on CPU and GPU: if they fail, nothing after t
 
 from __future__ import annotations
 
-from clustergate.recorder import Recorder
+from clustergate.run.recorder import Recorder
 from workloads.interconnect import collective_check
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-import clustergate.session
+import clustergate.run.startup
 from clustergate.identity import GpuIdentity, RankIdentity
 from workloads.gpu import inventory, processes
 from workloads.node.name import node_name
@@ -70,7 +70,7 @@ def replayed_processes(device: torch.device, root: Path = Path("/")) -> dict[str
 
 
 if os.environ.get(SNAPSHOTS_ENV):
-    clustergate.session.rank_identity = replayed_identity  # type: ignore[assignment]
+    clustergate.run.startup.rank_identity = replayed_identity  # type: ignore[assignment]
     inventory.snapshot = replayed_snapshot  # type: ignore[assignment]
     processes.own_process = replayed_own  # type: ignore[assignment]
     processes.read = replayed_processes  # type: ignore[assignment]

@@ -1,11 +1,14 @@
 """The ``clustergate`` command: every subcommand listed, each cluster command handed its arguments unchanged,
-``run`` as the torchrun command it executes, and exit statuses 0/1/2 (never pytest's 3).
+``run`` as the torchrun command it executes and as it ends (the verdict last, the table's exit status, never
+pytest's 3), and exit statuses 0/1/2/4.
 
 A real ``clustergate run`` from an installed wheel is in tests/test_packaging.py.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,8 @@ import pytest
 
 import clustergate
 from clustergate import cli
+from clustergate.exit_codes import Exit
+from clustergate.run import command, outcome
 from clustergate.thresholds import shipped_thresholds
 
 from torchrun_job import ROOT, job_env
@@ -25,7 +30,8 @@ def test_help_lists_every_command_and_the_exit_statuses(capsys: pytest.CaptureFi
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"    {name}" in out for name in COMMANDS), out
-    assert "0 accepted, 1 not accepted, 2 input that cannot be used" in out and "never 3" in out
+    assert "0 accepted, 1 not accepted, 2 input that cannot be used (a bad option or file), 4 could not run" in out
+    assert "never 3" in out
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"clustergate {clustergate.__version__}"
 
@@ -77,7 +83,8 @@ def test_run_is_torchrun_on_this_node_over_the_packaged_suite(capsys: pytest.Cap
     cmd = capsys.readouterr().out.split()
     suite = str(ROOT / "acceptance")
     assert cmd == ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node=3", "-m", "pytest", "-c", str(ROOT / "clustergate" / "run.ini"), "--rootdir",
+                   "--nproc-per-node=3", "--redirects", "1:3,2:3", "-m", "pytest", "-c",
+                   str(ROOT / "clustergate" / "run.ini"), "--rootdir",
                    str(ROOT), "-p", "html", "-p", "metadata", "-p", "clustergate", suite,
                    "-k", "world", "--level", "quick", "--print-command"]
     assert cli.main(["run", "--nproc-per-node=0", "--print-command"]) == 2
@@ -94,7 +101,7 @@ def test_runs_configuration_says_what_the_checkouts_does() -> None:
     import tomllib
 
     ini = configparser.ConfigParser()
-    ini.read(cli.RUN_INI)
+    ini.read(command.RUN_INI)
     checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert ini["pytest"]["addopts"] == checkout["addopts"]
 
@@ -108,10 +115,10 @@ def test_run_counts_the_gpus_with_nvml_and_leaves_cuda_visible_devices_to_torch(
     nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 8)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert cli.local_gpu_count() == 8
+    assert command.local_gpu_count() == 8
     assert cli.main(["run", "--print-command"]) == 0 and "--nproc-per-node=8" in capsys.readouterr().out
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch's rules: no GPU (this machine has none either way)
-    assert cli.local_gpu_count() == 0
+    assert command.local_gpu_count() == 0
     assert cli.main(["run", "--print-command"]) == 0 and "--nproc-per-node=2" in capsys.readouterr().out
 
     def no_driver() -> None:
@@ -119,4 +126,97 @@ def test_run_counts_the_gpus_with_nvml_and_leaves_cuda_visible_devices_to_torch(
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=no_driver))
-    assert cli.local_gpu_count() == 0
+    assert command.local_gpu_count() == 0
+
+
+# ---- how `clustergate run` ends: its status and its last line, from what torchrun and rank 0 say --------------
+def _ran(tmp_path: Path, launched: command.Launched, told: dict | None = None, results: dict | None = None,
+         rank_said: tuple[int, str] | None = None):
+    """A fake torchrun: writes what rank 0 would tell and write, returns how the ranks ended."""
+    def launcher(args: list[str]) -> command.Launched:
+        report = tmp_path / "report"
+        if results is not None:
+            report.mkdir()
+            (report / "results.json").write_text(json.dumps(results))
+        told_path = Path(os.environ[outcome.OUTCOME_ENV])
+        told_path.write_text(json.dumps({**({"report_dir": str(report)} if results is not None else {}),
+                                         **(told or {})}))
+        if rank_said is not None:
+            rank, text = rank_said
+            log = Path(args[args.index("--log-dir") + 1]) / "run-id" / "attempt_0" / str(rank)
+            log.mkdir(parents=True)
+            (log / "stderr.log").write_text(text)
+        return launched
+    return launcher
+
+
+REJECTED = {"verdict": "reject", "error": "rank 1 (n) did not reach 'collection' within 45 s\n  more", "reason": "x"}
+
+
+@pytest.mark.parametrize(("launched", "told", "results", "status", "last"), [
+    (command.Launched(), None, {"verdict": "accept", "error": None}, Exit.ACCEPT, "clustergate run: ACCEPT (exit 0; "),
+    (command.Launched(codes={0: 1, 1: -15}, first=0), None, REJECTED, Exit.NOT_ACCEPTED,
+     "clustergate run: REJECT: rank 1 (n) did not reach 'collection' within 45 s (exit 1; "),
+    # pytest's own refusal of an option it does not know: its 4, before the plugin runs, is a usage error
+    (command.Launched(codes={0: 4, 1: 4}, first=0), None, None, Exit.USAGE,
+     "clustergate run: usage or unusable input: no results.json was written; see the error above (exit 2)"),
+    (command.Launched(codes={0: 2, 1: -15}, first=0), {"status": 2}, None, Exit.USAGE, "clustergate run: usage"),
+    (command.Launched(codes={0: 4, 1: -15}, first=0), {"status": 4}, REJECTED, Exit.COULD_NOT_RUN,
+     "clustergate run: REJECT: rank 1 (n) did not reach"),
+    (command.Launched(signal="SIGTERM"), None, REJECTED, Exit.NOT_ACCEPTED, "clustergate run: REJECT"),
+    (command.Launched(could_not="RendezvousTimeoutError: no peers"), None, None, Exit.COULD_NOT_RUN,
+     "clustergate run: could not run: no results.json was written; torchrun could not start the ranks "
+     "(RendezvousTimeoutError: no peers) (exit 4)"),
+    (command.Launched(codes={1: -9}, first=1), None, None, Exit.NOT_ACCEPTED,
+     "clustergate run: not accepted: no results.json was written; rank 1 ended with exit status -9 (exit 1)"),
+])
+def test_run_ends_with_the_tables_status_and_the_verdict_last(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], launched: command.Launched, told: dict | None,
+        results: dict | None, status: Exit, last: str) -> None:
+    assert command.main(["--nproc-per-node", "2"], launcher=_ran(tmp_path, launched, told, results)) == status
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith(last), out
+
+
+def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    launcher = _ran(tmp_path, command.Launched(codes={1: -11, 0: -15}, first=1), rank_said=(1, "Segmentation fault\n"))
+    assert command.main(["--nproc-per-node", "2"], launcher=launcher) == Exit.NOT_ACCEPTED
+    said = capsys.readouterr()
+    where = said.err.split("every rank's own output is under ", 1)[1].split()[0]
+    assert "clustergate run: rank 1 stopped first" in said.err and (Path(where) / "run-id").is_dir(), said.err
+    assert said.out.splitlines()[-1] == ("clustergate run: not accepted: no results.json was written; rank 1 ended "
+                                         "with exit status -11 (exit 1)")
+
+
+@pytest.mark.slow
+def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -> None:
+    """For real (2 CPU ranks, from a directory outside the checkout): a failing run ends with the verdict line and
+    status 1 and no torchrun traceback; an unknown option and pytest's --help are printed once; --collect-only
+    lists the tests as acceptance/..., exits 0 and writes no report."""
+    strict = tmp_path / "thresholds.yaml"  # the cpu profile wanting 3 GPUs a node: the world test fails
+    strict.write_text((ROOT / "thresholds.yaml").read_text().replace("      gpus_per_node: 0\n",
+                                                                     "      gpus_per_node: 3\n", 1))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "2", *args],
+                              cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=300)  # hang guard
+
+    failed = run("-k", "test_world", "--level", "quick", "--thresholds", str(strict), "--report-dir",
+                 str(tmp_path / "report"))
+    said = failed.stdout + failed.stderr
+    assert failed.returncode == Exit.NOT_ACCEPTED, said
+    assert failed.stdout.splitlines()[-1].startswith("clustergate run: REJECT: 1 of 2 tests did not pass (exit 1; "
+                                                     f"{tmp_path / 'report' / 'results.json'})"), said
+    assert "FAILED acceptance/test_world.py::test_world_matches_profile" in said, said
+    for noise in ("Traceback", "ChildFailedError", "SignalException", "PytestAssertRewriteWarning", "../"):
+        assert noise not in said, noise
+    refused = run("--no-such-option")
+    assert refused.returncode == Exit.USAGE
+    assert (refused.stdout + refused.stderr).count("unrecognized arguments: --no-such-option") == 1, refused.stderr
+    helped = run("--", "--help")
+    assert helped.returncode == 0 and helped.stdout.count("usage: ") == 1, helped.stdout[-2000:]
+    listed = run("--collect-only", "-q", "--report-dir", str(tmp_path / "listing"))
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "acceptance/test_world.py::test_world_matches_profile" in listed.stdout.splitlines()
+    assert not (tmp_path / "listing").exists()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.control import ControlMismatch, Step, decode, encode, within
 from clustergate.judge import Record, Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict
+from clustergate.run.control import ControlMismatch, Step, decode, encode, within
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,14 +36,14 @@ def test_ranks_at_different_steps_are_each_named() -> None:
                         "'t.py::test_a [call]'; rank 1 at 'session end (left)'")
 
 
-# ---- what travels is JSON, checked; never pickle (issue 24 item 5) ------------------------------------
+# ---- what travels is JSON, checked; never pickle --------------------------------------------------------
 PEER = '''
 import os, pickle, sys
 import torch, torch.distributed as dist
-from clustergate import control
-from clustergate.control import Step, within
+from clustergate.run import control
+from clustergate.run.control import Step, within
 from clustergate.outcomes import PhaseOutcome
-from clustergate.world import World
+from clustergate.run.world import World
 
 rank, store, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)

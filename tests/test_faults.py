@@ -79,17 +79,6 @@ def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Pa
     assert len(res["tests"]) == 1  # the run stops: the second test never runs
 
 
-def test_rank_that_dies_ends_the_job(tmp_path: Path) -> None:
-    r = job(tmp_path, "rank_dies", timeout=150)
-    # torchrun ends the job as soon as one worker exits non-zero; the bound is start-up under load (two ranks
-    # import torch: 10-40 s on CI's 2 cores) plus that, far below the 300 s test limit a hang would take.
-    assert r.seconds < 120, r.output
-    assert r.codes == [1], r.output  # torchrun turns any worker failure into 1
-    assert "exitcode  : 7" in r.output or "exitcode: 7" in r.output  # torchrun names the dead rank
-    res = r.results
-    assert res["verdict"] == "reject" and "test_rank_exits_mid_test" in (res["error"] or "")
-
-
 def test_hang_is_cut_by_the_test_timeout(tmp_path: Path) -> None:
     r = job(tmp_path, "hang", "--test-timeout", "10", timeout=120)
     # The product's promise: the 10 s test limit ends the hang; 60 s = start-up under load + 10 s + teardown.
@@ -102,13 +91,6 @@ def test_hang_is_cut_by_the_test_timeout(tmp_path: Path) -> None:
     assert f"rank 1 ({HOST}) last finished setup of test_fault.py::test_hangs_on_rank_1" in res["error"]
     assert f"rank 0 ({HOST}) last finished call of test_fault.py::test_hangs_on_rank_1" in res["error"]
     assert res["tests"][0]["failed_ranks"] == [1]  # the rank that never finished the test body
-
-
-def test_mismatched_collection_refuses_on_every_rank(tmp_path: Path) -> None:
-    r = job(tmp_path, "mismatched_collection", timeout=120)
-    assert r.codes == [1], r.output
-    assert "ranks disagree about what to run" in r.output
-    assert "rank 1" in r.results["error"] and r.results["tests"] == []
 
 
 def test_broken_thresholds_is_one_clear_error(tmp_path: Path) -> None:

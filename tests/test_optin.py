@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from clustergate.exit_codes import Exit
+
 from torchrun_job import PLANTED_SUITE, ROOT, job_env
 
 # What an environment with clustergate installed loads in every pytest run: its pytest11 entry point
@@ -84,7 +86,7 @@ def test_ini_keys_turn_it_on_and_set_its_options_and_the_command_line_wins(proje
 def test_a_bad_ini_value_is_a_usage_error_naming_the_key(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nclustergate = true\nclustergate_level = fast\n")
     result = project.runpytest_subprocess(*INSTALLED)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines(["*clustergate_level = 'fast'; choose one of quick, standard, extended*"])
 
 

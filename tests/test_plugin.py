@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from clustergate.exit_codes import Exit
+
 from torchrun_job import PLANTED_SUITE, ROOT, job_env
 
 THRESHOLDS = """
@@ -114,7 +116,7 @@ def test_fine(cg):
 
 
 def test_profile_without_criteria_is_never_an_accept(run, pytester: pytest.Pytester) -> None:
-    """Issue 23.7: every test passes, but a profile without criteria judged nothing: the verdict says it is not
+    """Every test passes, but a profile without criteria judged nothing: the verdict says it is not
     a sign-off, the terminal never prints ACCEPT and the exit status is not 0."""
     pytester.makepyfile(test_metrics=METRIC_TESTS)
     result, report = run("--profile", "nocriteria")
@@ -136,7 +138,7 @@ def test_undeclared_metric_fails_the_test(run, pytester: pytest.Pytester) -> Non
 def test_declared_metric_absent_from_profile_stops_before_any_test(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("import pytest\n@pytest.mark.metrics('warp_speed')\ndef test_x(cg):\n    pass\n")
     result, report = run()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines(["*thresholds.yaml: profile 'cpu' has no metrics.warp_speed, which "
                                  "test_*::test_x records; add it*"])
     res = results(report)  # the reason is the missing metric, not "no tests ran"
@@ -162,14 +164,14 @@ def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) ->
 def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
     result, _ = run(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines([message])
 
 
 def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("import pytest\n@pytest.mark.time_limit(0)\ndef test_x():\n    pass\n")
     result, report = run()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"])
     assert "time_limit(0)" in results(report)["error"]
 
@@ -187,7 +189,7 @@ def test_bad_baseline_is_a_usage_error_before_any_test(run, pytester: pytest.Pyt
     pytester.makepyfile(test_metrics=METRIC_TESTS)
     (pytester.path / "baseline.json").write_text(json.dumps(baseline))
     result, report = run("--baseline", "baseline.json")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines([message])
     assert not (report / "progress.jsonl").exists() or "test_start" not in (report / "progress.jsonl").read_text()
 
@@ -203,12 +205,14 @@ def test_all_skipped_rejects_with_the_reason(run, pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["why: all 2 tests were skipped*"])
 
 
-def test_collect_only_says_so(run, pytester: pytest.Pytester) -> None:
+def test_collect_only_lists_the_tests_and_writes_no_report(run, pytester: pytest.Pytester) -> None:
+    """A listing is not a run: it exits 0 and writes nothing a gate could read (no results.json, no report.html)."""
     pytester.makepyfile(test_metrics=METRIC_TESTS)
-    result, report = run("--collect-only")
-    res = results(report)
-    assert res["verdict"] == "reject" and res["tests"] == []
-    assert res["error"].startswith("--collect-only: 2 tests collected, none run")
+    result, report = run("--collect-only", "-q")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["test_metrics.py::test_fast", "test_metrics.py::test_slow"])
+    assert not report.exists(), list(report.iterdir())
+    assert "clustergate summary" not in result.stdout.str()
 
 
 def test_selection_is_recorded_and_said(run, pytester: pytest.Pytester) -> None:
@@ -236,9 +240,9 @@ def test_stopped_early_is_a_reject_saying_how_far_it_got(run, pytester: pytest.P
 
 
 @pytest.mark.parametrize(("body", "status", "error"), [
-    ("raise KeyboardInterrupt", pytest.ExitCode.INTERRUPTED,
+    ("raise KeyboardInterrupt", Exit.NOT_ACCEPTED,
      "KeyboardInterrupt on rank 0 (*) during test_*::test_stops [[]call[]]"),
-    ("pytest.exit('planted stop')", pytest.ExitCode.INTERRUPTED,
+    ("pytest.exit('planted stop')", Exit.NOT_ACCEPTED,
      "pytest.exit('planted stop') on rank 0 (*) during test_*::test_stops [[]call[]]"),
 ])
 def test_a_session_stopped_by_a_test_rejects_saying_where(run, pytester: pytest.Pytester, body: str,
@@ -254,17 +258,30 @@ def test_internal_error_rejects_naming_rank_and_step(run, pytester: pytest.Pytes
     pytester.makeconftest("def pytest_runtest_logfinish(nodeid):\n    raise RuntimeError('planted crash')\n")
     pytester.makepyfile("def test_a():\n    pass\ndef test_b():\n    pass\n")
     result, report = run()
-    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    assert result.ret == Exit.NOT_ACCEPTED  # pytest's 3 never leaves a clustergate run
     res = results(report)
     assert res["verdict"] == "reject"
     assert fnmatch.fnmatch(res["error"], "internal error on rank 0 (*) during test_*::test_a [[]after teardown[]]: "
                                          "RuntimeError: planted crash"), res["error"]
 
 
-def test_no_tests_is_exit_5_and_a_reject(run, pytester: pytest.Pytester) -> None:
+def test_an_output_that_cannot_be_written_rejects(run, pytester: pytest.Pytester) -> None:
+    """pytest's JUnit writer fails at the end of the session (a directory where junit.xml goes): the run must not
+    read as accepted, and says which output and why."""
+    pytester.makepyfile("from pathlib import Path\n\n\ndef test_blocks_junit():\n"
+                        "    (Path('report') / 'junit.xml').mkdir()\n")
+    result, report = run()
+    assert result.ret == Exit.NOT_ACCEPTED
+    res = results(report)
+    assert res["verdict"] == "reject" and [t["outcome"] for t in res["tests"]] == ["passed"]
+    assert fnmatch.fnmatch(res["error"], "the end of the session failed on rank 0 (*): IsADirectoryError*junit.xml*"), \
+        res["error"]
+
+
+def test_no_tests_is_not_accepted_and_a_reject(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def helper():\n    pass\n")
     result, report = run()
-    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert result.ret == Exit.NOT_ACCEPTED  # pytest's 5 never leaves a clustergate run
     res = results(report)
     assert res["verdict"] == "reject" and "no tests were collected" in res["error"]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.progress import Progress
 from clustergate.redact import scrub_file
 from clustergate.reportdir import LOCK_NAME, MIN_FREE_BYTES, OWNER_NAME, RunLock, move_aside, problem
 from clustergate.results import write_json
+from clustergate.run.progress import Progress
 
 from torchrun_job import ROOT
 

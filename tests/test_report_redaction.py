@@ -240,13 +240,13 @@ def test_a_secret_set_only_on_another_node_reaches_no_output(tmp_path: Path) -> 
 def test_a_short_numeric_secret_never_breaks_what_a_report_carries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 12's number stays a number: scrubbing the JSON text of a report's properties turned it into
     ``[redacted]``, which is no JSON (the makereport hook then crashed)."""
-    from clustergate.plugin import _scrub_report
+    from clustergate.run.items import scrub_report
 
     monkeypatch.setenv("MY_PIN_SECRET", "12")
     report = pytest.TestReport("t.py::x", ("t.py", 0, "x"), {}, "failed", "rank 12 saw pin 12", "call",
                                user_properties=[("failed_ranks", [12]),
                                                 ("metrics", [{"per_rank": [{"rank": 12, "host": "pin 12"}]}])])
-    _scrub_report(report)
+    scrub_report(report)
     assert report.user_properties == [("failed_ranks", [12]),
                                       ("metrics", [{"per_rank": [{"rank": 12, "host": f"pin {REDACTED}"}]}])]
     assert report.longrepr == f"rank {REDACTED} saw pin {REDACTED}"

@@ -1,6 +1,6 @@
 """The sign-off report through pytest-html's hooks, the terminal summary, and ``--baseline``.
 
-Enabled beside ``clustergate.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
+Enabled beside ``clustergate.run.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
 Only rank 0 writes a report (the plugin switches pytest-html off elsewhere), so every hook here
 does its work where pytest-html is active and leaves other ranks alone.
 
@@ -47,9 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _gate(config: pytest.Config) -> Any:
-    """The live run's ClusterGate; None in a re-render (which never imports the torch-based plugin)."""
-    plugin = sys.modules.get("clustergate.plugin")
-    return None if plugin is None else config.stash.get(plugin.GATE, None)
+    """The live run (``clustergate.run.lifecycle.Run``); None in a re-render (which never imports the plugin)."""
+    plugin = sys.modules.get("clustergate.run.plugin")
+    return None if plugin is None else config.stash.get(plugin.RUN, None)
 
 
 def _active(config: pytest.Config) -> bool:
@@ -67,11 +67,11 @@ def results_of(config: pytest.Config, final: bool = False, only_test: str | None
     if REPLAYED in config.stash:
         return config.stash[REPLAYED]
     gate = _gate(config)
-    if gate is None or not gate.world.is_leader:
+    if gate is None or not gate.writes:  # rank 0 of a run that writes outputs (not a --collect-only listing)
         return None
     if final and gate.decided is not None:
         return gate.decided
-    return gate.run.as_json(only_test=only_test)
+    return gate.record.as_json(only_test=only_test)
 
 
 def _scrub(config: pytest.Config) -> Scrubber:
@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("baseline", None)
     if gate is None or path is None:
         return
-    from clustergate import control
+    from clustergate.run import control
 
     problem, data = None, None
     if gate.world.is_leader:
@@ -120,7 +120,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if gate is not None:
             metadata["clustergate"] = {"profile": gate.profile.name, "level": gate.level,
                                        "world size": gate.world.world_size, "report dir": str(gate.report_dir),
-                                       **gate.run.environment}
+                                       **gate.record.environment}
         shown = shown_environment()
         if shown:
             metadata["environment variables"] = shown
@@ -294,7 +294,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if gate is None or base is None or not gate.world.is_leader:
         return
     tolerance = float(gate.profile.settings.get("baseline_tolerance", baseline_mod.DEFAULT_TOLERANCE))
-    gate.run.extra["baseline"] = baseline_mod.compare(gate.run.as_json(), base, tolerance)
+    gate.add_section("baseline", baseline_mod.compare(gate.record.as_json(), base, tolerance))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -18,20 +18,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from clustergate import control
 from clustergate.judge import Record
+from clustergate.run import control
 from clustergate.thresholds import REQUIRED
 from workloads.result import Metric, Result, Scope
 
 if TYPE_CHECKING:
-    from clustergate.session import ClusterGate
+    from clustergate.run.lifecycle import Run
+    from clustergate.thresholds import Profile
 
 
 @dataclass(slots=True)
 class Recorder:
     """Per-test handle, one per rank. Public attributes are the test's view of the run."""
 
-    gate: ClusterGate
+    run: Run
     nodeid: str
     declared: tuple[str, ...]
     records: list[Record] = field(default_factory=list)
@@ -40,33 +41,38 @@ class Recorder:
     @property
     def level(self) -> str:
         """quick | standard | extended: how long and how large the workloads run."""
-        return self.gate.level
+        return self.run.level
 
     @property
     def device(self) -> torch.device:
-        return self.gate.world.device
+        return self.run.world.device
 
     @property
     def rank(self) -> int:
-        return self.gate.world.rank
+        return self.run.world.rank
 
     @property
     def world_size(self) -> int:
-        return self.gate.world.world_size
+        return self.run.world.world_size
 
     @property
     def profile_name(self) -> str:
-        return self.gate.profile.name
+        return self.run.profile.name
+
+    @property
+    def profile(self) -> Profile:
+        """The profile the run judges against (its criteria, settings and ``expect`` section)."""
+        return self.run.profile
 
     @property
     def identities(self) -> list[dict[str, Any]]:
         """Every rank's identity (host, node_rank, local_rank, gpu), in rank order."""
-        return self.gate.identities
+        return self.run.identities
 
     def setting(self, name: str, default: Any = REQUIRED) -> Any:
         """A profile setting (``gpus_per_node``, ``peak_bf16_tflops``, ...): ``default`` when given and
         the profile lacks it, else a clear error naming the file, profile and key."""
-        return self.gate.profile.setting(name, default)
+        return self.run.profile.setting(name, default)
 
     def record(self, name: str, value: float, unit: str, *, scope: Scope = "gpu", description: str = "") -> None:
         """Record one figure measured on this rank; judged after the test body on every rank."""
@@ -79,7 +85,7 @@ class Recorder:
                 f"@pytest.mark.metrics({metric.name!r}) so the profile is checked before the run"
             )
         self.records.append(Record(metric.name, metric.value, metric.unit, metric.scope, metric.description,
-                                   self.gate.where))
+                                   self.run.where))
 
     def record_result(self, result: Result) -> None:
         """Record every metric of a workload's result, and keep its details for the report."""
@@ -89,16 +95,15 @@ class Recorder:
 
     def add_run_section(self, name: str, data: Any) -> None:
         """A top-level section of results.json (e.g. "discovery"); rank 0's data is kept."""
-        if self.gate.world.is_leader:
-            self.gate.run.extra[name] = data
+        self.run.add_section(name, data)
 
     def all_ranks(self, value: Any) -> list[Any]:
         """Every rank's ``value`` on every rank (over the control group, not the workloads' group)."""
-        return control.all_gather(self.gate.world, value, f"{self.nodeid}: all_ranks")
+        return control.all_gather(self.run.world, value, f"{self.nodeid}: all_ranks")
 
     def skip_unless_everywhere(self, ok: bool, reason: str) -> None:
         """Skip on every rank if the condition fails on any rank: skips must not differ by rank."""
-        votes = self.all_ranks((ok, reason, self.gate.identity.host))
+        votes = self.all_ranks((ok, reason, self.run.identity.host))
         bad = [(r, why, host) for r, (fine, why, host) in enumerate(votes) if not fine]
         if bad:
             rank, why, host = bad[0]

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from clustergate import interrupts
 from clustergate.redact import outgoing
-from clustergate.world import World
+from clustergate.run import interrupts
+from clustergate.run.world import World
 
 T = TypeVar("T")
 

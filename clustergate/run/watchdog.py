@@ -1,23 +1,19 @@
 """Per-test time limit that works even when the main thread is stuck inside a collective.
 
-A signal cannot interrupt a collective blocked in C++, so a thread watches the deadline. When
-it passes, the thread calls ``on_expiry`` (which writes what is known: test, rank, host, which
-ranks had not finished) and ends the process with ``os._exit``; torchrun then stops the rest.
-While a test runs the thread also calls ``on_poll`` every few seconds, so the session can notice a
-test that can never finish (blocked in a collective a failed peer will never join) long before it.
+A signal cannot interrupt a collective blocked in C++, so a thread watches the deadline. When it passes,
+the thread calls ``on_expiry``, which hands the run its ending (``Run.end``: what is known is written,
+test, rank, host, which ranks had not finished, then the process ends; torchrun then stops the rest).
+While a test runs the thread also calls ``on_poll`` every ``POLL_S``, so the run can notice a test that
+can never finish (blocked in a collective a failed peer will never join) long before its limit.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 
-EXIT_TIMEOUT = 3
-POLL_S = 5.0
+from clustergate.run.limits import POLL_S
 
 
 class Watchdog:
@@ -58,14 +54,10 @@ class Watchdog:
                 left = self._deadline - time.monotonic()
                 if left <= 0:
                     label, limit, expiry = self._label, self._limit, self._expiry
+                    self._deadline = None
                     break
                 self._cond.wait(timeout=min(left, POLL_S))
                 armed = self._deadline is not None
             if armed and self._on_poll is not None:
                 self._on_poll()  # outside the lock: it may read the store
-        try:
-            expiry(label, limit)
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        finally:
-            sys.stderr.flush()
-            os._exit(EXIT_TIMEOUT)
+        expiry(label, limit)  # ends the process (Run.end)

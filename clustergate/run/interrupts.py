@@ -19,7 +19,9 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 _depth = 0
@@ -67,6 +69,60 @@ def die_with_parent(signum: int) -> bool:
         return int(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+class Launcher:
+    """This rank's parent: torchrun's agent."""
+
+    def __init__(self) -> None:
+        self.pid = os.getppid()
+
+    def gone(self) -> bool:
+        """Whether the launcher has died. The kernel re-parents a rank one thread at a time and signals it at the
+        first: this thread may still see the old parent for a moment."""
+        for _ in range(5):
+            if os.getppid() != self.pid:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def follow(self, signum: int) -> bool:
+        """Have the kernel send ``signum`` when the launcher dies (``die_with_parent``)."""
+        return die_with_parent(signum)
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process from /proc; None where it is gone (or /proc cannot say)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_processes(pids: list[int], grace_s: float) -> None:
+    """Stop stuck sibling ranks (children of this rank's own launcher) rather than leave them to torchrun, which
+    waits 30 s between its SIGTERM and its SIGKILL: SIGCONT (a stopped process acts on nothing else) and SIGTERM
+    (its signal watcher records why and ends it), then SIGKILL for one still there after ``grace_s`` (stuck in C
+    with the interpreter's lock held)."""
+    launcher = os.getppid()
+
+    def ours(pid: int) -> bool:
+        state = _state(pid)
+        return state is not None and state[0] != "Z" and state[1] == launcher
+
+    alive = [pid for pid in pids if ours(pid)]
+    for pid in alive:
+        for signum in (signal.SIGCONT, signal.SIGTERM):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signum)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if ours(pid)]
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class SignalWatcher:

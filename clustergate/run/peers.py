@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 from clustergate.redact import outgoing
-from clustergate.world import World
+from clustergate.run.world import World
 
 STEPS = ("started", "finished setup of", "finished call of", "finished teardown of")
 """A rank's progress through a test, in order (the index is how far it got)."""
@@ -33,14 +34,17 @@ def _store(world: World) -> Any:
 
 
 class Peers:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, store: Any = None) -> None:
+        """``store``: the rendezvous store's client (default: the default process group's)."""
         self.world = world
-        self._store = _store(world)
-        self.hosts: list[str] = [world.host] * world.world_size
+        self._store = store if store is not None else _store(world)
+        self.hosts: list[str | None] = [world.host if r == world.rank else None for r in range(world.world_size)]
+        """Each rank's host, once every rank's identity is known (before, only this rank's own)."""
         # Every rank's keys exist before any peer reads them (a get of a missing key would block).
         self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})
         self._set(f"left/{world.rank}", None)
         self._set(f"at/{world.rank}", "")
+        self._set(f"process/{world.rank}", {"pid": os.getpid(), "launcher": os.getppid(), "host": world.host})
 
     def _set(self, key: str, value: Any) -> None:
         if self._store is not None:
@@ -58,7 +62,8 @@ class Peers:
             return default
 
     def who(self, rank: int) -> str:
-        return f"rank {rank} ({self.hosts[rank]})"
+        host = self.hosts[rank] if 0 <= rank < len(self.hosts) else None
+        return f"rank {rank} ({host})" if host else f"rank {rank}"
 
     # ---- this rank says ------------------------------------------------------------------------
     def mark(self, step: int, nodeid: str) -> None:
@@ -69,7 +74,7 @@ class Peers:
         that are elsewhere)."""
         self._set(f"at/{self.world.rank}", label)
 
-    def leave(self, why: str, kind: str = "cause", culprits: list[int] | None = None,
+    def departed(self, why: str, kind: str = "cause", culprits: list[int] | None = None,
               interrupted: bool = False) -> None:
         """This rank leaves the run. ``kind``: "cause" (it starts the ending: pytest.exit, an error, a test
         past its time), "signal" (SIGINT or SIGTERM reached it) or "consequence" (it saw another rank go).
@@ -108,6 +113,19 @@ class Peers:
                     out[r] = left
         except Exception:
             return None
+        return out
+
+    def siblings(self, ranks: tuple[int, ...]) -> list[int]:
+        """The process ids of those of ``ranks`` that run beside this rank: the same host, the same launcher."""
+        mine = self._get(f"process/{self.world.rank}", None)
+        if not mine:
+            return []
+        out = []
+        for r in ranks:
+            theirs = self._get(f"process/{r}", None)
+            if theirs and r != self.world.rank and (theirs.get("host"), theirs.get("launcher")) == \
+                    (mine.get("host"), mine.get("launcher")):
+                out.append(int(theirs["pid"]))
         return out
 
     def elsewhere(self, label: str) -> list[int]:
@@ -152,7 +170,7 @@ def main_thread_collective() -> str | None:
     call, caller = None, None
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("clustergate/control.py"):
+        if name.endswith("clustergate/run/control.py"):
             return None
         if "/torch/distributed/" in name:
             call = call or frame.f_code.co_name  # the innermost: the collective itself

@@ -1,0 +1,160 @@
+"""What ends a run early, each seen by one detector and told as one ``Ending`` for ``Run.end``.
+
+- a control exchange that fails: ranks at different steps, a malformed message, a peer gone, a peer late
+  past the exchange's deadline (stuck at start-up, in the session's end, after the verdict);
+- a test past its time limit (the watchdog);
+- a collective that can never complete: the main thread blocked in it while a peer failed, skipped or left
+  that phase (the watchdog's poll);
+- SIGTERM (from outside, or from torchrun because a peer exited) and the launcher gone; SIGINT;
+- rank 0 stuck between the verdict and the final barrier (the watchdog, REPORT_S).
+
+Each function reads the run's state (``RunView``: what a detector may see of ``clustergate.run.lifecycle.Run``)
+and says what it means; none changes it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pytest
+
+from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
+from clustergate.run.ending import Ending, Kind
+from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
+from clustergate.run.outside import Outside
+from clustergate.run.peers import Peers
+from clustergate.run.world import World
+
+
+class RunView(Protocol):
+    """What a detector reads of the run."""
+
+    world: World
+    peers: Peers
+    outside: Outside
+    test: str | None
+    phase: str | None
+
+    @property
+    def who(self) -> str: ...
+
+    def where_now(self) -> str: ...
+
+    def blamed(self, observed: Ending, *, grace_s: float = ..., vanished: bool = ...) -> Ending:
+        """``observed`` with its first cause first (the others' words in the store)."""
+
+    def blocked_for(self, nodeid: str | None, phase: str | None, call: str | None) -> float | None:
+        """How long the main thread has been in collective ``call`` in this test and phase."""
+
+
+def exchange_failed(run: RunView, step: Step, exc: ControlLost) -> Ending:
+    """A control exchange did not complete: who was elsewhere, late or gone, first cause first."""
+    peers, me = run.peers, run.world.rank
+    if isinstance(exc, ControlMismatch):
+        said = "; ".join(f"{peers.who(r)} at '{label}'" for r, label in enumerate(exc.labels))
+        mine = exc.labels[me]
+        elsewhere = [r for r, label in enumerate(exc.labels) if label != mine] or peers.behind(run.test)
+        return run.blamed(Ending(f"ranks are at different steps, so the run cannot go on: {said}",
+                                 culprits=tuple(elsewhere)))
+    if isinstance(exc, ControlMalformed):
+        return Ending(f"{exc} during {run.where_now()}", culprits=(exc.rank,))
+    described = peers.describe(run.test)
+    if exc.timed_out:
+        late = [r for r in peers.elsewhere(str(step.tag)) if r != me]
+        names = ", ".join(peers.who(r) for r in late) or "a peer rank"
+        return run.blamed(Ending(f"{names} did not reach '{step}' within {exc.waited_s:.0f} s of {run.who} (stuck, "
+                                 "or slower than every limit allows)" + (f"; {described}" if described else ""),
+                                 culprits=tuple(late or peers.behind(run.test)), stuck=tuple(late)), grace_s=0.0)
+    return run.blamed(Ending(f"{exc} during {run.where_now()}" + (f"; {described}" if described else ""),
+                             culprits=tuple(peers.behind(run.test))), vanished=True)
+
+
+def time_limit(run: RunView, nodeid: str, limit_s: float) -> Ending:
+    """The test did not finish within its limit: the ranks that got least far are the culprits."""
+    msg = (f"{nodeid} did not finish within {limit_s:.0f} s on {run.who}; the run stops (raise the limit "
+           "with --test-timeout or @pytest.mark.time_limit if the workload is just slow)")
+    described = run.peers.describe(nodeid)
+    if described:
+        msg += f"\n  {described} (a rank that finished setup but not call is stuck in the test body)"
+    return run.blamed(Ending(msg, culprits=tuple(run.peers.behind(nodeid))), grace_s=0.0)
+
+
+def blocked_collective(run: RunView) -> Ending | None:
+    """The main thread waits in a collective that a peer, failed, skipped or gone, will never join; None while
+    that is not so, or not yet for BLOCKED_S."""
+    nodeid, phase = run.test, run.phase
+    call = run.outside.collective_in_main_thread() if run.world.launched and nodeid and phase else None
+    waited = run.blocked_for(nodeid, phase, call)
+    if waited is None or waited < BLOCKED_S or nodeid is None or phase is None:
+        return None
+    peers, me = run.peers, run.world.rank
+    early = peers.waiting_after_failure(Step(nodeid, phase).tag)
+    if early is not None and early["rank"] != me:
+        did = {"skipped": "skipped", "passed": "finished"}.get(early.get("outcome", "failed"), "failed")
+        return Ending(f"{nodeid} [{phase}]: {peers.who(early['rank'])} {did} it ({early['message']}) and waits for "
+                      f"the others, while {run.who} has been blocked for {waited:.0f} s in {call}, a collective that "
+                      "needs every rank: it can never complete, so the run stops", culprits=(early["rank"],))
+    gone = {r: d for r, d in (peers.departures() or {}).items() if r != me}
+    if gone:
+        return run.blamed(Ending(f"{run.who} has been blocked for {waited:.0f} s in {call} during {nodeid} [{phase}], "
+                                 f"a collective that needs {', '.join(peers.who(r) for r in sorted(gone))}, which "
+                                 "left the run: it can never complete, so the run stops", culprits=tuple(sorted(gone))),
+                          grace_s=0.0)
+    return None
+
+
+def stuck_after_verdict(run: RunView, limit_s: float) -> Ending:
+    """Rank 0 did not get from the verdict to the final barrier within REPORT_S."""
+    return Ending(f"{run.who} did not get from the verdict to the final barrier within {limit_s:.0f} s: stuck in the "
+                  "end of the session (writing report.html or junit.xml, or another plugin's session finish or "
+                  "unconfigure); the run stops", culprits=(run.world.rank,))
+
+
+def sigterm(run: RunView, *, launcher_gone: bool) -> Ending:
+    """SIGTERM reached this rank: its launcher died (killed outright), or it came from outside the run."""
+    where = f"{run.who} during {run.where_now()}"
+    if launcher_gone:
+        cause = (f"stopped on {where}: its launcher (pid {run.outside.launcher.pid}, torchrun) is gone, killed "
+                 "outright; every rank stops with it, so no rank can finish alone")
+    else:
+        cause = (f"stopped by SIGTERM on {where} (sent from outside the run: the job was cancelled or torchrun was "
+                 "signalled)")
+    return Ending(cause, interrupted=True)
+
+
+def sigint(run: RunView) -> Ending:
+    """The first SIGINT: pytest unwinds (KeyboardInterrupt) and writes what it can."""
+    return Ending(f"interrupted by SIGINT on {run.who} during {run.where_now()}", kind=Kind.SIGNAL, interrupted=True,
+                  unwinds=True)
+
+
+def second_sigint(run: RunView) -> Ending:
+    return Ending(f"interrupted by a second SIGINT on {run.who} during {run.where_now()}", interrupted=True)
+
+
+def still_running_after_sigint(run: RunView) -> Ending:
+    """SIGINT_GRACE_S after the first SIGINT the main thread has not unwound (blocked in C++)."""
+    return Ending(f"still running {SIGINT_GRACE_S:.0f} s after SIGINT on {run.who} (blocked in {run.where_now()}); "
+                  "ending the process", interrupted=True)
+
+
+
+def pytest_stopped(run: RunView, exc: BaseException) -> Ending:
+    """pytest.exit on this rank, or a KeyboardInterrupt (the signal watcher has said so already, unless it came
+    some other way): pytest unwinds."""
+    if isinstance(exc, pytest.exit.Exception):
+        return Ending(f"pytest.exit({exc.msg!r}) on {run.who} during {run.where_now()}", culprits=(run.world.rank,),
+                      interrupted=True, unwinds=True)
+    return Ending(f"KeyboardInterrupt on {run.who} during {run.where_now()}", kind=Kind.SIGNAL, interrupted=True,
+                  unwinds=True)
+
+
+def internal_error(run: RunView, what: str) -> Ending:
+    """An internal error of pytest or a plugin on this rank: pytest unwinds."""
+    return Ending(f"internal error on {run.who} during {run.where_now()}: {what}", culprits=(run.world.rank,),
+                  unwinds=True)
+
+
+def end_not_run(run: RunView) -> Ending:
+    """The session ended without deciding its verdict (a crash at its end): never accept."""
+    return Ending(f"the end of the session did not run on {run.who} (see the error above)")

@@ -1,0 +1,125 @@
+"""What the run reads from pytest's items and reports, and writes back into them: the metrics a test declares
+and its time limit, this rank's outcome of a phase, and the merged verdict applied to pytest's own report (so
+the terminal, junit.xml and report.html all say it), scrubbed of secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from clustergate.outcomes import PhaseOutcome, PhaseVerdict, poisons
+from clustergate.redact import Scrubber, scrub_strings
+from clustergate.run.recorder import Recorder
+from clustergate.thresholds import Profile
+
+
+def declared(item: pytest.Item) -> tuple[str, ...]:
+    """The metrics ``item`` records (``@pytest.mark.metrics``)."""
+    return tuple(n for m in item.iter_markers("metrics") for n in m.args)
+
+
+def time_limit(item: pytest.Item) -> float | None:
+    """``@pytest.mark.time_limit(seconds)``, or None."""
+    marker = item.get_closest_marker("time_limit")
+    return float(marker.args[0]) if marker else None
+
+
+def problem(items: list[pytest.Item], profile: Profile) -> str | None:
+    """The first collected test the run cannot judge or bound: a metric the profile lacks, a bad time limit."""
+    for item in items:
+        for name in declared(item):
+            if name not in profile.metrics:
+                return (f"{profile.source}: profile {profile.name!r} has no metrics.{name}, which {item.nodeid} "
+                        "records; add it (an empty mapping {} measures without judging)")
+        marker = item.get_closest_marker("time_limit")
+        if marker is not None:
+            limit = marker.args[0] if marker.args else None
+            if not isinstance(limit, (int, float)) or not (math.isfinite(limit) and limit > 0):
+                return (f"{item.nodeid}: @pytest.mark.time_limit({limit!r}): a time limit must be a finite number "
+                        "of seconds above 0")
+    return None
+
+
+def skip_multinode(items: list[pytest.Item], node_count: int) -> None:
+    if node_count < 2:
+        for item in items:
+            if item.get_closest_marker("multinode"):
+                item.add_marker(pytest.mark.skip(reason=f"needs 2+ nodes; this job has {node_count}"))
+
+
+def phase_outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None],
+                  recorder: Recorder) -> PhaseOutcome:
+    """What this rank saw in this phase, for the exchange."""
+    run = recorder.run
+    return PhaseOutcome(
+        rank=run.world.rank, host=run.identity.host, outcome=report.outcome, message=_message(item, report, call),
+        stop=call.stop, records=recorder.records if call.when == "call" else [],
+        details=recorder.details if call.when == "call" else {}, gpu_label=run.gpu_label(),
+        poisoned=poisons(call.excinfo.value if call.excinfo else None),
+    )
+
+
+def apply(item: pytest.Item, report: pytest.TestReport, verdict: PhaseVerdict, when: str) -> None:
+    """The verdict every rank agreed, in pytest's own report of this phase (scrubbed)."""
+    if verdict.outcome == "failed":
+        report.outcome = "failed"
+        report.longrepr = verdict.message
+    elif verdict.outcome == "skipped" and report.outcome != "skipped":
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, verdict.message)
+    report.user_properties.append(("failed_ranks", verdict.failed_ranks))
+    if when == "call":
+        report.user_properties.append(("metrics", [m.as_json() for m in verdict.metrics]))
+    scrub_report(report)
+
+
+def scrub_report(report: pytest.TestReport) -> None:
+    """What the report carries reaches the terminal, junit.xml and report.html: scrub it at the source."""
+    scrub = Scrubber.from_environment()
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        path, line, reason = report.longrepr
+        report.longrepr = (path, line, scrub(str(reason)))
+    elif report.longrepr is not None:
+        text = str(report.longrepr)
+        if scrub(text) != text:
+            report.longrepr = scrub(text)
+    report.sections = [(title, scrub(content)) for title, content in report.sections]
+    # Each string, not the JSON text: a short or digits-only secret scrubbed from JSON text would break it.
+    report.user_properties = [(name, scrub_strings(json.loads(json.dumps(value, default=str)), scrub))
+                              for name, value in report.user_properties]
+
+
+def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> str:
+    """This rank's failure as a short traceback: N ranks' worth of long tracebacks is unreadable.
+
+    Uses the item's own formatter (which drops pytest's and pluggy's frames) in --tb=short style.
+    """
+    if report.outcome == "passed":
+        return ""
+    if report.outcome == "failed" and call.excinfo is not None and isinstance(item, pytest.Function):
+        try:
+            return str(item._repr_failure_py(call.excinfo, style="short"))
+        except Exception:  # a private helper: fall back to pytest's own text if it ever changes
+            pass
+    return report.longreprtext
+
+
+def junit_interrupted(item: pytest.Item, what: str) -> None:
+    """junit.xml counts a test the run was interrupted in as an error (pytest writes no report for it)."""
+    from _pytest import junitxml  # pytest's own writer: its stash key and per-test reporter
+
+    xml = item.config.stash.get(junitxml.xml_key, None)
+    if xml is None:
+        return
+    message = f"interrupted: {what} (the test did not finish)"
+    try:
+        report = pytest.TestReport(item.nodeid, item.location, {}, "failed", message, "call")
+        reporter = xml._opentestcase(report)
+        reporter._add_simple("error", message, message)
+        xml.finalize(report)
+    except Exception as exc:  # a private API: say so rather than lose the run's ending
+        sys.stderr.write(f"clustergate: could not add {item.nodeid} to junit.xml as interrupted: {exc}\n")

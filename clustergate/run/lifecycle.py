@@ -1,0 +1,641 @@
+"""One acceptance run on one rank: the one owner of its state, from its start to the status every rank agrees.
+
+A run goes through its ``Stage``s in order; the pytest hooks (``clustergate.run.plugin``) move it on and three
+threads besides the main one may end it (the watchdog, the signal watcher, the SIGINT timer): every write of
+its state, by any of them, takes the run's one lock. results.json says "running" from the session's start;
+``decide`` agrees the exit status with every rank and decides the verdict, ``final_barrier`` writes it once every
+output is written and every rank has passed the final barrier: only then can the file say "accept".
+
+An early ending is one ``Ending`` value (``clustergate.run.ending``), built by a detector
+(``clustergate.run.detectors``) and handed to ``end``, the one way down: it records the ending (results.json on
+rank 0, progress.jsonl, the rendezvous store for the other ranks, stderr) and ends the process with the
+ending's status; from an ending pytest unwinds from (pytest.exit, KeyboardInterrupt, an internal error) the rank
+goes on to the session's end, where every rank agrees the status.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import clustergate
+from clustergate.exit_codes import Exit
+from clustergate.identity import RankIdentity
+from clustergate.judge import Where
+from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
+from clustergate.redact import Scrubber, scrub_file
+from clustergate.results import RunRecord, nodes_from_identities
+from clustergate.run import control, detectors
+from clustergate.run.control import Step
+from clustergate.run.ending import Ending, Kind, first_cause
+from clustergate.run.limits import (
+    EXCHANGE_GRACE_S,
+    EXIT_EARLY,
+    FINAL_S,
+    LEAVING_S,
+    POISONED_WAIT_S,
+    REPORT_S,
+    SESSION_END_S,
+    SIGINT_GRACE_S,
+    SIGNAL_GRACE_S,
+    STARTUP_S,
+    exit_status,
+)
+from clustergate.run.options import Options
+from clustergate.run.outside import Outside
+from clustergate.run.progress import Progress
+from clustergate.run.world import World
+from clustergate.thresholds import Profile
+from clustergate.verdict import missing_tests
+
+PYTEST_STOPPED = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
+
+
+class Stage(Enum):
+    """Where a run is, in the order it gets there."""
+
+    CONFIGURING = "configuring"
+    """Options, thresholds, process groups, the report directory, every rank's identity."""
+    STARTING = "starting"
+    """The session starts: progress.jsonl and results.json ("running") are made."""
+    COLLECTING = "collecting"
+    """pytest collects; every rank must collect the same tests."""
+    TESTING = "testing"
+    """In a test (``Run.test``, ``Run.phase``) or between two."""
+    CONCLUDING = "concluding"
+    """The session's end: every rank agrees the exit status; the verdict is decided."""
+    WRITING = "writing outputs"
+    """Rank 0 writes report.html and junit.xml (bounded by REPORT_S)."""
+    FINAL_BARRIER = "final barrier"
+    """Every output written; every rank waits for the others before rank 0 may write "accept"."""
+    ENDED = "ended"
+    """The record is final; the process leaves with the agreed status."""
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the code every rank runs (clustergate and workloads, each file's path and bytes)."""
+    root = Path(clustergate.__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for package in ("clustergate", "workloads"):
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class Run:
+    """The run on this rank; the only writer of its state (under ``_lock``)."""
+
+    def __init__(self, world: World, profile: Profile, options: Options, report_dir: Path | None, *,
+                 identity: RankIdentity, outside: Outside) -> None:
+        self.world = world
+        self.profile = profile
+        self.options = options
+        self.level = options.level
+        self.report_dir = report_dir
+        """Where the outputs go; None under --collect-only (a listing writes none)."""
+        self.test_timeout_s = options.test_limit_s(profile)
+        self.identity = identity
+        self.outside = outside
+        self.peers = outside.peers
+        self._lock = threading.RLock()
+        self.record = RunRecord(profile=profile.name, level=options.level, world_size=world.world_size,
+                                sign_off=profile.sign_off, selection=options.selection())
+        self.stage = Stage.CONFIGURING
+        self.test: str | None = None
+        self.phase: str | None = None
+        self.ending: Ending | None = None
+        """The first ending recorded on this rank (why it leaves the run: told to the others at the end)."""
+        self.exiting = False
+        """``end`` is under way: the process leaves without tearing anything down."""
+        self.poisoned: str | None = None
+        self.status: int | None = None
+        """The exit status every rank agreed at the end of the session (final once the stage is ENDED)."""
+        self.decided: dict[str, Any] | None = None
+        """The final record (report.html and the terminal show it); results.json gets it in ``final_barrier``."""
+        self.signalled: tuple[str, float] | None = None
+        """This rank's own signal, as its ending says it, and when it came (wall clock, as the store's times)."""
+        self.written: str | None = None
+        """The verdict results.json says (rank 0's last write that succeeded)."""
+        self._decided_error: str | None = None
+        self._last_write = -1e9
+        self._sigints = 0
+        self._blocked: tuple[str, str, float] | None = None
+        self._ending_once = threading.Lock()
+        gpu = identity.gpu
+        self.where = Where(rank=world.rank, host=identity.host, node_rank=world.node_rank,
+                           gpu_index=gpu.index if gpu else None, gpu_serial=gpu.serial if gpu else None,
+                           gpu_uuid=gpu.uuid if gpu else None)
+        """This rank's part, stamped on every metric it records."""
+        self.progress = Progress(None)
+        """progress.jsonl, opened when the session starts (nothing is written before: a usage error leaves none)."""
+        self.version = {"version": clustergate.__version__, "code_digest": code_digest(),
+                        "thresholds_digest": profile.run_digest}
+        """What this rank runs: compared across ranks at collection, recorded in results.json."""
+        self.record.extra["clustergate"] = dict(self.version)
+        self.identities: list[dict[str, Any]] = [identity.as_dict()]
+        self.node_count = 1
+        self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
+        self.signals: Any = None
+
+    # ---- views --------------------------------------------------------------------------------------------
+    @property
+    def who(self) -> str:
+        return f"rank {self.world.rank} ({self.world.host})"
+
+    @property
+    def results_path(self) -> Path:
+        return (self.report_dir or Path()) / "results.json"
+
+    @property
+    def writes(self) -> bool:
+        """This rank writes the run's outputs: rank 0, unless the run is a listing (--collect-only)."""
+        return self.world.is_leader and self.report_dir is not None
+
+    @property
+    def started(self) -> bool:
+        """The session has started: results.json exists and says "running" at least."""
+        return self.stage not in (Stage.CONFIGURING, Stage.STARTING)
+
+    def where_now(self) -> str:
+        return f"{self.test} [{self.phase}]" if self.test else "the session"
+
+    def within(self, seconds: float) -> float:
+        """A deadline ``seconds`` from now, on the run's clock."""
+        return self.outside.clock() + seconds
+
+    def gpu_label(self) -> str:
+        """'gpu N serial S' for failure headers ("" on a CPU rank)."""
+        w = self.where
+        if w.gpu_index is None:
+            return ""
+        return f"gpu {w.gpu_index}" + (f" serial {w.gpu_serial}" if w.gpu_serial else "")
+
+    # ---- configuring ----------------------------------------------------------------------------------------
+    def meet(self, environment: dict[str, Any]) -> None:
+        """Every rank's identity on every rank; then the signals are watched, and the rank dies with its launcher."""
+        step = Step(None, "identities", self.within(STARTUP_S))
+        identities = self.exchange(step, lambda: self.outside.exchange.all_gather(
+            self.world, self.identity.as_dict(), step, check=_identity))
+        with self._lock:
+            self.identities = identities
+            self.peers.hosts = [i["host"] for i in identities]
+            self.node_count = len({i["node_rank"] for i in identities})
+            self.record.nodes = nodes_from_identities(identities)
+            self.record.environment = environment
+        self.signals = self.outside.signals(self.on_signal)
+        if self.world.launched:
+            # A rank dies with its launcher: SIGTERM records why (the watcher), SIGKILL where none watches.
+            self.outside.launcher.follow(signal.SIGTERM if self.signals.handles_sigterm else signal.SIGKILL)
+            if self.outside.launcher.gone():  # the launcher died before that was set
+                self.on_signal(signal.SIGTERM)
+
+    # ---- starting -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """The session starts: results.json exists from now on and says "running"."""
+        with self._lock:
+            self.stage = Stage.STARTING
+        if self.writes:
+            path = self.results_path.with_name("progress.jsonl")
+            try:
+                self.progress = Progress(path)
+            except OSError as exc:
+                self.end(Ending(f"could not write {path} on {self.who}: {exc}"))
+        self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size)
+        self.write_results()
+        with self._lock:
+            self.stage = Stage.COLLECTING
+
+    def write_results(self, at_most_every_s: float = 0.0) -> None:
+        """Rank 0 rewrites results.json; ``at_most_every_s`` bounds the cost when tests are short.
+        A write that fails (a full disk) ends the run: a record that cannot be kept is no record."""
+        if not self.writes:
+            return
+        with self._lock:
+            now = self.outside.clock()
+            if now - self._last_write < at_most_every_s:
+                return
+            try:
+                self._write(self.record.as_json())
+            except (OSError, ValueError) as exc:
+                self.end(Ending(f"could not write {self.results_path} on {self.who}: {exc}; the run stops "
+                                "(free space under --report-dir, or choose another)"))
+            self._last_write = now
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self.outside.write(self.results_path, data)
+        self.written = data["verdict"]
+
+    def _event(self, event: str, **fields: Any) -> None:
+        try:
+            self.progress.event(event, **fields)
+        except OSError as exc:
+            self.end(Ending(f"could not write {self.progress.path} on {self.who}: {exc}; the run stops"))
+
+    # ---- collecting -----------------------------------------------------------------------------------------
+    def fail(self, error: str) -> None:
+        """A run-level failure (a usage error, a file that cannot be collected), unless an earlier one explains it."""
+        with self._lock:
+            self.record.fail(error)
+
+    def select(self, **counts: Any) -> None:
+        """What the collection selected: results.json's ``selection`` counts."""
+        with self._lock:
+            self.record.selection.update(counts)
+
+    def add_section(self, name: str, data: Any) -> None:
+        """A top-level section of results.json (rank 0's is kept)."""
+        if self.world.is_leader:
+            with self._lock:
+                self.record.extra[name] = data
+
+    def collected(self, nodeids: list[str]) -> str | None:
+        """None when every rank collected the same tests under the same profile; else why not."""
+        digest = hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+        v = self.version
+        mine = [digest, len(nodeids), self.profile.name, v["thresholds_digest"], self.level, v["version"],
+                v["code_digest"]]
+        step = Step(None, "collection", self.within(STARTUP_S))
+        everyone = self.exchange(step, lambda: self.outside.exchange.all_gather(self.world, mine, step,
+                                                                                check=_collection))
+        differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+        if not differing:
+            return None
+        with self._lock:
+            if self.record.error is None:  # the caller records the message below as the run's error
+                self.record.extra["error_ranks"] = differing
+        what = [name for i, name in ((0, "the tests"), (2, "the profile"), (3, "the thresholds"), (4, "the level"),
+                                     (5, "the clustergate version"), (6, "the clustergate code"))
+                if any(everyone[r][i] != everyone[0][i] for r in differing)]
+        ranks = ", ".join(map(str, differing))
+        lines = [f"ranks disagree about what to run ({', '.join(what)}): ranks {ranks} differ from rank 0; "
+                 "refusing to start (every node needs the same checkout of clustergate, thresholds.yaml and tests, "
+                 "and the same --profile/--level):"]
+        for r in [0, *differing[:8]]:
+            d, n, prof, tdig, lvl, ver, code = everyone[r]
+            lines.append(f"  rank {r} ({self.identities[r]['host']}): clustergate {ver} (code {code}), {n} tests "
+                         f"(hash {d}), profile {prof} (thresholds {tdig}), level {lvl}")
+        return "\n".join(lines)
+
+    # ---- testing --------------------------------------------------------------------------------------------
+    def start_test(self, nodeid: str, limit_s: float) -> None:
+        with self._lock:
+            self.stage = Stage.TESTING
+            self.test, self.phase = nodeid, "setup"
+        self._event("test_start", nodeid=nodeid)
+        self.peers.mark(0, nodeid)
+        self.watchdog.arm(nodeid, limit_s)
+
+    def enter(self, phase: str) -> None:
+        """The test enters ``phase`` (setup, call, teardown)."""
+        with self._lock:
+            self.phase = phase
+
+    def end_test(self, nodeid: str, aborted: bool = False) -> None:
+        """``aborted``: the test was left by an exception that ends the session (pytest.exit,
+        KeyboardInterrupt, an internal error): the session's end says where it happened."""
+        self.watchdog.disarm()
+        with self._lock:
+            entry = self.record.tests.get(nodeid)
+            outcome = "aborted" if aborted else entry.outcome if entry else "unknown"
+        self._event("test_end", nodeid=nodeid, outcome=outcome)
+        if aborted:
+            with self._lock:
+                if entry is None or entry.outcome in ("passed", "skipped"):
+                    entry = self.record.test(nodeid)
+                    entry.outcome = "interrupted"
+                    entry.note(f"interrupted during [{self.phase}] on {self.who}: the test did not finish")
+            return
+        with self._lock:
+            self.test = self.phase = None
+        # progress.jsonl already says where a dead run was; results.json follows within a second.
+        self.write_results(at_most_every_s=1.0)
+
+    def merge_phase(self, nodeid: str, when: str, mine: PhaseOutcome, declared: tuple[str, ...],
+                    duration_s: float) -> PhaseVerdict:
+        """Gather this phase from every rank, merge and judge on rank 0, and share the verdict."""
+        self.peers.mark(("setup", "call", "teardown").index(when) + 1, nodeid)
+        limit = self.watchdog.deadline or self.within(self.test_timeout_s)
+        step = Step(nodeid, when, limit + EXCHANGE_GRACE_S)
+        if mine.poisoned:  # the others cannot be in that collective any more, or never joined it
+            first = next((line for line in mine.message.splitlines() if line.startswith("E ")), "")[1:].strip()
+            step = Step(nodeid, when, min(step.deadline or 0.0, self.within(POISONED_WAIT_S)),
+                        note=f"after its collective failed: {first[:200]}")
+        if mine.outcome != "passed":
+            self.peers.arrived_early(step.tag, mine.outcome, mine.message)
+        # Fast path: one small all_reduce says whether any rank has anything to report. Most
+        # phases pass everywhere with nothing to judge; only the others pay for a JSON message.
+        plain = (mine.outcome == "passed" and not mine.records and not mine.details
+                 and not (when == "call" and declared))
+        exchange = self.outside.exchange
+        if self.exchange(step, lambda: exchange.max_int(self.world, 0 if plain else 1, step)) == 0:
+            verdict = PhaseVerdict(outcome="passed", message="", failed_ranks=[])
+        else:
+            gathered = self.exchange(step, lambda: exchange.gather_to_leader(
+                self.world, mine.as_message(), step, check=PhaseOutcome.from_message))
+            merged = merge(gathered, self.profile, when, declared).as_message() if gathered is not None else None
+            verdict = self.exchange(step, lambda: exchange.broadcast_from_leader(
+                self.world, merged, step, check=PhaseVerdict.from_message))
+        with self._lock:
+            self.record.test(nodeid).apply(when, verdict, duration_s)
+            if when == "teardown":
+                self.phase = "after teardown"  # until the next test starts: "between tests"
+            if verdict.poisoned and self.poisoned is None:
+                self.poisoned = (f"{nodeid} lost a collective ({when}): the workloads' process group can no "
+                                 "longer be trusted, so the run stops here")
+                self.record.fail(self.poisoned)
+        return verdict
+
+    def blocked_for(self, nodeid: str | None, phase: str | None, call: str | None) -> float | None:
+        """Seconds the main thread has been in a collective (``call``) in this test and phase; None when it is not."""
+        with self._lock:
+            if call is None or nodeid is None or phase is None:
+                self._blocked = None
+                return None
+            if self._blocked is None or self._blocked[:2] != (nodeid, phase):
+                self._blocked = (nodeid, phase, self.outside.clock())
+                return 0.0
+            return self.outside.clock() - self._blocked[2]
+
+    # ---- concluding -----------------------------------------------------------------------------------------
+    def decide(self, status: int) -> int:
+        """The session is over on this rank (pytest's ``status``): agree the exit status with every rank, as the
+        exit-status table says it (``exit_status``), and decide the verdict."""
+        self.watchdog.disarm()
+        with self._lock:
+            self.stage = Stage.CONCLUDING
+        if status in PYTEST_STOPPED and self.record.error is None:
+            name = pytest.ExitCode(status).name
+            self.end(Ending(f"pytest stopped the session with exit status {status} ({name}) on {self.who}",
+                            culprits=(self.world.rank,), unwinds=True))
+        note = self.ending.cause if self.ending else ""
+        step = Step(None, "session end", self.within(LEAVING_S if self.ending else SESSION_END_S), note=note)
+        mine = int(exit_status(status))
+        everyone = self.exchange(step, lambda: self.outside.exchange.all_gather(
+            self.world, [mine, self.record.error], step, check=_session_end))
+        status = max(s for s, _ in everyone)
+        if self.report_dir is None:  # --collect-only: a listing, with no verdict and no outputs
+            with self._lock:
+                self.status = status
+            return status
+        with self._lock:
+            for _, error in everyone:
+                if error:
+                    self.record.fail(error)  # this rank's own error stays first; then by rank
+            problem = None if self.record.error else self._incomplete()
+            if problem:
+                self.record.fail(problem)
+            self.record.finished = True
+            if status == Exit.ACCEPT and self.record.verdict != "accept":
+                status = Exit.NOT_ACCEPTED
+            if status != 0 and self.record.verdict == "accept":
+                self.record.fail(f"a rank ended with exit status {status}")
+            self.status = status
+            self.decided = self.record.as_json()
+            self._decided_error = self.record.error
+        if self.decided["verdict"] != "accept":
+            self.write_results()  # final already: nothing later can make it better
+        if self.writes:  # rank 0 writes the outputs next: bounded, naming rank 0 if it hangs there
+            with self._lock:
+                self.stage = Stage.WRITING
+            self.watchdog.arm("the end of the session", REPORT_S, on_expiry=self.on_stuck_after_verdict)
+        return status
+
+    def _incomplete(self) -> str | None:
+        """Why the run did not run every selected test, or None."""
+        sel = self.record.selection
+        return missing_tests(sel.get("selected"), sel.get("deselected") or 0, len(self.record.tests))
+
+    def final_barrier(self, outputs: list[Path]) -> int:
+        """Every output written (rank 0 checks and scrubs them), the final record written, every rank
+        agreed: the exit status every rank leaves with."""
+        status = self.status if self.status is not None else EXIT_EARLY
+        final: dict[str, Any] | None = None
+        if self.world.is_leader and self.report_dir is not None:
+            scrub = Scrubber.from_environment()
+            for path in outputs:
+                try:
+                    if not path.is_file() or path.stat().st_size == 0:
+                        raise OSError(f"{path} was not written")
+                    scrub_file(path, scrub)
+                except OSError as exc:
+                    self.fail(f"an output is missing on {self.who}: {exc}")
+            with self._lock:
+                # The decided record (the one report.html shows), unless something failed since.
+                unchanged = self.decided is not None and self.record.error == self._decided_error
+                final = self.decided if unchanged else self.record.as_json()
+                if final["verdict"] != "accept":
+                    status = status or Exit.NOT_ACCEPTED
+                    try:
+                        self._write(final)
+                    except (OSError, ValueError) as exc:
+                        self.outside.say(f"clustergate: {self.who}: could not write {self.results_path}: {exc}\n")
+                        status = max(status, EXIT_EARLY)
+                # An accept waits for the final barrier: until every rank has passed it the file says "running".
+        if not (self.poisoned or self.exiting):
+            with self._lock:
+                self.stage = Stage.FINAL_BARRIER
+            # Rank 0 is at the barrier: from here it waits for the others, whom the barrier's deadline names.
+            self.watchdog.disarm()
+            # Rank 0 arrives last (it wrote the outputs); the others wait for it as long as it may take.
+            wait = FINAL_S if self.world.is_leader else REPORT_S + FINAL_S
+            step = Step(None, "final barrier", self.within(wait))
+            status = self.exchange(step, lambda: self.outside.exchange.max_int(self.world, status, step))
+        self.watchdog.disarm()
+        if self.world.is_leader and final is not None and final["verdict"] == "accept":
+            if status != 0:
+                with self._lock:
+                    self._fail(f"a rank failed at the very end (exit status {status})", ())
+                self._try(self._write_now)
+            else:
+                try:
+                    self._write(final)
+                except (OSError, ValueError) as exc:
+                    what = f"could not write {self.results_path} on {self.who}: {exc}; it does not say accept"
+                    self.outside.say(f"clustergate: {self.who}: {what}\n")
+                    self.fail(what)
+                    status = EXIT_EARLY
+        with self._lock:
+            self.status = status
+            self.stage = Stage.ENDED
+        self._try(lambda: self.progress.event("session_end", verdict=self.record.verdict, exit_status=status))
+        self.progress.close()
+        return status
+
+    def final_ending(self) -> Ending:
+        """The ending of a run that reached its end: what results.json says, and the status every rank agreed."""
+        with self._lock:
+            decision = self.record.decision
+            return Ending(cause=self.record.error or decision.reason or "", exit_code=int(self.status or 0),
+                          culprits=tuple(self.record.extra.get("error_ranks", ())), verdict=decision.verdict)
+
+    # ---- ending -----------------------------------------------------------------------------------------------
+    def end(self, ending: Ending, *, stacks: bool = False) -> None:
+        """The one way down: record ``ending`` (unless the record is final already), then end the process with its
+        exit status. An ending pytest unwinds from (``ending.unwinds``: pytest.exit, KeyboardInterrupt, an internal
+        error, the first SIGINT) is recorded and the rank goes on to the session's end, where every rank agrees the
+        status. ``stacks``: every thread's stack to stderr first (a test past its limit)."""
+        if ending.unwinds:
+            self._record(ending)
+            return
+        if not self._ending_once.acquire(blocking=False):
+            self.outside.park()
+        with self._lock:
+            self.exiting = True
+            final = self.stage is Stage.ENDED
+        if not final:
+            self._record(ending)
+        if ending.stuck:  # the record is written: the ranks it names as stuck need not wait for torchrun
+            self._try(lambda: self.outside.stop(self.peers.siblings(ending.stuck)))
+        if stacks:
+            self._try(self.outside.dump_stacks)
+        self.outside.exit(ending.exit_code)
+
+    def _record(self, ending: Ending) -> None:
+        culprits = tuple(sorted(set(ending.culprits)))
+        with self._lock:
+            self._fail(ending.cause, culprits)
+            if self.test and (ending.interrupted or not ending.unwinds):
+                self._mark_test(ending.cause, culprits, ending.interrupted)
+            recorded = replace(ending, culprits=culprits, test=self.test,
+                               hosts=tuple(self.peers.hosts[r] for r in culprits if 0 <= r < len(self.peers.hosts)))
+            first = self.ending is None
+            if first:
+                self.ending = recorded
+        self.peers.departed(ending.cause.splitlines()[0], ending.kind.value, list(culprits), ending.interrupted)
+        self.outside.say(f"clustergate: {self.who}: {ending.cause}\n")
+        self._try(lambda: self.progress.event("run_error", nodeid=recorded.test, message=ending.cause))
+        self._try(self._write_now)
+        if first:
+            with self._lock:
+                self.ending = replace(recorded, verdict=self.written)
+
+    def _fail(self, error: str, culprits: tuple[int, ...]) -> None:
+        """The run-level error, with the ranks that caused it, unless an earlier one explains the ending."""
+        if self.record.error is None:
+            self.record.extra["error_ranks"] = sorted(set(culprits))
+        self.record.fail(error)
+
+    def _mark_test(self, message: str, culprits: tuple[int, ...], interrupted: bool) -> None:
+        entry = self.record.test(self.test)  # type: ignore[arg-type]
+        if entry.outcome not in ("failed", "error", "interrupted"):
+            entry.outcome = "interrupted" if interrupted else "failed"
+        entry.note(message)
+        if culprits and not entry.failed_ranks:
+            entry.failed_ranks = sorted(set(culprits))
+
+    def _write_now(self) -> None:
+        if self.writes:
+            with self._lock:
+                self._write(self.record.as_json())
+
+    def _try(self, fn: Callable[[], None]) -> None:
+        """Writing the record of an ending must not hide the ending itself."""
+        try:
+            fn()
+        except Exception as exc:
+            self.outside.say(f"clustergate: {self.who}: could not record the ending: {exc}\n")
+
+    def blamed(self, observed: Ending, *, grace_s: float = SIGNAL_GRACE_S, vanished: bool = False) -> Ending:
+        """``observed`` with its first cause first: this rank waits up to ``grace_s`` for every peer's word in the
+        store (``first_cause`` says what the words mean)."""
+        me, size = self.world.rank, self.world.world_size
+        deadline = self.within(grace_s)
+        while True:
+            known = self.peers.departures()
+            said = {r: d for r, d in (known or {}).items() if r != me}
+            silent = [r for r in range(size) if r != me and r not in said] if known is not None else []
+            signals = [d for d in said.values() if d.get("kind") == Kind.SIGNAL]
+            waiting_for_own = signals and self.signalled is None
+            if (not silent and not waiting_for_own) or self.outside.clock() >= deadline:
+                break
+            self.outside.sleep(0.1)
+        described = self.peers.describe(self.test) if vanished and silent else ""
+        return first_cause(observed, said=said, silent=silent, own_signal=self.signalled, vanished=vanished,
+                           who=self.peers.who, where=self.where_now(), described=described)
+
+    def exchange(self, step: Step, fn: Callable[[], Any]) -> Any:
+        """A control exchange: its result, or the run's end naming who was not there and why."""
+        self.peers.at(str(step.tag))
+        try:
+            return fn()
+        except control.ControlLost as exc:
+            self.end(detectors.exchange_failed(self, step, exc))
+
+    # ---- the detectors' entry points (their threads) ----------------------------------------------------------
+    def on_time_limit(self, nodeid: str, limit_s: float) -> None:
+        """The watchdog: the test is past its limit."""
+        self.end(detectors.time_limit(self, nodeid, limit_s), stacks=True)
+
+    def on_poll(self) -> None:
+        """The watchdog, every few seconds while a test runs: a collective that can never complete."""
+        ending = detectors.blocked_collective(self)
+        if ending is not None:
+            self.end(ending)
+
+    def on_stuck_after_verdict(self, label: str, limit_s: float) -> None:
+        """The watchdog: rank 0 did not get from the verdict to the final barrier in time."""
+        self.end(detectors.stuck_after_verdict(self, limit_s), stacks=True)
+
+    def on_signal(self, signum: int) -> None:
+        """The signal watcher, even while the main thread is blocked in a collective."""
+        came = self.outside.wall()
+        with self._lock:
+            ended = self.stage is Stage.ENDED
+        if ended:
+            # A peer exited first and torchrun is stopping the rest: the record is already final.
+            self.end(self.final_ending())
+        if signum == signal.SIGTERM:
+            gone = self.outside.launcher.gone()
+            ending = detectors.sigterm(self, launcher_gone=gone)
+            with self._lock:
+                self.signalled = (ending.cause, came)
+            if gone:  # every rank got it from the kernel; the store went with the launcher
+                self.end(ending)
+            self.peers.departed(ending.cause, Kind.SIGNAL.value, [], interrupted=True)
+            self.end(self.blamed(ending, vanished=True))
+        with self._lock:
+            self._sigints += 1
+            first = self._sigints == 1
+        if not first:
+            self.end(detectors.second_sigint(self))
+        ending = detectors.sigint(self)
+        with self._lock:
+            self.signalled = (ending.cause, came)
+        self.end(ending)
+        self.outside.timer(SIGINT_GRACE_S, lambda: self.end(detectors.still_running_after_sigint(self)))
+
+
+# ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------
+def _identity(message: Any) -> dict[str, Any]:
+    expect(message, dict, "an identity")
+    for key, kind in (("rank", int), ("local_rank", int), ("node_rank", int), ("host", str)):
+        expect(message.get(key), kind, f"identity.{key}")
+    expect(message.get("gpu"), (dict, type(None)), "identity.gpu")
+    return message
+
+
+def _collection(message: Any) -> list[Any]:
+    expect(message, list, "a collection summary")
+    if len(message) != 7:
+        raise ValueError(f"a collection summary has 7 fields, not {len(message)}")
+    for i, kind in enumerate((str, int, str, str, str, str, str)):
+        expect(message[i], kind, f"collection[{i}]")
+    return message
+
+
+def _session_end(message: Any) -> tuple[int, str | None]:
+    expect(message, list, "a session end")
+    if len(message) != 2:
+        raise ValueError(f"a session end has 2 fields, not {len(message)}")
+    return expect(message[0], int, "status"), expect(message[1], (str, type(None)), "error")

@@ -1,0 +1,81 @@
+"""Every bound of a run and every exit status a rank leaves with: one table, read here and nowhere else.
+
+A deadline is how long one rank waits for something (the others at an exchange, a peer's word, pytest to
+unwind) before it ends the run naming what did not come. Each says why it is as long as it is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clustergate.exit_codes import Exit
+
+# ---- waiting for the other ranks ------------------------------------------------------------------------------
+STARTUP_S = 45.0
+"""How long a rank waits at a start-up exchange (report directory, identities, collection) for the others.
+Every rank has passed torchrun's rendezvous and the process groups' creation before the first, so they
+arrive within seconds of each other; a rank this much later than the first to arrive is stuck (its
+collection, a conftest, a hook) and is named."""
+EXCHANGE_GRACE_S = 60.0
+"""A phase's exchange waits until the test's own limit and this much more (the watchdog, at the limit,
+says more about where every rank was)."""
+BLOCKED_S = 10.0
+"""A main thread this long in a collective while a peer has failed the phase and waits at its exchange:
+that collective can never complete."""
+POISONED_WAIT_S = BLOCKED_S + 5.0
+"""A rank whose own collective timed out or lost a peer waits this long at the phase's exchange for the
+others: a rank that does not come by then never joined the collective (asleep, stuck in the test)."""
+SESSION_END_S = 30.0
+"""Every rank reaches the end of the session within seconds of the others (the last test's exchanges
+keep them together); one that does not is stuck in its session finish and is named."""
+LEAVING_S = 20.0
+"""A rank that leaves early waits this long for the others at the end, then goes: they may be blocked
+in a collective that needs it, and torchrun stops them once it has gone."""
+REPORT_S = 45.0
+"""Rank 0's time from the verdict to the final barrier: report.html with its figures, junit.xml and other
+plugins' session finish. Past it rank 0's watchdog ends the run, naming rank 0."""
+FINAL_S = 30.0
+"""How long rank 0, its outputs written, waits at the final barrier for the others (they have nothing to
+write, so they are there already; one that is not is stuck after the verdict and is named)."""
+CONTROL_MARGIN_S = 120.0
+"""The control group's own timeout is the test limit and this much more: it waits for the slowest rank of a
+test, so it must outlast the test limit (every exchange has a shorter deadline of its own)."""
+
+# ---- signals and the ranks' word ------------------------------------------------------------------------------
+SIGNAL_GRACE_S = 2.0
+"""How long a rank that saw a peer go (or got SIGTERM) waits for every peer's word in the store before it
+names the cause: torchrun signals every rank at once, and each says so within milliseconds; a rank that
+says nothing by then died without a word (kill -9, a crash, a hard exit)."""
+SIGNAL_SKEW_S = 1.0
+"""torchrun forwards a signal to every rank within milliseconds. A peer's signal this much earlier than a rank's
+own reached that peer alone (a kill of one rank): torchrun signalled the rank once that peer had gone, and the
+peer's signal is the cause."""
+STOP_GRACE_S = SIGNAL_GRACE_S + 3.0
+"""A stuck rank that another rank of its node stops (SIGCONT, SIGTERM) gets this long to record its ending and go
+(its signal watcher waits SIGNAL_GRACE_S for the others' word) before that rank kills it."""
+SIGINT_GRACE_S = 20.0
+"""After SIGINT pytest unwinds and writes what it can; a main thread blocked in C++ cannot, and the
+process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""
+POLL_S = 5.0
+"""The watchdog looks this often, while a test runs, for a collective that can never complete."""
+
+# ---- defaults of the profile's settings -----------------------------------------------------------------------
+DEFAULT_TEST_TIMEOUT_S = 900.0
+"""A test's limit where neither --test-timeout nor the profile's test_timeout_s says."""
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+"""The workloads' process group timeout where neither --collective-timeout nor the profile's
+collective_timeout_s says."""
+
+# ---- exit statuses (clustergate.exit_codes: 0 accept, 1 not accepted, 2 usage, 4 could not run; never 3) ----
+EXIT_EARLY = Exit.NOT_ACCEPTED
+"""A rank that ends the run early, whatever ended it (a peer lost, a test past its time, a signal, a failed write):
+the run did not finish, so it is not accepted (what ended it is in results.json)."""
+
+
+def exit_status(pytest_status: int) -> Exit:
+    """pytest's exit status as the table says it: a usage error is 2; all passed is 0 (whether that is an accept,
+    the verdict decides); anything else (tests failed, interrupted, pytest's internal error 3, no tests collected
+    5) is a run that is not accepted."""
+    if pytest_status == pytest.ExitCode.OK:
+        return Exit.ACCEPT
+    return Exit.USAGE if pytest_status == pytest.ExitCode.USAGE_ERROR else Exit.NOT_ACCEPTED

@@ -1,0 +1,38 @@
+"""What rank 0 tells the command that launched it (``clustergate run``): where the outputs are, and the exit
+status where the run decided one before any test (a usage error, a run that could not start).
+
+A file named by ``$CLUSTERGATE_RUN_OUTCOME`` (JSON, rewritten whole): ``{"report_dir": str | null,
+"status": int | null}``. ``clustergate run`` reads results.json there to print its one-line verdict last, and
+tells a run that could not start (status 4) from pytest refusing its arguments (also 4, pytest's own) by it.
+Without the variable (torchrun or pytest run by hand) nothing is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+OUTCOME_ENV = "CLUSTERGATE_RUN_OUTCOME"
+
+
+def tell(**fields: Any) -> None:
+    """Rank 0: add ``fields`` (report_dir, status) to the outcome file, where a launcher asked for one."""
+    path = os.environ.get(OUTCOME_ENV)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    told = read(Path(path))
+    told.update({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
+    with contextlib.suppress(OSError):  # the launcher then says what it can without it
+        Path(path).write_text(json.dumps(told))
+
+
+def read(path: Path) -> dict[str, Any]:
+    """What rank 0 told (nothing, where it told nothing)."""
+    try:
+        told = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return told if isinstance(told, dict) else {}

@@ -1,0 +1,88 @@
+"""What a run touches beyond its own state: the control exchanges, the rendezvous store, the clock, the
+process's exit, stderr, timers, the launcher, the watchdog and the signal watcher.
+
+Each is the real one by default. The suite's own tests hand in fakes (a fake clock, exchange and store, an exit
+that raises) to drive a run through every stage and fault in milliseconds, without torchrun.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from clustergate.redact import Scrubber
+from clustergate.results import write_json
+from clustergate.run import control
+from clustergate.run.interrupts import Launcher, SignalWatcher, stop_processes
+from clustergate.run.limits import STOP_GRACE_S
+from clustergate.run.peers import Peers, main_thread_collective
+from clustergate.run.watchdog import Watchdog
+
+
+def _exit_now(status: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(Scrubber.from_environment()(line))
+    sys.stderr.flush()
+
+
+def _park() -> NoReturn:
+    while True:  # another thread is ending the process already, with its own record
+        time.sleep(60)
+
+
+def _timer(seconds: float, action: Callable[[], None]) -> None:
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    timer.start()
+
+
+def _stop(pids: list[int]) -> None:
+    stop_processes(pids, STOP_GRACE_S)
+
+
+def _dump_stacks() -> None:
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+
+@dataclass(kw_only=True)
+class Outside:
+    """What a run touches beyond its own state (each the real one unless given)."""
+
+    peers: Peers
+    """Every rank's whereabouts and departures (the rendezvous store)."""
+    exchange: Any = control
+    """The control exchanges: ``max_int``, ``all_gather``, ``gather_to_leader``, ``broadcast_from_leader``."""
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    """The wall clock, as the ranks' words in the store are dated."""
+    sleep: Callable[[float], None] = time.sleep
+    write: Callable[[Any, dict[str, Any]], None] = write_json
+    """Writes results.json (``clustergate.results.write_json``: atomic, strict, redacted)."""
+    exit: Callable[[int], NoReturn] = _exit_now
+    """Ends the process with a status: the only way out of an early ending."""
+    park: Callable[[], NoReturn] = _park
+    """What a second thread that wants to end the run does while the first ends it."""
+    say: Callable[[str], None] = _say
+    """stderr, scrubbed."""
+    timer: Callable[[float, Callable[[], None]], None] = _timer
+    dump_stacks: Callable[[], None] = _dump_stacks
+    """Every thread's stack to stderr (a test past its limit: which rank was where in its code)."""
+    stop: Callable[[list[int]], None] = _stop
+    """Stops stuck sibling ranks (their process ids), rather than leave them to torchrun's SIGKILL 30 s later."""
+    launcher: Launcher = field(default_factory=Launcher)
+    collective_in_main_thread: Callable[[], str | None] = main_thread_collective
+    watchdog: Callable[..., Any] = Watchdog
+    """Made with the run's two watchdog handlers (expiry, poll)."""
+    signals: Callable[..., Any] = SignalWatcher
+    """Made with the run's signal handler."""

@@ -1,0 +1,274 @@
+"""The pytest plugin: pytest on every torchrun rank, one verdict for all of them.
+
+Only where asked for (clustergate.optin): the checkout's root conftest.py or acceptance/conftest.py,
+``-p clustergate``, ``--clustergate`` or the ini key ``clustergate = true``. Each hook forwards to the run
+(``clustergate.run.lifecycle.Run``); its order among the other plugins' is declared where it is defined.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clustergate.completeness import suite_prefix
+from clustergate.exit_codes import Exit
+from clustergate.redact import Scrubber
+from clustergate.run import detectors, outcome
+from clustergate.run import items as pytest_items
+from clustergate.run.lifecycle import Run
+from clustergate.run.options import Options, add_options
+from clustergate.run.recorder import Recorder
+from clustergate.run.startup import (
+    GPU_NODE_PROBLEM,
+    LOCK,
+    CouldNotRun,
+    claim_report_dir,
+    open_run,
+    restore_stdout,
+    route_outputs,
+    show_tests_from_rootdir,
+    stale_note,
+)
+from clustergate.run.world import shutdown
+from workloads.node.name import NodeNameError, node_name
+
+RUN = pytest.StashKey[Run]()
+RECORDER = pytest.StashKey[Recorder]()
+STATUS = pytest.StashKey[int]()
+"""The exit status every rank agreed at the end of the session."""
+DESELECTED = pytest.StashKey[list[int]]()
+"""Tests deselected by -k/-m: [all, multinode]."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    run = config.stash.get(RUN, None)
+    if run is None:
+        return None
+    return [f"clustergate: profile {run.profile.name} ({run.profile.source}), level {run.level}, "
+            f"report directory {run.report_dir}"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Claim --report-dir before pytest parses the rest of the command line: an unknown option ends the
+    run there, and must not leave an earlier run's "accept" behind. Where the plugin comes from the
+    checkout's conftest.py it is not registered yet: pytest_configure claims it then."""
+    ns = early_config.known_args_namespace
+    if not (getattr(ns, "help", False) or getattr(ns, "version", False)):
+        claim_report_dir(early_config, getattr(ns, "report_dir", None))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Any:
+    """A run refused before or during its session ends with the exit status the table gives it (2 for a usage
+    error, 4 for a run that could not start; pytest's own is 4 for both), saying why in pytest's words; where an
+    earlier run's results.json could not be moved aside, it says so too: that file is not this run's result."""
+    try:
+        return (yield)
+    except pytest.UsageError as exc:
+        status = Exit.COULD_NOT_RUN if isinstance(exc, CouldNotRun) else Exit.USAGE
+        note = stale_note(config)
+        sys.stderr.write(f"ERROR: {exc}\n" + (f"{note}\n" if note else "") + "\n")
+        outcome.tell(status=int(status))
+        return status
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # First, before any check below can stop the run: no earlier run's outputs may outlive it.
+    claim_report_dir(config, config.getoption("report_dir"))
+    config.addinivalue_line("markers", "metrics(*names): metrics the test records (checked against "
+                                       "the profile before the run)")
+    config.addinivalue_line("markers", "multinode: needs two or more nodes; skipped on one node")
+    config.addinivalue_line("markers", "time_limit(seconds): this test's own limit instead of --test-timeout")
+    if config.option.help:  # `pytest --help` configures too: no process group, no report directory, no lock
+        return
+    run = open_run(config, Options.from_config(config))
+    config.stash[RUN] = run
+    config.pluginmanager.register(SessionGuard(run), "clustergate-session-events")
+    route_outputs(config, run)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    restore_stdout(session.config)
+    run = session.config.stash.get(RUN, None)
+    if run is not None:
+        run.start()
+        show_tests_from_rootdir(session.config)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        counts = items[0].config.stash.setdefault(DESELECTED, [0, 0])
+        counts[0] += len(items)
+        # The sign-off signs a fabric run only if it left out none of the multinode tests.
+        counts[1] += sum(1 for item in items if item.get_closest_marker("multinode"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    run = config.stash[RUN]
+    problem = pytest_items.problem(items, run.profile)
+    if problem:
+        run.fail(problem)  # results.json already exists and says "running": it says why too
+        raise pytest.UsageError(problem)
+    pytest_items.skip_multinode(items, run.node_count)
+    deselected, multinode_deselected = config.stash.get(DESELECTED, [0, 0])
+    run.select(selected=len(items), deselected=deselected,
+               multinode=sum(1 for item in items if item.get_closest_marker("multinode")),
+               multinode_deselected=multinode_deselected,
+               suite=suite_prefix((item.nodeid, item.path) for item in items))
+    problem = run.collected([item.nodeid for item in items])
+    if problem:
+        run.fail(problem)
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+    broken = config.stash.get(GPU_NODE_PROBLEM, None)
+    if broken:
+        run.fail(broken)
+        pytest.exit(broken, returncode=pytest.ExitCode.TESTS_FAILED)
+    run.write_results()
+
+
+@pytest.fixture
+def cg(request: pytest.FixtureRequest) -> Recorder:
+    """The run as a test sees it: level, device, profile settings, and ``record``."""
+    return request.node.stash[RECORDER]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    run = item.config.stash[RUN]
+    limit = pytest_items.time_limit(item) or run.test_timeout_s
+    item.stash[RECORDER] = Recorder(run, item.nodeid, pytest_items.declared(item))
+    run.start_test(item.nodeid, limit)
+    try:
+        result = yield
+    except BaseException as exc:
+        run.end_test(item.nodeid, aborted=True)  # pytest.exit, KeyboardInterrupt, an internal error
+        pytest_items.junit_interrupted(item, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        raise
+    run.end_test(item.nodeid)
+    if run.poisoned:
+        item.session.shouldstop = run.poisoned
+    return result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.config.stash[RUN].enter("setup")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    item.config.stash[RUN].enter("call")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    item.config.stash[RUN].enter("teardown")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    run = item.config.stash[RUN]
+    recorder = item.stash[RECORDER]
+    mine = pytest_items.phase_outcome(item, report, call, recorder)
+    verdict = run.merge_phase(item.nodeid, call.when, mine, recorder.declared, call.duration)
+    pytest_items.apply(item, report, verdict, call.when)
+    return report
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Agree the exit status on every rank and decide the verdict, before pytest-html writes the report."""
+    run = session.config.stash.get(RUN, None)
+    if run is None:
+        return
+    status = run.decide(int(exitstatus))
+    session.exitstatus = status
+    session.config.stash[STATUS] = status
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = config.stash.get(RUN, None)
+    lock = config.stash.get(LOCK, None)
+    if run is None:
+        if lock is not None:
+            lock.release()  # held from the start, and a check refused the run: a lock file must not stay
+        return
+    if STATUS not in config.stash:
+        if run.started:  # the session's end failed before the verdict was decided: never accept
+            run.end(detectors.end_not_run(run))
+        if run.signals is not None:
+            run.signals.close()
+        if lock is not None:
+            lock.release()
+        return  # configure failed after the groups were made (a usage error): pytest prints it next
+    outputs = [Path(p) for p in (config.getoption("htmlpath", None), config.option.xmlpath) if p]
+    status = run.final_barrier(outputs)
+    if lock is not None:
+        lock.release()
+    # A collective stuck or a peer gone: tearing the groups down could hang. A failed run: torchrun
+    # stops the other ranks as soon as one exits non-zero, so a rank still tearing NCCL down would
+    # die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8 H200s). Every rank has
+    # written what it must (the final barrier), so all leave now. A usage error is the exception:
+    # pytest prints it after this hook, so that run ends normally.
+    if run.poisoned or run.exiting or status not in (Exit.ACCEPT, Exit.USAGE):
+        run.end(run.final_ending())
+    if status == Exit.ACCEPT:
+        shutdown(run.world)
+
+
+def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
+    """Name the rank and host on an internal error; ranks other than 0 have no terminal."""
+    try:
+        host = node_name()
+    except NodeNameError:
+        host = "a node without a usable name"
+    sys.stderr.write(Scrubber.from_environment()(
+        f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} ({host}): "
+        f"{excinfo.exconly() if excinfo else excrepr}\n"))
+
+
+class SessionGuard:
+    """What stops a session early on this rank, told to the run: pytest.exit, KeyboardInterrupt, an internal
+    error, a test file that cannot be collected, a crash in any plugin's end of the session. Registered once
+    the run exists."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        self.run.end(detectors.pytest_stopped(self.run, excinfo.value))
+
+    def pytest_internalerror(self, excrepr: Any, excinfo: Any) -> None:
+        what = excinfo.exconly() if excinfo is not None else str(excrepr).splitlines()[-1]
+        self.run.end(detectors.internal_error(self.run, what))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            last = next((line for line in report.longreprtext.splitlines()[::-1] if line.strip()), "")
+            self.run.fail(f"collecting {report.nodeid or 'the tests'} failed on {self.run.who}: {last}")
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Any:
+        try:
+            return (yield)
+        except Exception as exc:  # e.g. a report that cannot be written: the run must not read as accepted
+            what = f"the end of the session failed on {self.run.who}: {type(exc).__name__}: {exc}"
+            sys.stderr.write(Scrubber.from_environment()(f"clustergate: {what}\n"))
+            self.run.fail(what)
+            if self.run.status is None:
+                session.config.stash[STATUS] = self.run.decide(pytest.ExitCode.INTERNAL_ERROR)
+            return None
