@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from clustergate import manifest
 from clustergate.identity import RankIdentity
 from clustergate.outcomes import PhaseOutcome
 from clustergate.results import write_json
@@ -30,6 +31,9 @@ from clustergate.thresholds import Thresholds, load, shipped_thresholds
 TEST = "t.py::test_a"
 HOSTS = ("node-a", "node-b")
 TEST_LIMIT_S = 60.0
+SUITE = manifest.Manifest("planted", (manifest.SuiteTest(f"planted/{TEST}", "node"),), Path("planted"), "planted")
+"""The one test the harness runs is the whole suite: a clean run of it is complete, so its verdict is the run's own
+(the run holds its verdict to the shipped manifest otherwise: ``clustergate.completeness``)."""
 
 
 class Exited(BaseException):
@@ -239,7 +243,7 @@ class Harness:
         if fault_at is Stage.STARTING:  # while the session starts: at its first write of results.json
             self.before_write = lambda: now(Stage.STARTING)
         run.start()
-        run.select(selected=1, deselected=0, multinode=0, multinode_deselected=0)
+        run.select(selected=1, deselected=0, multinode=0, multinode_deselected=0, suite=".")
         assert run.collected([TEST]) is None
         run.start_test(TEST, TEST_LIMIT_S)
         for when in ("setup", "call", "teardown"):

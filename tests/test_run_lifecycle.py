@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from run_fakes import TEST, TEST_LIMIT_S, Exited, Harness
+from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 
+from clustergate import manifest
 from clustergate.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
@@ -42,6 +43,12 @@ from clustergate.run.limits import (
     exit_status,
 )
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
+
+
+@pytest.fixture(autouse=True)
+def planted_suite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's one test is the whole suite (run_fakes.SUITE)."""
+    monkeypatch.setattr(manifest, "shipped", lambda: SUITE)
 
 
 # ---- the faults ---------------------------------------------------------------------------------------------
