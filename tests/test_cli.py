@@ -178,6 +178,21 @@ def test_run_ends_with_the_tables_status_and_the_verdict_last(
     assert out[-1].startswith(last), out
 
 
+def test_run_gives_the_callers_environment_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A caller that goes on after the run (a script, a test session) keeps its own plugins: torchrun's ranks get
+    # PYTEST_DISABLE_PLUGIN_AUTOLOAD, this process does not keep it.
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    seen: dict[str, str | None] = {}
+
+    def launcher(args: list[str]) -> command.Launched:
+        seen["during"] = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+        return command.Launched()
+
+    command.main(["--nproc-per-node", "2"], launcher=launcher)
+    assert seen["during"] == "1" and "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
+    assert outcome.OUTCOME_ENV not in os.environ
+
+
 def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_record(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     launcher = _ran(tmp_path, command.Launched(codes={1: -11, 0: -15}, first=1), rank_said=(1, "Segmentation fault\n"))

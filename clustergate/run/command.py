@@ -11,12 +11,13 @@ Nothing here imports torch until the ranks are started: ``--help`` and ``--print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,22 @@ def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None
     return printable(f"{PROG}: {TABLE[status]}: no results.json was written; {how} (exit {int(status)})")
 
 
+@contextlib.contextmanager
+def environment(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` in this process's environment while torchrun's agent runs here (its ranks inherit it), then as it
+    was: a caller that goes on (a test, a script calling ``main``) keeps its own plugins and variables."""
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) -> int:
     own, rest = split_args(argv)
     args = parser().parse_args(own)
@@ -222,9 +239,9 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
         return Exit.ACCEPT
     tmp = Path(tempfile.mkdtemp(prefix="clustergate-run-"))
     told_path, log_dir = tmp / "outcome.json", tmp / "ranks"
-    os.environ.update({**RUN_ENV, outcome.OUTCOME_ENV: str(told_path)})
     sys.stdout.flush()
-    launched = launcher(torchrun_args(nproc, rest, log_dir))
+    with environment({**RUN_ENV, outcome.OUTCOME_ENV: str(told_path)}):
+        launched = launcher(torchrun_args(nproc, rest, log_dir))
     told = outcome.read(told_path)
     status = status_of(launched, told)
     path, results = results_of(told)
