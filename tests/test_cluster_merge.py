@@ -38,8 +38,8 @@ def merge_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Path:
-    """gpu01-gpu08: 01 fails its own bf16 matmul test on gpu 3 (a fail criterion, from the spec); 02's HBM is
-    13% slow on every GPU (above the profile's min, and alike on the node, so it accepted itself): a fleet
+    """gpu01-gpu08: 01 fails its own bf16 matmul test on gpu 3 (a fail criterion, from the spec); 02's tf32 matmul
+    is 15% slow on every GPU (above the profile's min, and alike on the node, so it accepted itself): a fleet
     outlier; 03 still says running; 04 has no results.json; 05-08 healthy. (gpu09 is expected and has no
     directory.)"""
     nodes = tmp_path / "nodes"
@@ -48,7 +48,7 @@ def fleet(tmp_path: Path) -> Path:
         if i == 4:
             (nodes / host).mkdir(parents=True)
             continue
-        faults = {1: {("matmul_bf16_tflops", 3): 0.5}, 2: {("hbm_bandwidth_tbps", None): 0.87}}.get(i, {})
+        faults = {1: {("matmul_bf16_tflops", 3): 0.5}, 2: {("matmul_tf32_tflops", None): 0.85}}.get(i, {})
         res = node_results(host, i, faults)
         if i == 3:
             res["verdict"] = "running"
@@ -72,15 +72,15 @@ def test_merge_excludes_failed_outlying_and_missing_nodes(fleet: Path, tmp_path:
     node02 = next(n for n in cluster["nodes"] if n["host"] == "gpu02")
     assert node02["verdict"] == "accept" and node02["status"] == "excluded"
     [outlier] = reasons["gpu02"]
-    assert outlier.startswith("fleet outlier: hbm_bandwidth_tbps=") and "below 90% of the fleet median" in outlier
+    assert outlier.startswith("fleet outlier: matmul_tf32_tflops=") and "below 90% of the fleet median" in outlier
     assert "gpu 0 (serial 1654000020)" in outlier and "gpu 7" in outlier
     assert "still says running" in reasons["gpu03"][0]
     assert "no results.json" in reasons["gpu04"][0] and "expected, but no result" in reasons["gpu09"][0]
     assert cluster["counts"] == {"expected": 9, "results": 7, "accepted": 4, "excluded": 5, "missing": 3,
-                                 "fleet_outliers": 9}  # 8 slow HBMs on gpu02, gpu 3's host link on gpu01
-    hbm = next(f for f in cluster["fleet"] if f["metric"] == "hbm_bandwidth_tbps")
-    assert hbm["count"] == 56 and len(hbm["samples"]) == 56 and hbm["floor"] == pytest.approx(0.9 * hbm["median"])
-    assert {o["host"] for o in hbm["outliers"]} == {"gpu02"}
+                                 "fleet_outliers": 9}  # 8 slow tf32 matmuls on gpu02, gpu 3's host link on gpu01
+    tf32 = next(f for f in cluster["fleet"] if f["metric"] == "matmul_tf32_tflops")
+    assert tf32["count"] == 56 and len(tf32["samples"]) == 56 and tf32["floor"] == pytest.approx(0.9 * tf32["median"])
+    assert {o["host"] for o in tf32["outliers"]} == {"gpu02"}
     assert (out / "accepted-hostlist.txt").read_text() == "gpu[05-08]\n"
     assert (out / "excluded-hostlist.txt").read_text() == "gpu[01-04,09]\n"
     assert (out / "accepted-hosts.txt").read_text() == "gpu05\ngpu06\ngpu07\ngpu08\n"
@@ -88,26 +88,24 @@ def test_merge_excludes_failed_outlying_and_missing_nodes(fleet: Path, tmp_path:
     assert list(lines) == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu09"] and lines["gpu02"] == outlier
     page = (out / "report.html").read_text()
     assert 'class="cg-verdict">REJECT<' in page and "gpu[05-08]" in page and page.count("data:image/png;base64,") >= 20
-    assert "excluded: gpu02: fleet outlier: hbm_bandwidth_tbps" in proc.stdout
+    assert "excluded: gpu02: fleet outlier: matmul_tf32_tflops" in proc.stdout
 
 
 def test_warn_severity_outlier_is_a_warning(tmp_path: Path) -> None:
     nodes = tmp_path / "nodes"
     for i in range(1, 5):
-        # n1's host links are all 23% slow: above the profile's min and alike on the node, below the fleet's floor.
-        res = node_results(f"n{i}", i, {("h2d_bandwidth_gbps", None): 0.77} if i == 1 else {})
-        for test in res["tests"]:
-            for m in test["metrics"]:
-                if m["name"] == "h2d_bandwidth_gbps":
-                    m["criterion"]["severity"] = "warn"  # as the severity branch records it
+        # n1's GPUs all train 23% slower alone (a warn criterion, outlier_fraction only): alike on the node, so it
+        # accepted itself, and below the fleet's floor.
+        res = node_results(f"n{i}", i, {("train_local_tokens_per_s_per_gpu", None): 0.77} if i == 1 else {})
         write_node(nodes, f"n{i}", res)
     cluster = merge(sorted(nodes.iterdir()), tmp_path / "run")
     assert cluster["verdict"] == "accept" and cluster["accepted"] == ["n1", "n2", "n3", "n4"]
     [node] = [n for n in cluster["nodes"] if n["host"] == "n1"]
-    assert node["status"] == "accepted" and node["warnings"][0].startswith("fleet outlier: h2d_bandwidth_gbps=")
-    h2d = next(f for f in cluster["fleet"] if f["metric"] == "h2d_bandwidth_gbps")
-    assert [(o["host"], o["gpu_index"], o["severity"]) for o in h2d["outliers"]] == [("n1", g, "warn")
-                                                                                     for g in range(8)]
+    assert node["status"] == "accepted"
+    assert node["warnings"][0].startswith("fleet outlier: train_local_tokens_per_s_per_gpu=")
+    local = next(f for f in cluster["fleet"] if f["metric"] == "train_local_tokens_per_s_per_gpu")
+    assert [(o["host"], o["gpu_index"], o["severity"]) for o in local["outliers"]] == [("n1", g, "warn")
+                                                                                       for g in range(8)]
 
 
 def test_all_accepted_exits_zero(tmp_path: Path) -> None:

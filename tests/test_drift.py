@@ -86,13 +86,14 @@ def test_only_like_runs_and_earlier_runs_count(store: Store) -> None:
 
 def test_figures_without_a_lasting_identity_or_a_floor_do_not_drift(tmp_path: Path) -> None:
     s = Store(tmp_path / "fleet.db")
-    # an 8-GPU node under the h100 profile: latencies (max only) rise 50%, fp16 (a warn criterion) drops 10%
+    # an 8-GPU node under the h100 profile: latencies (max only) rise 50%, a GPU's pair bandwidth (a warn
+    # criterion) drops 10%
     first = node_results("n1", 1)
     s.record(first)
-    now = node_results("n1", 1, {("intranode_allreduce_latency_us", None): 1.5, ("matmul_fp16_tflops", 2): 0.9})
+    now = node_results("n1", 1, {("intranode_allreduce_latency_us", None): 1.5, ("intranode_pair_bw_gbps", 2): 0.9})
     now["started"] = T2
     found = drift(now, s, severity="fail")
-    assert [(d.metric, d.gpu_index, d.severity) for d in found] == [("matmul_fp16_tflops", 2, "warn")]
+    assert [(d.metric, d.gpu_index, d.severity) for d in found] == [("intranode_pair_bw_gbps", 2, "warn")]
     # a CPU rank's figures carry no serial: no GPU of its own to follow
     s.record(later(real_run(), T1))
     cpu = later(real_run(), T2, scale={(MATMUL, SERIALS[0]): 0.5})
