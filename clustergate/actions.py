@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any
 
 from clustergate import expect
+from clustergate.numbers import percent
 from workloads import faults
 from workloads.faults import Category
 
@@ -400,7 +401,7 @@ def steps(results: Mapping[str, Any]) -> list[Step]:
     for d in (results.get("drift") or {}).get("findings") or []:
         if d.get("severity") == "fail":
             found.append(step(category_of_metric(str(d.get("metric"))), d.get("test"),
-                              f"{d.get('host')} drift {float(d.get('fraction', 0)):.1%}"))
+                              f"{d.get('host')} drift {percent(float(d.get('fraction', 0)))}"))
     unique = list(dict.fromkeys(found))
     return sorted(unique, key=lambda s: URGENCY.index(s.action))
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from clustergate.numbers import number, percent
 from clustergate.sources import Source, SourceError
 
 TEXT_KEYS = {
@@ -40,11 +41,6 @@ class CriterionError(ValueError):
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"{where}: {problem}")
         self.where, self.problem = where, problem
-
-
-def fmt(x: float) -> str:
-    """A figure in a message: four significant digits, whole numbers beyond 10^4."""
-    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:.0f}"
 
 
 class Figure(NamedTuple):
@@ -93,13 +89,13 @@ class Min(Bound):
     key, help, better, worst = "min", "fail below this value", "up", "low"
 
     def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
-        return [f"expected >= {fmt(self.value)}"] if figure < self.value else []
+        return [f"expected >= {number(self.value)}"] if figure < self.value else []
 
     def floor(self, median: float | None) -> float | None:
         return self.value
 
     def text(self) -> str:
-        return f">= {self.value:g}"
+        return f">= {number(self.value)}"
 
     def margin_pct(self, figure: float) -> float | None:
         return (figure - self.value) / abs(self.value) * 100 if self.value else None
@@ -109,10 +105,10 @@ class Max(Bound):
     key, help, better, worst = "max", "fail above this value", "down", "high"
 
     def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
-        return [f"expected <= {fmt(self.value)}"] if figure > self.value else []
+        return [f"expected <= {number(self.value)}"] if figure > self.value else []
 
     def text(self) -> str:
-        return f"<= {self.value:g}"
+        return f"<= {number(self.value)}"
 
     def margin_pct(self, figure: float) -> float | None:
         return (self.value - figure) / abs(self.value) * 100 if self.value else None
@@ -124,11 +120,11 @@ class Ceiling(Bound):
 
     def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
         if figure > self.value:
-            return [f"above the physical ceiling {fmt(self.value)}: a measurement error, not a result"]
+            return [f"above the physical ceiling {number(self.value)}: a measurement error, not a result"]
         return []
 
     def text(self) -> str:
-        return f"ceiling {self.value:g}"
+        return f"ceiling {number(self.value)}"
 
 
 class OutlierFraction(Bound):
@@ -137,17 +133,17 @@ class OutlierFraction(Bound):
             "across the cluster); only for gpu-scope metrics where higher is better")
 
     def check(self) -> str | None:
-        return None if 0 < self.value <= 1 else f"must lie in (0, 1], got {self.value:g}"
+        return None if 0 < self.value <= 1 else f"must lie in (0, 1], got {number(self.value)}"
 
     def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
-        return [f"below {self.value:.0%} of the {peers} median {fmt(median)}"
+        return [f"below {percent(self.value)} of the {peers} median {number(median)}"
                 for peers, median in medians.items() if figure < self.value * median]
 
     def floor(self, median: float | None) -> float | None:
         return None if median is None else self.value * median
 
     def text(self) -> str:
-        return f">= {self.value:.0%} of peers' median"
+        return f">= {percent(self.value)} of peers' median"
 
 
 BOUNDS: dict[str, type[Bound]] = {b.key: b for b in (Min, Max, Ceiling, OutlierFraction)}
@@ -194,8 +190,8 @@ class Criterion:
         values = {b.key: b.value for b in bounds}
         for low, high in ORDER:
             if low in values and high in values and values[low] > values[high]:
-                raise CriterionError(where, f"{low} {values[low]:g} is above {high} {values[high]:g}: no figure "
-                                            "can pass; fix the typo")
+                raise CriterionError(where, f"{low} {number(values[low])} is above {high} {number(values[high])}: "
+                                            "no figure can pass; fix the typo")
         for key in TEXT_KEYS:
             if key in raw and not isinstance(raw[key], str):
                 raise CriterionError(f"{where}.{key}", f"must be a string, got {raw[key]!r}")

@@ -12,7 +12,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from clustergate.criteria import Criterion, Figure, fmt
+from clustergate.criteria import Criterion, Figure
+from clustergate.numbers import number
 from clustergate.thresholds import Profile
 
 
@@ -136,7 +137,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
             per_rank.append({**asdict(r.where), "value": r.value, "passed": not failed, "warned": bool(warned)})
             for problems, into in ((failed, failures), (warned, warnings)):
                 if problems:
-                    into.append(f"{name}={fmt(r.value)} {r.unit}, {'; '.join(problems)} "
+                    into.append(f"{name}={number(r.value, r.unit)}, {'; '.join(problems)} "
                                 f"[{profile.name}, {r.where.label(r.scope)}]")
         judged.append(Judged(
             name=name, value=c.stand_in([r.value for r in recs]), unit=first.unit, scope=first.scope,

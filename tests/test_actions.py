@@ -118,5 +118,5 @@ def test_run_errors_interruptions_and_failed_drift() -> None:
                                   "fraction": 0.07}]}
     found = actions.steps(run)
     assert [s.category for s in found] == ["run_error", "run_error", "gpu_memory_bandwidth"]
-    assert found[2].where == "gpu-node-07 drift 12.0%"
+    assert found[2].where == "gpu-node-07 drift 12%"
     assert found[0].as_json()["action"] == "retest" and found[0].as_json()["escalate"] == "isolate"

@@ -32,7 +32,7 @@ def test_a_planted_ten_percent_drop_on_one_gpu_is_flagged(store: Store) -> None:
     assert (d.first, d.first_run, d.first_time, d.first_host) == (first, 1, T1, HOST)
     assert d.now == pytest.approx(0.9 * first) and d.fraction == pytest.approx(0.10)
     assert d.severity == "warn" and d.limit == 0.05  # the defaults: drift_fraction 0.05, drift_severity warn
-    assert d.text() == (f"matmul_bf16_tflops={0.9 * first:.4g} TFLOPS, 10.0% below its first accepted {first:.4g} "
+    assert d.text() == (f"matmul_bf16_tflops={0.9 * first:.4g} TFLOPS, 10% below its first accepted {first:.4g} "
                         f"(run #1, {T1}), drift limit 5% [{HOST} gpu 1 serial {SERIALS[1]}]")
     assert drift(now, store, severity="fail")[0].severity == "fail"  # the cpu profile's criterion is severity fail
     assert drift(now, store, fraction=0.15) == []

@@ -82,7 +82,7 @@ def test_comparison_appears_in_terminal_summary() -> None:
     data = {**RESULTS, "baseline": baseline.compare(scaled({1: 0.8}), RESULTS, 0.05, source="old.json")}
     lines = summary_lines(data)
     assert any(line.startswith("baseline old.json:") and "beyond 5%" in line for line in lines)
-    assert any("-20.0%, worse" in line for line in lines)
+    assert any("-20%, worse" in line for line in lines)
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)
@@ -96,7 +96,7 @@ def test_run_with_baseline_records_and_shows_the_comparison(demo_baseline: Path)
     hbm = next(c for c in base["per_gpu"] if c["name"] == "demo_hbm_tbps" and c["rank"] == 1)
     assert hbm["change"] > 1.0
     page = (demo_baseline / "report" / "report.html").read_text()
-    assert "Against the baseline" in page and "+20.0%" in page
+    assert "Against the baseline" in page and "+20%" in page
     assert "baseline " in (demo_baseline / "output.txt").read_text()
 
 

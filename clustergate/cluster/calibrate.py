@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from clustergate.cluster import calibration_samples as runs_data
+from clustergate.numbers import number, percent
 from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
 from clustergate.report.rejudge import rejudge
 from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
@@ -201,8 +202,9 @@ def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run],
             s, got = c.stats, samples[c.metric]
             left = f", {len(got.left_out)} left out" if got.left_out else ""
             lines.append(f"      # {len({x.run for x in got.kept})} run(s), n={s['n']}{left}, {dates[0]}..{dates[-1]}: "
-                         f"median {s['median']:.4g}, spread {s['spread']:.1%}, p1 {s['p1']:.4g}, p5 {s['p5']:.4g}, "
-                         f"min {s['min']:.4g}, max {s['max']:.4g}" + (f"; {c.note}" if c.note else ""))
+                         f"median {number(s['median'])}, spread {percent(s['spread'])}, p1 {number(s['p1'])}, "
+                         f"p5 {number(s['p5'])}, min {number(s['min'])}, max {number(s['max'])}"
+                         + (f"; {c.note}" if c.note else ""))
         n = int(c.stats["n"]) if c.stats else len(runs)
         lines.append(f"      {c.metric}: {json.dumps({**c.new, 'source': _measured(runs, model, shape, n)})}")
     body = yaml.safe_dump({"profiles": shipped["profiles"]}, sort_keys=False, width=110).split("\n", 1)[1]
@@ -213,7 +215,8 @@ def table(changes: list[Change]) -> str:
     def bound(c: Criterion | dict[str, Any] | None) -> str:
         if c is None:
             return "="
-        return ", ".join(f"{'>=' if k == 'min' else '<='} {c.get(k):g}" for k in ("min", "max") if c.get(k) is not None)
+        return ", ".join(f"{'>=' if k == 'min' else '<='} {number(c.get(k))}" for k in ("min", "max")
+                         if c.get(k) is not None)
     rows = [f"{'metric':36} {'old':>18} {'new':>18} {'n':>4} {'median':>10} {'spread':>7}  note"]
     for c in changes:
         if c.kind == "setting":
@@ -265,7 +268,7 @@ def would_fail(runs: list[runs_data.Run], profile: Profile, samples: runs_data.S
                     where = runs_data.where_of(part, m.get("scope", "gpu"))
                     if part.get("passed", True) or (i, where) in unhealthy:
                         continue
-                    out.append(f"{run.path}: {m['name']}={part['value']:.4g} at {where} fails the new profile "
+                    out.append(f"{run.path}: {m['name']}={number(part['value'])} at {where} fails the new profile "
                                f"({Criterion.from_json(m.get('criterion')).text()})")
     return out
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from clustergate import completeness, resultsfile
 from clustergate import manifest as suite_manifest
+from clustergate.numbers import number
 from clustergate.verdict import contradiction
 
 HEALTH_TESTS = ("test_gpu_inventory.py",)
@@ -372,7 +373,7 @@ def drop_outliers(samples: Samples, fraction: float, higher_is_better: bool) -> 
     if len(bad) * 4 > len(samples.kept):
         return (f"not uniform: {len(bad)} of {len(samples.kept)} samples are {fraction} of the median or worse; "
                 "nothing left out, look at those GPUs and runs before trusting this bound")
-    samples.left_out += [(s, f"outlier: {s.value:.4g} against the median {med:.4g}") for s in bad]
+    samples.left_out += [(s, f"outlier: {number(s.value)} against the median {number(med)}") for s in bad]
     samples.kept = [s for s in samples.kept if s not in bad]
     return ""
 

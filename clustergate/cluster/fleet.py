@@ -16,7 +16,8 @@ from typing import Any
 
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.criteria import Criterion
-from clustergate.report.model import fmt, short_test_name
+from clustergate.numbers import number, percent
+from clustergate.report.model import short_test_name
 
 
 @dataclass(slots=True)
@@ -69,9 +70,15 @@ class FleetMetric:
         return {"count": n, "min": values[0], "p05": q(0.05), "median": self.median, "p95": q(0.95),
                 "max": values[-1], "floor": self.floor}
 
+    def failing(self) -> list[float]:
+        """The figures of the parts that fail: by their node's own run, or below the fleet floor."""
+        floor = self.floor
+        return [s.value for s in self.samples if not s.passed or (floor is not None and s.value < floor)]
+
     def as_json(self) -> dict[str, Any]:
         return {"metric": self.name, "test": self.nodeid, "profile": self.profile, "unit": self.unit,
                 "scope": self.scope, "criterion": self.criterion, **self.stats(), "outliers": self.outliers,
+                "failing": self.failing(),
                 # Compact: [host, GPU index, value] per GPU (per node for node-scope metrics).
                 "samples": [[s.host, s.gpu_index, s.value] for s in self.samples]}
 
@@ -127,10 +134,10 @@ def judge_outliers(fleet: list[FleetMetric], runs: list[NodeRun]) -> int:
             gpus = ", ".join(f"gpu {s.gpu_index}" + (f" (serial {s.gpu_serial})" if s.gpu_serial else "")
                              if s.gpu_index is not None else f"rank {s.rank}" for s in samples)
             values = sorted(s.value for s in samples)
-            shown = fmt(values[0], fm.unit) if len(values) == 1 else \
-                f"{fmt(values[0])}..{fmt(values[-1], fm.unit)}"
-            text = (f"fleet outlier: {fm.name}={shown} on {gpus}, below {fm.criterion['outlier_fraction']:.0%} of "
-                    f"the fleet median {fmt(fm.median, fm.unit)} ({len(fm.samples)} GPUs)")
+            shown = number(values[0], fm.unit) if len(values) == 1 else \
+                f"{number(values[0])}..{number(values[-1], fm.unit)}"
+            text = (f"fleet outlier: {fm.name}={shown} on {gpus}, below {percent(fm.criterion['outlier_fraction'])} of "
+                    f"the fleet median {number(fm.median, fm.unit)} ({len(fm.samples)} GPUs)")
             run = by_host[host]
             (run.warnings if fm.severity == "warn" else run.reasons).append(text)
     return count

@@ -55,6 +55,7 @@ Cluster results.json (schema 1)::
      "fleet": [{"metric", "test", "profile", "unit", "scope": "gpu" | "node" | "world", "criterion",
                 "count", "min", "p05", "median", "p95", "max", "floor": float | null,
                 "outliers": [{"host", "gpu_index", "gpu_serial", "rank", "value", "severity"}],
+                "failing": [value] (the parts that fail, by their node's run or below the floor),
                 "samples": [[host, gpu_index | null, value]]}]}
 """
 
@@ -298,7 +299,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     write_lists(output, cluster)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 
-    write_text(output / "report.html", cluster_page(cluster, judged.fleet))
+    write_text(output / "report.html", cluster_page(cluster))
     return cluster
 
 

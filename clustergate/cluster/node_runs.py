@@ -18,7 +18,8 @@ from typing import Any
 from clustergate import resultsfile
 from clustergate.cluster import judged_by
 from clustergate.criteria import Criterion
-from clustergate.report.model import fmt, short_test_name
+from clustergate.numbers import number
+from clustergate.report.model import short_test_name
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import of_record
 from workloads.node.name import problem as name_problem
@@ -89,7 +90,7 @@ def _metric_misses(test: dict[str, Any]) -> list[str]:
                      f" on rank {', '.join(str(p['rank']) for p in bad[:8])}")
         value = worst["value"] if worst else m["value"]
         expected = Criterion.from_json(m.get("criterion")).text()
-        out.append(f"{m['name']}={fmt(value, m.get('unit', ''))} ({expected}){where}")
+        out.append(f"{m['name']}={number(value, m.get('unit', ''))} ({expected}){where}")
     return out
 
 

@@ -50,9 +50,10 @@ from clustergate.cluster.hostlist import compress
 from clustergate.cluster.merge import add_thresholds_option, judge_nodes, load_thresholds, write_lists
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
 from clustergate.criteria import Criterion
+from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
 from clustergate.redact import keep
-from clustergate.report.model import fmt, short_test_name
+from clustergate.report.model import short_test_name
 from clustergate.report.rejudge import problems_of
 from clustergate.results import encode
 from clustergate.thresholds import Thresholds
@@ -205,19 +206,21 @@ class Fabric:
             what = f"{m['name']} ({Criterion.from_json(crit).text()})"
             impossible = [p for p in bad if "ceiling" in crit and p["value"] > crit["ceiling"]]
             if impossible:  # a figure above what the hardware can do is the measurement's fault, not a host's
-                self.blocking.append(f"{name}: {m['name']}={fmt(impossible[0]['value'], m.get('unit', ''))} is above "
-                                     f"the physical ceiling {crit['ceiling']:g}: a measurement error, not a result")
+                shown = number(impossible[0]["value"], m.get("unit", ""))
+                self.blocking.append(f"{name}: {m['name']}={shown} is above the physical ceiling "
+                                     f"{number(crit['ceiling'])}: a measurement error, not a result")
                 bad = [p for p in bad if p not in impossible]
                 if not bad:
                     continue
             if m.get("scope") == "world" or not bad:
-                self.blocking.append(f"{name}: {what} missed by the whole job ({fmt(m['value'], m.get('unit', ''))}): "
-                                     "not one host's fault; fix it and run the fabric phase again")
+                self.blocking.append(f"{name}: {what} missed by the whole job "
+                                     f"({number(m['value'], m.get('unit', ''))}): not one host's fault; fix it and run "
+                                     "the fabric phase again")
                 continue
             for host in sorted({str(p.get("host")) for p in bad}):
                 if host in self.excluded:
                     continue  # the pair rounds already put the blame here
-                values = ", ".join(fmt(p["value"], m.get("unit", "")) for p in bad if str(p.get("host")) == host)
+                values = ", ".join(number(p["value"], m.get("unit", "")) for p in bad if str(p.get("host")) == host)
                 self.exclude(host, [f"{name}: {m['name']}={values}, {Criterion.from_json(crit).text()}"],
                              str(crit.get("severity", "fail")))
 

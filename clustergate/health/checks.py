@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from clustergate.criteria import Figure, fmt
+from clustergate.criteria import Figure
 from clustergate.expect import RULES, check
 from clustergate.health.read import GPU_EXPECT, NODE_EXPECT, GpuRead, NodeRead
+from clustergate.numbers import number
 from clustergate.thresholds import Profile
 from workloads import faults
 from workloads.clocks import BAD_CLOCK_EVENTS, reason_names
@@ -194,9 +195,9 @@ def _metric(name: str, metric: str, p: Profile, parts: list[tuple[float, dict[st
     for (value, gpu, part, evidence), (failed, warned) in zip(parts, weighed, strict=True):
         status: Status = "fail" if failed else "warn" if warned else "ok"
         said = "; ".join(failed or warned)
-        message = f"{metric}={fmt(value)} {c.unit or unit}" + (f", {said}" if said else "") + \
+        message = f"{metric}={number(value)} {c.unit or unit}" + (f", {said}" if said else "") + \
             (f": {evidence}" if evidence else "")
-        shown = fmt(value) if (c.unit or unit) == "count" else f"{fmt(value)} {c.unit or unit}"
+        shown = number(value) if (c.unit or unit) == "count" else f"{number(value)} {c.unit or unit}"
         out.append(Finding(name, status, message, shown, c.text(), gpu=gpu, part=part))
     return out
 
@@ -303,7 +304,7 @@ def infiniband(node: NodeRead, p: Profile) -> list[Finding]:
     if not required or node.infiniband is None:
         return []
     rate = p.setting("ib_rate_gbps", None)
-    expected = f"{required} ports ACTIVE" + (f" at >= {rate:g} Gb/s" if rate else "")
+    expected = f"{required} ports ACTIVE" + (f" at >= {number(rate)} Gb/s" if rate else "")
     problem = ib_problem(node.infiniband, required, rate)
     if problem:
         return [Finding("infiniband", "fail", f"{problem}. Next step: {faults.next_step('ib_link_down')}",

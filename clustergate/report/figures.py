@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from clustergate.numbers import number
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
 from clustergate.report.model import gpu_label, rank_index, short_test_name
 from clustergate.report.tables import cell_state
@@ -304,7 +305,7 @@ def gpu_bars(results: dict[str, Any]) -> list[BarFigure]:
             crit = m.get("criterion") or {}
             states = tuple(cell_state(v, p.get("passed", True), values, crit, bool(p.get("warned"))) or "ok"
                            for p, v in zip(per, values, strict=True))
-            lines = [(f"{k} {crit[k]:g}", float(crit[k])) for k in ("min", "max") if k in crit]
+            lines = [(f"{k} {number(crit[k])}", float(crit[k])) for k in ("min", "max") if k in crit]
             if len(values) > 1:
                 lines.append(("median", statistics.median(values)))
             labels = tuple(gpu_label(ranks.get(p["rank"], p), short=True) for p in per)

@@ -11,6 +11,7 @@ from functools import lru_cache
 from html import escape
 from typing import Any
 
+from clustergate.numbers import number, percent
 from clustergate.report import figures, model, tables
 from clustergate.results import selection_line
 from clustergate.verdict import WORDS
@@ -117,7 +118,7 @@ def banner(results: dict[str, Any]) -> str:
     base = results.get("baseline")
     if isinstance(base, dict):
         why.append(f"against the baseline: {base.get('flagged', 0)} changes beyond "
-                   f"{float(base.get('tolerance', 0)):.0%} (informative; the verdict does not use them)")
+                   f"{percent(float(base.get('tolerance', 0)))} (informative; the verdict does not use them)")
     cls = "cg-accept" if verdict == "accept" else "cg-reject"
     if not sign_off:
         why.insert(0, f"NOT A SIGN-OFF: profile {results.get('profile')!r} has no sign-off criteria; "
@@ -147,9 +148,9 @@ def criteria_table(results: dict[str, Any]) -> str:
     cells, classes = [], []
     for r in rows:
         missed = "cg-fail" if not r.passed else "cg-warn" if r.warned else ""
-        margin = model.fmt_margin(r.margin_pct)
+        margin = r.margin
         cells.append([_td(r.metric, title=r.description), _td(model.short_test_name(r.test), title=r.test),
-                      _td(r.scope), _td(model.fmt(r.value, r.unit), "num"), _td(r.criterion),
+                      _td(r.scope), _td(number(r.value, r.unit), "num"), _td(r.criterion),
                       _td(r.source, "cg-source"),
                       _td(margin, "num " + (missed if r.margin_pct is not None and r.margin_pct < 0 else "")),
                       _td(r.result, RESULT_CLASS[r.result]), _td(r.where)])
@@ -180,7 +181,7 @@ def failures_section(results: dict[str, Any]) -> str:
 def warnings_table(warnings: list[dict[str, Any]]) -> str:
     """Every part that missed a warn criterion (results.json ``warnings``): amber, never a failure."""
     rows = [[_td(w.get("metric", "")), _td(model.short_test_name(w.get("test", "")), title=w.get("test", "")),
-             _td(model.fmt(w.get("value")), "num cg-warn"), _td(w.get("criterion", "")), _td(w.get("where", ""))]
+             _td(number(w.get("value")), "num cg-warn"), _td(w.get("criterion", "")), _td(w.get("where", ""))]
             for w in warnings]
     note = ('<p class="cg-muted">A warn criterion is an estimate not yet measured, or a figure that informs: '
             "a miss is shown, and the verdict stands.</p>")
@@ -206,21 +207,21 @@ def baseline_section(results: dict[str, Any]) -> str:
         return ""
     tol = float(base.get("tolerance", 0))
     head = (f"Compared with {base.get('source', '?')} (started {base.get('started', '?')}, profile "
-            f"{base.get('profile', '?')}, {base.get('world_size', '?')} ranks); tolerance {tol:.0%}.")
+            f"{base.get('profile', '?')}, {base.get('world_size', '?')} ranks); tolerance {percent(tol)}.")
     rows = []
     flagged = [c for c in base.get("metrics", []) if c.get("flagged")] + \
         [c for c in base.get("per_gpu", []) if c.get("flagged")]
     flagged.sort(key=lambda c: -abs(c["change"]) if c.get("change") is not None else -1e9)
     for c in flagged:
-        change = "new or zero" if c.get("change") is None else f"{c['change']:+.1%}"
+        change = "new or zero" if c.get("change") is None else percent(c["change"], signed=True)
         state = "cg-fail" if c.get("direction") == "worse" else "cg-outlier"
         unit, part = c.get("unit", ""), c.get("gpu") or PARTS.get(c.get("scope", ""), "")
         rows.append([_td(c["name"]), _td(model.short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
-                     _td(part), _td(model.fmt(c.get("baseline"), unit), "num"),
-                     _td(model.fmt(c.get("current"), unit), "num"), _td(change, "num " + state),
+                     _td(part), _td(number(c.get("baseline"), unit), "num"),
+                     _td(number(c.get("current"), unit), "num"), _td(change, "num " + state),
                      _td(c.get("direction", ""))])
     n_metrics, n_gpu = len(base.get("metrics", [])), len(base.get("per_gpu", []))
-    summary = (f"<p>{len(flagged)} change{'s' if len(flagged) != 1 else ''} beyond {tol:.0%} among {n_metrics} "
+    summary = (f"<p>{len(flagged)} change{'s' if len(flagged) != 1 else ''} beyond {percent(tol)} among {n_metrics} "
                f"metrics and {n_gpu} per-GPU figures.</p>")
     notes = "".join(f"<li>{_e(n)}</li>" for n in base.get("notes", []))
     missing = base.get("missing", [])
@@ -247,7 +248,7 @@ def figures_section(results: dict[str, Any]) -> str:
 
 LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed its criterion</span>'
           '<span class="cg-warn">missed a warn criterion (the verdict stands)</span>'
-          f'<span class="cg-outlier">more than {tables.OUTLIER_DEVIATION:.0%} worse than the median of its peers'
+          f'<span class="cg-outlier">more than {percent(tables.OUTLIER_DEVIATION)} worse than the median of its peers'
           "</span></p>")
 
 
@@ -279,11 +280,11 @@ def test_extra(test: dict[str, Any], results: dict[str, Any]) -> str:
     for r in model.criteria_rows(one):
         metric = next(m for m in test.get("metrics", []) if m["name"] == r.metric)
         values = sorted(p["value"] for p in metric.get("per_rank") or [])
-        spread = f"{model.fmt(values[0])} / {model.fmt(values[len(values) // 2])} / {model.fmt(values[-1])}" \
+        spread = f"{number(values[0])} / {number(values[len(values) // 2])} / {number(values[-1])}" \
             if len(values) > 1 else ""
-        rows.append([_td(r.metric, title=r.description), _td(r.scope), _td(model.fmt(r.value, r.unit), "num"),
+        rows.append([_td(r.metric, title=r.description), _td(r.scope), _td(number(r.value, r.unit), "num"),
                      _td(spread, "num"), _td(r.criterion), _td(r.source, "cg-source"),
-                     _td(model.fmt_margin(r.margin_pct), "num"), _td(r.result, RESULT_CLASS[r.result]),
+                     _td(r.margin, "num"), _td(r.result, RESULT_CLASS[r.result]),
                      _td(r.where)])
     parts = ['<div class="cg-extra">']
     if rows:

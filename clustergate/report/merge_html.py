@@ -13,10 +13,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster.fleet import FleetMetric
+from clustergate.numbers import number
 from clustergate.redact import Scrubber, scrub_strings
 from clustergate.report import html
-from clustergate.report.model import fmt
+from clustergate.report.model import short_test_name
 from clustergate.report.tables import Cell, Table
 
 EXTRA_STYLE = """
@@ -107,7 +107,7 @@ def nodes_table(cluster: dict[str, Any]) -> Table:
         for t in titles:
             w = n["worst"].get(t)
             gpu = f" gpu {w['gpu_index']}" if w and w.get("gpu_index") is not None else ""
-            row.append(Cell(fmt(w["value"], w["unit"]) + gpu, w["state"]) if w else Cell(""))
+            row.append(Cell(number(w["value"], w["unit"]) + gpu, w["state"]) if w else Cell(""))
         table.rows.append(row)
     return table
 
@@ -117,38 +117,44 @@ def _figure(png: str, caption: str) -> str:
             f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
-def fleet_section(fleet: list[FleetMetric]) -> str:
+def fleet_title(fm: dict[str, Any]) -> str:
+    """A fleet metric's name in the page: the metric and the test that recorded it."""
+    return f"{fm['metric']} ({short_test_name(fm['test'])})"
+
+
+def fleet_section(fleet: list[dict[str, Any]]) -> str:
+    """The cluster results' ``fleet`` section: a table of each metric's distribution, and its histogram."""
     if not fleet:
         return '<p class="cg-muted">No node recorded a per-GPU figure.</p>'
     from clustergate.report.fleet_plots import histogram_png
 
     figs, rows = [], []
     for fm in fleet:
-        s = fm.stats()
-        floor = "" if s["floor"] is None else fmt(s["floor"], fm.unit)
-        figs.append(_figure(histogram_png(fm), f"{fm.title} [{fm.profile}], {fm.scope} scope"))
-        rows.append([Cell(fm.name), Cell(fm.nodeid.rsplit("::", 1)[-1]), Cell(fm.scope), Cell(str(s["count"])),
-                     Cell(fmt(s["min"], fm.unit)), Cell(fmt(s["p05"], fm.unit)), Cell(fmt(s["median"], fm.unit)),
-                     Cell(fmt(s["p95"], fm.unit)), Cell(fmt(s["max"], fm.unit)), Cell(floor),
-                     Cell(str(len(fm.outliers)), "fail" if fm.outliers else "")])
+        unit = fm["unit"]
+        figs.append(_figure(histogram_png(fm), f"{fleet_title(fm)} [{fm['profile']}], {fm['scope']} scope"))
+        rows.append([Cell(fm["metric"]), Cell(short_test_name(fm["test"])), Cell(fm["scope"]), Cell(str(fm["count"])),
+                     *(Cell(number(fm[key], unit)) for key in ("min", "p05", "median", "p95", "max", "floor")),
+                     Cell(str(len(fm["outliers"])), "fail" if fm["outliers"] else "")])
     stats = Table(["metric", "test", "scope", "count", "min", "p05", "median", "p95", "max", "outlier floor",
                    "outliers"], rows)
     return html.grid_table(stats) + '<div class="cg-figures">' + "".join(figs) + "</div>"
 
 
-def outliers_table(fleet: list[FleetMetric]) -> str:
-    rows = [[Cell(o["host"], "fail" if o["severity"] != "warn" else "outlier"), Cell(fm.title),
-             Cell("" if o["gpu_index"] is None else str(o["gpu_index"])), Cell(o["gpu_serial"] or ""),
-             Cell(fmt(o["value"], fm.unit)), Cell(fmt(fm.floor, fm.unit)), Cell(fmt(fm.median, fm.unit)),
-             Cell(o["severity"])] for fm in fleet for o in fm.outliers]
+def outliers_table(fleet: list[dict[str, Any]]) -> str:
+    rows = [[Cell(o["host"], "fail" if o["severity"] != "warn" else "outlier"), Cell(fleet_title(fm)),
+             Cell("" if o["gpu_index"] is None else str(o["gpu_index"])), Cell(o.get("gpu_serial") or ""),
+             Cell(number(o["value"], fm["unit"])), Cell(number(fm["floor"], fm["unit"])),
+             Cell(number(fm["median"], fm["unit"])), Cell(o["severity"])] for fm in fleet for o in fm["outliers"]]
     if not rows:
         return '<p class="cg-muted">No GPU below its criterion\'s outlier fraction of the fleet median.</p>'
     return html.grid_table(Table(["host", "metric", "gpu", "serial", "value", "floor", "fleet median", "severity"],
                                  rows))
 
 
-def cluster_page(cluster: dict[str, Any], fleet: list[FleetMetric]) -> str:
-    cluster, fleet = scrubbed(cluster), scrubbed(fleet)
+def cluster_page(cluster: dict[str, Any]) -> str:
+    """The merged report of the cluster results ``merge`` decided (its ``fleet`` section drawn as it says)."""
+    cluster = scrubbed(cluster)
+    fleet = cluster["fleet"]
     c = cluster["counts"]
     total = c["accepted"] + c["excluded"]
     why = [f"{c['accepted']} of {total} nodes accepted; {c['excluded']} excluded "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustergate.criteria import Criterion
+from clustergate.numbers import percent
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,11 @@ class CriterionRow:
     """Where the criterion's figures come from: ``spec``, ``measured (tool, machine, date, n=...)``, ``estimate``."""
 
     @property
+    def margin(self) -> str:
+        """The margin as the terminal and the report print it (``+12.3%``; empty without one)."""
+        return percent(None if self.margin_pct is None else self.margin_pct / 100, signed=True)
+
+    @property
     def result(self) -> str:
         """FAIL, WARN, PASS or ``not judged``: the word the terminal and the report show."""
         return "FAIL" if not self.passed else "WARN" if self.warned else "PASS" if self.judged else "not judged"
@@ -51,19 +57,6 @@ class Failure:
 
 def short_test_name(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
-
-
-def fmt(value: float | None, unit: str = "") -> str:
-    if value is None:
-        return ""
-    text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
-    return f"{text} {unit}".strip()
-
-
-def fmt_margin(margin: float | None) -> str:
-    if margin is None:
-        return ""
-    return f"{margin:+.1f}%" if abs(margin) < 1000 else f"{margin:+.0f}%"
 
 
 def rank_index(results: dict[str, Any]) -> dict[int, dict[str, Any]]:

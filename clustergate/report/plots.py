@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from clustergate.numbers import number
 from clustergate.report.figures import BarFigure, CurveFigure, MatrixFigure
 from clustergate.report.figures import Figure as Spec
 
@@ -80,7 +81,7 @@ def matrix_png(spec: MatrixFigure) -> str:
         for i, row in enumerate(data):
             for j, v in enumerate(row):
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=6,
+                    ax.text(j, i, number(v), ha="center", va="center", fontsize=6,
                             color="white" if v < mid else "black")
     ax.set_title(spec.title, fontsize=10)
     return _png(fig)

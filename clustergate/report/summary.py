@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clustergate.numbers import number, percent
 from clustergate.report import model
 from clustergate.results import selection_line
 from clustergate.verdict import WORDS
@@ -47,17 +48,16 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"  {'metric':<{width}}  {'scope':<5}  {'measured':>18}  {'criterion':<28}  {'source':<9}  "
                      f"{'margin':>8}  result")
         for r in rows[:MAX_ROWS]:
-            margin = model.fmt_margin(r.margin_pct)
             result = {"PASS": "ok", "not judged": "-"}.get(r.result, r.result)
-            lines.append(f"  {r.metric:<{width}}  {r.scope:<5}  {_cut(model.fmt(r.value, r.unit), 18):>18}  "
-                         f"{_cut(r.criterion, 28):<28}  {r.source.split(' ')[0]:<9}  {margin:>8}  {result}"
+            lines.append(f"  {r.metric:<{width}}  {r.scope:<5}  {_cut(number(r.value, r.unit), 18):>18}  "
+                         f"{_cut(r.criterion, 28):<28}  {r.source.split(' ')[0]:<9}  {r.margin:>8}  {result}"
                          + (f"  {_cut(r.where, 60)}" if not r.passed or r.warned else ""))
         if len(rows) > MAX_ROWS:
             lines.append(f"  ... {len(rows) - MAX_ROWS} more rows passed (see report.html / results.json)")
     warnings = results.get("warnings") or []
     if warnings:
         lines.append(f"warnings: {len(warnings)} (a warn criterion missed; the verdict does not use them)")
-        lines += [f"  WARN {w['metric']} = {model.fmt(w['value'])} ({w['criterion']}) at {_cut(str(w['where']), 60)}"
+        lines += [f"  WARN {w['metric']} = {number(w['value'])} ({w['criterion']}) at {_cut(str(w['where']), 60)}"
                   for w in warnings[:MAX_WARNINGS]]
         if len(warnings) > MAX_WARNINGS:
             lines.append(f"  ... {len(warnings) - MAX_WARNINGS} more (see report.html / results.json)")
@@ -73,9 +73,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     if isinstance(base, dict):
         flagged = [c for c in base.get("metrics", []) + base.get("per_gpu", []) if c.get("flagged")]
         lines.append(f"baseline {base.get('source', '')}: {len(flagged)} change{'s' if len(flagged) != 1 else ''} "
-                     f"beyond {float(base.get('tolerance', 0)):.0%}")
+                     f"beyond {percent(float(base.get('tolerance', 0)))}")
         for c in sorted(flagged, key=lambda c: -abs(c["change"]) if c.get("change") is not None else -1e9)[:10]:
-            change = "from 0" if c.get("change") is None else f"{c['change']:+.1%}"
-            lines.append(f"  {c['name']} {c.get('gpu', c.get('scope', ''))}: {model.fmt(c['baseline'])} -> "
-                         f"{model.fmt(c['current'], c.get('unit', ''))} ({change}, {c.get('direction')})")
+            change = "from 0" if c.get("change") is None else percent(c["change"], signed=True)
+            lines.append(f"  {c['name']} {c.get('gpu', c.get('scope', ''))}: {number(c['baseline'])} -> "
+                         f"{number(c['current'], c.get('unit', ''))} ({change}, {c.get('direction')})")
     return [printable(line) for line in lines]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clustergate.numbers import number
 from clustergate.report import html, model
 
 INVENTORY_COLUMNS = (("host", "host"), ("index", "GPU"), ("serial", "serial"), ("uuid", "UUID"),
@@ -52,7 +53,7 @@ def _grown(results: dict[str, Any]) -> list[list[str]]:
                 cls = "cg-fail" if r.get("status") == "fail" else "cg-outlier"
                 rows.append([html._td(r.get("where", "")), html._td(r.get("label", "")),
                              html._td(r.get("metric", ""), title=model.short_test_name(test["nodeid"])),
-                             html._td(model.fmt(r.get("value"), r.get("unit", "")), "num " + cls),
+                             html._td(number(r.get("value"), r.get("unit", "")), "num " + cls),
                              html._td("; ".join(r.get("evidence", []))), html._td(r.get("next_step", ""))])
     return rows
 

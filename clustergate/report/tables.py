@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.criteria import Criterion
-from clustergate.report.model import fmt, gpu_label, rank_index, short_test_name
+from clustergate.numbers import number
+from clustergate.report.model import gpu_label, rank_index, short_test_name
 
 OUTLIER_DEVIATION = 0.10
 """A GPU more than this fraction worse than the median of its peers is highlighted as an outlier
@@ -70,7 +71,7 @@ def cell_state(value: float, passed: bool, peers: list[float], criterion: dict[s
 def _metric_cell(p: dict[str, Any], m: dict[str, Any]) -> Cell:
     peers = [q["value"] for q in m["per_rank"]]
     state = cell_state(p["value"], p.get("passed", True), peers, m.get("criterion") or {}, bool(p.get("warned")))
-    return Cell(fmt(p["value"], m.get("unit", "")), state)
+    return Cell(number(p["value"], m.get("unit", "")), state)
 
 
 def _failed_tests_by_rank(results: dict[str, Any]) -> dict[int, list[str]]:
@@ -139,7 +140,7 @@ def node_table(results: dict[str, Any]) -> Table:
             bad = [p for p in mine if not p.get("passed", True)]
             state = "fail" if bad else _metric_cell(worst, m).state
             label = gpu_label({**ranks.get(worst["rank"], {}), **worst}, short=True)
-            row.append(Cell(f"{fmt(worst['value'], m.get('unit', ''))} ({label})", state,
+            row.append(Cell(f"{number(worst['value'], m.get('unit', ''))} ({label})", state,
                             title=f"{len(bad)} of {len(mine)} GPUs fail" if bad else ""))
         table.rows.append(row)
     bad_ranks = [sorted(r for r in n.get("ranks", []) if r in failed) for n in nodes]

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from clustergate.criteria import SEVERITIES, Criterion, fmt
+from clustergate.criteria import SEVERITIES, Criterion
+from clustergate.numbers import number, percent
 from clustergate.store.db import Store, StoredFigure
 
 DEFAULT_FRACTION = 0.05
@@ -71,9 +72,9 @@ class Drift:
         """``matmul_bf16_tflops=684 TFLOPS, 10.0% below its first accepted 760 (run #3, 2026-01-01T00:00:00+00:00,
         on gpu01), drift limit 5% [gpu02 gpu 3 serial 1654...]``: the suite's one failure format."""
         moved = f", on {self.first_host}" if self.first_host and self.first_host != self.host else ""
-        return (f"{self.metric}={fmt(self.now)} {self.unit}, {self.fraction:.1%} below its first accepted "
-                f"{fmt(self.first)} (run #{self.first_run}, {self.first_time or 'time unknown'}{moved}), drift limit "
-                f"{self.limit:.0%} [{self.where()}]")
+        return (f"{self.metric}={number(self.now, self.unit)}, {percent(self.fraction)} below its first accepted "
+                f"{number(self.first)} (run #{self.first_run}, {self.first_time or 'time unknown'}{moved}), "
+                f"drift limit {percent(self.limit)} [{self.where()}]")
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

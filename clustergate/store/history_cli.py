@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clustergate.criteria import fmt
 from clustergate.exit_codes import Exit
+from clustergate.numbers import number
 from clustergate.report.summary import printable
 from clustergate.store import Decision, Store, StoredFigure
 from clustergate.store.command import command_parser, with_store
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
 def cells(f: StoredFigure) -> list[str]:
     gpu = "" if f.gpu_index is None else str(f.gpu_index)
     return [f.time or "?", f"#{f.run}", printable(f.host or "(whole job)"), gpu, printable(f.serial or ""), f.metric,
-            fmt(f.value), printable(f.unit), f.verdict]
+            number(f.value), printable(f.unit), f.verdict]
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> list[str]:
