@@ -46,9 +46,9 @@ def _cluster(name: str) -> Callable[[list[str]], int]:
 
 
 def _render(argv: list[str]) -> int:
-    from clustergate.report.__main__ import main as report_main
+    from clustergate.render import main as render_main
 
-    return int(report_main(argv))
+    return int(render_main(argv))
 
 
 def _health(argv: list[str]) -> int:

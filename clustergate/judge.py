@@ -14,6 +14,7 @@ from typing import Any
 
 from clustergate.criteria import Criterion, Figure
 from clustergate.numbers import number
+from clustergate.parts import gpu_label
 from clustergate.thresholds import Profile
 
 
@@ -33,9 +34,7 @@ class Where:
             return "whole job"
         if scope == "node":
             return f"node {self.node_rank} ({self.host})"
-        gpu = "" if self.gpu_index is None else f" gpu {self.gpu_index}"
-        serial = f" serial {self.gpu_serial}" if self.gpu_serial else ""
-        return f"rank {self.rank} {self.host}{gpu}{serial}"
+        return gpu_label(asdict(self))
 
 
 @dataclass(frozen=True, slots=True)

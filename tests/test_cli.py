@@ -71,7 +71,7 @@ def test_calibrate_defaults_to_the_shipped_thresholds(capsys: pytest.CaptureFixt
 
 def test_render_is_the_report_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["render", str(tmp_path / "missing.json")]) == 2  # its own "input cannot be used"
-    assert "clustergate.report" in capsys.readouterr().err
+    assert "clustergate render: " in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         cli.main(["render", "--help"])
     assert exc.value.code == 0 and "--thresholds" in capsys.readouterr().out

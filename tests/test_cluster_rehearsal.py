@@ -20,7 +20,7 @@ import pytest
 from cluster_rehearsal import fabric_phase, outputs, report
 from trust_runs import as_node, node_run, recorded, write_node  # noqa: F401  (node_run: the fixture)
 
-from clustergate.report.rejudge import rejudge
+from clustergate.rejudge import rejudge
 from clustergate.thresholds import load, shipped_thresholds
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from complete_runs import complete
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate.report.rejudge import rejudge
+from clustergate.rejudge import rejudge
 from clustergate.thresholds import load
 
 from torchrun_job import ROOT, job_env
@@ -102,7 +102,7 @@ def test_a_file_that_is_not_a_results_json_is_refused_with_one_error(tmp_path: P
     proc = report_cli(str(path))
     assert proc.returncode == 2
     assert proc.stdout.strip().splitlines() == [
-        f"clustergate.report: {path}: not a valid results.json (results.schema.json): at tests/0/outcome: "
+        f"clustergate render: {path}: not a valid results.json (results.schema.json): at tests/0/outcome: "
         "'sort of' is not one of ['passed', 'failed', 'skipped', 'error', 'interrupted']"]
     (tmp_path / "nothing.json").write_text("{not json")
     assert "not readable JSON" in report_cli(str(tmp_path / "nothing.json")).stdout

@@ -232,9 +232,10 @@ def test_a_profile_whose_every_criterion_is_empty_is_not_a_sign_off(tmp_path: Pa
     assert th.profile("cpu").sign_off is False and th.profile("base").sign_off is True
 
 
-def _cli(*args: str, module: str = "clustergate.report") -> subprocess.CompletedProcess[str]:
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``clustergate ARGS`` (``python -m clustergate``: the same command)."""
     # A hang guard only: each command fails on its first input.
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run([sys.executable, "-m", "clustergate", *args], cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
 
 
@@ -244,12 +245,10 @@ def test_every_command_says_a_bad_thresholds_file_in_one_line(tmp_path: Path, ba
     if bad == "bomb":
         path.write_text(BOMB)
     node = write_node(tmp_path / "run" / "nodes", "gpu1", node_results("gpu1", 1))
-    for args, module in ((["merge", str(node), "-o", str(tmp_path / "run")], "clustergate.report"),
-                         (["signoff", str(tmp_path / "run")], "clustergate.report"),
-                         ([str(node / "results.json"), "-o", str(tmp_path / "r.html")], "clustergate.report"),
-                         ([str(node / "results.json"), "--extends", "cpu", "-o", str(tmp_path / "s.yaml")],
-                          "clustergate.calibrate")):
-        proc = _cli(*args, "--thresholds", str(path), module=module)
+    for args in (["merge", str(node), "-o", str(tmp_path / "run")], ["signoff", str(tmp_path / "run")],
+                 ["render", str(node / "results.json"), "-o", str(tmp_path / "r.html")],
+                 ["calibrate", str(node / "results.json"), "--extends", "cpu", "-o", str(tmp_path / "s.yaml")]):
+        proc = _cli(*args, "--thresholds", str(path))
         assert proc.returncode == 2 and "Traceback" not in proc.stdout, (args, proc.stdout)
         assert len(proc.stdout.strip().splitlines()) == 1, (args, proc.stdout)
 
@@ -257,10 +256,10 @@ def test_every_command_says_a_bad_thresholds_file_in_one_line(tmp_path: Path, ba
 @pytest.mark.parametrize("tolerance", ["nan", "-1", "inf"])
 def test_a_tolerance_that_is_not_a_relative_change_is_one_line(tmp_path: Path, tolerance: str) -> None:
     node = write_node(tmp_path / "nodes", "gpu1", node_results("gpu1", 1))
-    proc = _cli(str(node / "results.json"), "--baseline", str(node / "results.json"), "--tolerance", tolerance,
-                "-o", str(tmp_path / "r.html"))
+    proc = _cli("render", str(node / "results.json"), "--baseline", str(node / "results.json"),
+                "--tolerance", tolerance, "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 2 and proc.stdout.strip().splitlines() == [
-        f"python -m clustergate.report: argument --tolerance: {tolerance!r} is not a relative change of 0 or more "
+        f"clustergate render: argument --tolerance: {tolerance!r} is not a relative change of 0 or more "
         "(e.g. 0.05) (see --help)"], proc.stdout
 
 
@@ -272,7 +271,7 @@ def test_a_run_judged_again_under_a_profile_that_bounds_nothing_is_not_a_sign_of
     profile["metrics"] = {name: {} for name in profile["metrics"]}
     profile.pop("expect", None)
     site.write_text(yaml.safe_dump(data))
-    proc = _cli(str(node), "--thresholds", str(site), "--json-out", str(tmp_path / "j.json"), "-o",
+    proc = _cli("render", str(node), "--thresholds", str(site), "--json-out", str(tmp_path / "j.json"), "-o",
                 str(tmp_path / "r.html"))
     assert proc.returncode == 1, proc.stdout
     judged = json.loads((tmp_path / "j.json").read_text())

@@ -45,7 +45,7 @@ import yaml
 from clustergate.cluster import calibration_samples as runs_data
 from clustergate.numbers import number, percent
 from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
-from clustergate.report.rejudge import rejudge
+from clustergate.rejudge import rejudge
 from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
 
 DEFAULT_FRACTION = 0.9

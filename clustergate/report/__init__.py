@@ -1,17 +1,18 @@
 """The sign-off report: what results.json says, drawn for the person who signs the cluster off.
 
 Everything here works on the results.json dict (schema 1), so a live run (``clustergate.report.hooks``)
-and a re-render (``python -m clustergate.report results.json``) draw the same report.
+and a re-render (``clustergate render results.json``) draw the same report. Nothing here decides: the verdict,
+a re-judgement (``clustergate.rejudge``) and a comparison with an earlier run (``clustergate.baseline``) are
+made before the dict is handed over (by the run, ``clustergate.render`` or the cluster commands).
 
 - ``model``: pure derivations (criteria rows with margins and sources, failures, the run's facts);
   ``tables``: the per-GPU and per-node tables with their highlights.
 - ``figures``: which plots a test's ``details`` hold (pure), following the conventions below.
 - ``plots``: those figures as base64 PNG (matplotlib, Agg canvas; no pyplot, no global backend).
 - ``html``: the HTML fragments pytest-html embeds (banner, tables, per-test extras).
-- ``hooks``: the pytest plugin that puts them into pytest-html's report, prints the terminal summary
-  (``summary``) and compares with ``--baseline`` (``baseline``), in a live run and in a re-render.
-- ``rejudge`` and ``replay``: re-judging with other thresholds, and the tiny pytest session the
-  ``python -m clustergate.report`` command runs so that pytest-html renders the recorded run.
+- ``hooks``: the pytest plugin that puts them into pytest-html's report and prints the terminal summary
+  (``summary``), in a live run and in a re-render.
+- ``replay``: the tiny pytest session ``clustergate render`` runs so that pytest-html draws the recorded run.
 
 Details conventions
 ===================

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.numbers import number
+from clustergate.parts import gpu_label, rank_index
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
-from clustergate.report.model import gpu_label, rank_index, short_test_name
+from clustergate.report.model import short_test_name
 from clustergate.report.tables import cell_state
 
 MAX_SERIES = 12

@@ -1,12 +1,12 @@
-"""The sign-off report through pytest-html's hooks, the terminal summary, and ``--baseline``.
+"""The sign-off report through pytest-html's hooks, and the terminal summary.
 
-Enabled beside ``clustergate.run.plugin`` (conftest.py: ``pytest_plugins = [..., "clustergate.report.hooks"]``).
-Only rank 0 writes a report (the plugin switches pytest-html off elsewhere), so every hook here
-does its work where pytest-html is active and leaves other ranks alone.
+Enabled beside ``clustergate.run.plugin`` (``clustergate.pytest_plugins``). What it draws is a results dict it is
+handed, never the run itself: a live run puts a ``Source`` under ``LIVE`` (its record as results.json says it),
+a re-render puts the recorded dict under ``REPLAYED``. Only rank 0 writes a report (the plugin switches
+pytest-html off elsewhere), so every hook here does its work where pytest-html is active and leaves other ranks
+alone.
 
 Ordering, which the report depends on:
-- ``pytest_sessionfinish`` here is an ordinary hook, so it runs before the plugin's trylast one,
-  which writes results.json: the baseline comparison lands in that file.
 - pytest-html's report object registers in its ``pytest_configure``, after this module and the
   plugin, and its trylast ``pytest_sessionfinish`` therefore runs after the plugin's: by the time
   it calls ``pytest_html_results_summary`` the verdict is final.
@@ -18,38 +18,42 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Generator, Mapping
 from html import escape
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 
+from clustergate.parts import rank_index
 from clustergate.redact import Scrubber, redact, scrub_strings, shown_environment
-from clustergate.report import baseline as baseline_mod
-from clustergate.report import figures, html, model
+from clustergate.report import figures, html
 from clustergate.report.summary import summary_lines
 
+
+class Source(Protocol):
+    """What a live run hands the report: its record as results.json says it, and the facts of the run."""
+
+    @property
+    def results_path(self) -> Path:
+        """Where the run writes results.json."""
+
+    def results(self, *, final: bool = False, only_test: str | None = None) -> dict[str, Any] | None:
+        """The run as results.json says it (None where this rank writes no outputs). ``final``: as decided at
+        the end of the session, once decided; ``only_test``: of the tests, that one alone (a decided record
+        has them all)."""
+
+    def facts(self) -> dict[str, Any]:
+        """The run's profile, level, world size, report directory and versions, for the environment table."""
+
+
+LIVE = pytest.StashKey[Source]()
+"""The live run's ``Source`` (``clustergate.run.plugin`` puts it here); none in a re-render."""
 REPLAYED = pytest.StashKey[dict[str, Any]]()
-"""The results dict of a re-render session (``python -m clustergate.report``); none in a live run."""
-BASELINE = pytest.StashKey[dict[str, Any]]()
+"""The results dict of a re-render session (``clustergate render``); none in a live run."""
 SCRUB = pytest.StashKey[Scrubber]()
 ESCAPED = pytest.StashKey[set[str]]()
 """The pytest-metadata keys already made safe for pytest-html (a key added during the run is made so at the end)."""
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("clustergate", "cluster acceptance (clustergate)")
-    group.addoption("--baseline", default=None, metavar="PATH",
-                    help="results.json of an earlier run (or its report directory) to compare with: "
-                         "changes beyond the profile's baseline_tolerance are flagged in the report "
-                         "and in results.json under 'baseline'")
-
-
-def _gate(config: pytest.Config) -> Any:
-    """The live run (``clustergate.run.lifecycle.Run``); None in a re-render (which never imports the plugin)."""
-    plugin = sys.modules.get("clustergate.run.plugin")
-    return None if plugin is None else config.stash.get(plugin.RUN, None)
 
 
 def _active(config: pytest.Config) -> bool:
@@ -66,40 +70,14 @@ def results_of(config: pytest.Config, final: bool = False, only_test: str | None
     """
     if REPLAYED in config.stash:
         return config.stash[REPLAYED]
-    gate = _gate(config)
-    if gate is None or not gate.writes:  # rank 0 of a run that writes outputs (not a --collect-only listing)
-        return None
-    if final and gate.decided is not None:
-        return gate.decided
-    return gate.record.as_json(only_test=only_test)
+    live = config.stash.get(LIVE, None)
+    return None if live is None else live.results(final=final, only_test=only_test)
 
 
 def _scrub(config: pytest.Config) -> Scrubber:
     if SCRUB not in config.stash:
         config.stash[SCRUB] = Scrubber.from_environment()
     return config.stash[SCRUB]
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config: pytest.Config) -> None:
-    gate = _gate(config)
-    path = config.getoption("baseline", None)
-    if gate is None or path is None:
-        return
-    from clustergate.run import control
-
-    problem, data = None, None
-    if gate.world.is_leader:
-        try:
-            data = baseline_mod.load(path)
-        except baseline_mod.BaselineError as exc:
-            problem = str(exc)
-    # Every rank must stop alike: the file may exist only where rank 0 runs.
-    problem = control.broadcast_from_leader(gate.world, problem, "baseline check")
-    if problem:
-        raise pytest.UsageError(problem)
-    if data is not None:
-        config.stash[BASELINE] = data
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -110,17 +88,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     metadata = _metadata(config)
     if metadata is None:
         return
-    gate = _gate(config)
+    live = config.stash.get(LIVE, None)
     if REPLAYED in config.stash:
         # This machine's Python and plugins say nothing about the recorded run: show what was recorded.
         metadata.clear()
         metadata["recorded environment"] = dict(config.stash[REPLAYED].get("environment", {}))
-        metadata["re-rendered by"] = "python -m clustergate.report"
+        metadata["re-rendered by"] = "clustergate render"
     else:
-        if gate is not None:
-            metadata["clustergate"] = {"profile": gate.profile.name, "level": gate.level,
-                                       "world size": gate.world.world_size, "report dir": str(gate.report_dir),
-                                       **gate.record.environment}
+        if live is not None:
+            metadata["clustergate"] = live.facts()
         shown = shown_environment()
         if shown:
             metadata["environment variables"] = shown
@@ -202,7 +178,7 @@ def _prop(report: pytest.TestReport, name: str, default: Any) -> Any:
 
 def _row_cells(report: pytest.TestReport, results: dict[str, Any]) -> tuple[str, str]:
     """The extra columns of a test's row: failed ranks with their hosts, and metrics failing."""
-    ranks = model.rank_index(results)
+    ranks = rank_index(results)
     failed = _prop(report, "failed_ranks", [])
     hosts = sorted({ranks.get(r, {}).get("host", "?") for r in failed})
     text = f"{', '.join(map(str, failed[:12]))}{' ...' if len(failed) > 12 else ''} ({', '.join(hosts[:4])})" \
@@ -287,16 +263,6 @@ def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -
     data[:] = [scrub(line) for line in data]
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Compare with --baseline before the plugin's trylast sessionfinish writes results.json."""
-    gate = _gate(session.config)
-    base = session.config.stash.get(BASELINE, None)
-    if gate is None or base is None or not gate.world.is_leader:
-        return
-    tolerance = float(gate.profile.settings.get("baseline_tolerance", baseline_mod.DEFAULT_TOLERANCE))
-    gate.add_section("baseline", baseline_mod.compare(gate.record.as_json(), base, tolerance))
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: list[str],
                                 session: pytest.Session) -> None:
@@ -330,6 +296,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for line in lines[1:]:
         warn = " WARN" in line or line.startswith("warnings:")
         tr.write_line(line, red=" FAIL" in line or line.startswith("run error"), yellow=warn and " FAIL" not in line)
-    gate = _gate(config)
-    if gate is not None:
-        tr.write_line(f"results: {gate.results_path}")
+    live = config.stash.get(LIVE, None)
+    if live is not None:
+        tr.write_line(f"results: {live.results_path}")

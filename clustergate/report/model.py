@@ -11,6 +11,7 @@ from typing import Any
 
 from clustergate.criteria import Criterion
 from clustergate.numbers import percent
+from clustergate.parts import gpu_label, rank_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +58,6 @@ class Failure:
 
 def short_test_name(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[-1]
-
-
-def rank_index(results: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """rank -> host, node_rank, local_rank, gpu_index, gpu_serial, gpu_uuid, gpu_name."""
-    out: dict[int, dict[str, Any]] = {}
-    for node in results.get("nodes", []):
-        gpus = {g.get("rank"): g for g in node.get("gpus", [])}
-        for local, rank in enumerate(node.get("ranks", [])):
-            gpu = gpus.get(rank) or {}
-            out[rank] = {"rank": rank, "host": node.get("host", "?"), "node_rank": node.get("node_rank", 0),
-                         "local_rank": gpu.get("local_rank", local), "gpu_index": gpu.get("index"),
-                         "gpu_serial": gpu.get("serial"), "gpu_uuid": gpu.get("uuid"), "gpu_name": gpu.get("name")}
-    return out
-
-
-def gpu_label(where: dict[str, Any], short: bool = False) -> str:
-    """``rank 13 node-3 gpu 5 serial 1650...`` (short: ``node-3:5``, or ``node-3 r13`` without a GPU)."""
-    host, index, rank = where.get("host", "?"), where.get("gpu_index"), where.get("rank")
-    if short:
-        return f"{host}:{index}" if index is not None else f"{host} r{rank}"
-    gpu = f" gpu {index}" if index is not None else ""
-    serial = f" serial {where['gpu_serial']}" if where.get("gpu_serial") else ""
-    return f"rank {rank} {host}{gpu}{serial}"
 
 
 def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:

@@ -1,20 +1,54 @@
-"""Replay a results.json as a pytest session, so pytest-html renders the recorded run.
+"""Replay a results dict as a pytest session, so pytest-html draws the recorded run (``draw``).
 
 Each recorded test becomes an item under its original node id whose report reproduces the recorded
 outcome, message, duration and user properties; ``clustergate.report.hooks`` then draws the report
 from the results dict exactly as in a live run (after pytest-xdist's controller, which replays
-workers' reports through pytest's own hooks).
+workers' reports through pytest's own hooks). The dict is drawn as it is given: its verdict was decided
+before (``clustergate render``).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clustergate.report import hooks
 from clustergate.report.hooks import REPLAYED
+
+
+class DrawingFailed(Exception):
+    """pytest-html could not draw the report; the message says with which status."""
+
+
+def draw(path: Path, results: dict[str, Any], output: Path) -> None:
+    """pytest-html draws ``results`` (recorded at ``path``) into ``output``: in a private directory beside it,
+    then renamed over it (pytest-html writes the file itself, and a link planted at ``output`` must be replaced,
+    never written through). OSError where it cannot be written; DrawingFailed where the session failed."""
+    scratch = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        status = _session(path, results, scratch / "report.html")
+        if (scratch / "report.html").is_file():
+            os.replace(scratch / "report.html", output)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    # A record without tests replays no test (pytest's 5): its page is drawn all the same.
+    if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+        raise DrawingFailed(f"rendering failed (pytest exit status {status})")
+
+
+def _session(path: Path, results: dict[str, Any], output: Path) -> int:
+    """The replay session; pytest-html writes ``output``. Returns pytest's exit status."""
+    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks.
+    args = [str(path), "--rootdir", str(path.parent), "-c", os.devnull, "--noconftest",
+            "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
+            "--html", str(output), "--self-contained-html"]
+    return int(pytest.main(args, plugins=[hooks, ReplayPlugin(path, results)]))
 
 
 class Replayed(Exception):

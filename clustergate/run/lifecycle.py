@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 import clustergate
+from clustergate.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.exit_codes import Exit
 from clustergate.identity import RankIdentity
 from clustergate.judge import Where
@@ -97,13 +98,15 @@ class Run:
     """The run on this rank; the only writer of its state (under ``_lock``)."""
 
     def __init__(self, world: World, profile: Profile, options: Options, report_dir: Path | None, *,
-                 identity: RankIdentity, outside: Outside) -> None:
+                 identity: RankIdentity, outside: Outside, baseline: dict[str, Any] | None = None) -> None:
         self.world = world
         self.profile = profile
         self.options = options
         self.level = options.level
         self.report_dir = report_dir
         """Where the outputs go; None under --collect-only (a listing writes none)."""
+        self.baseline = baseline
+        """The earlier run to compare with (--baseline; rank 0's), compared once the session is over."""
         self.test_timeout_s = options.test_limit_s(profile)
         self.identity = identity
         self.outside = outside
@@ -388,6 +391,9 @@ class Run:
             with self._lock:
                 self.status = status
             return status
+        if self.baseline is not None:
+            tolerance = float(self.profile.settings.get("baseline_tolerance", DEFAULT_TOLERANCE))
+            self.add_section("baseline", compare(self.record.as_json(), self.baseline, tolerance))
         with self._lock:
             for _, error in everyone:
                 if error:

@@ -63,6 +63,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--collective-timeout", type=seconds, default=None, metavar="SECONDS",
                     help="timeout of the workloads' process group (default: the profile's "
                          "collective_timeout_s)")
+    group.addoption("--baseline", default=None, metavar="PATH",
+                    help="results.json of an earlier run (or its report directory) to compare with: "
+                         "changes beyond the profile's baseline_tolerance are flagged in the report "
+                         "and in results.json under 'baseline'")
     for name, (kind, text) in INI_KEYS.items():
         parser.addini(f"clustergate_{name}", type=kind, default=[] if kind == "paths" else None,
                       help=f"clustergate: {text}")
@@ -93,6 +97,8 @@ class Options:
     """--test-timeout; None: the profile's test_timeout_s."""
     collective_timeout_s: float | None
     """--collective-timeout; None: the profile's collective_timeout_s."""
+    baseline: str | None = None
+    """--baseline: an earlier run's results.json (or its directory) to compare with; None: no comparison."""
     keyword: str | None = None
     """-k, as results.json records it."""
     markexpr: str | None = None
@@ -130,7 +136,7 @@ class Options:
         return cls(thresholds=config.getoption("thresholds"), profile=config.getoption("profile"),
                    report_dir=config.getoption("report_dir"), level=config.getoption("level"),
                    shared_dir=config.getoption("shared_dir"), test_timeout_s=config.getoption("test_timeout"),
-                   collective_timeout_s=config.getoption("collective_timeout"),
+                   collective_timeout_s=config.getoption("collective_timeout"), baseline=config.getoption("baseline"),
                    keyword=config.getoption("keyword") or None, markexpr=config.getoption("markexpr") or None,
                    collect_only=bool(config.getoption("collectonly", False)), narrowing=recorded_options(config))
 

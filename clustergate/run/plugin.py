@@ -17,8 +17,10 @@ import pytest
 from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
+from clustergate.report import hooks as report_hooks
 from clustergate.run import detectors, outcome
 from clustergate.run import items as pytest_items
+from clustergate.run.drawn import Drawn
 from clustergate.run.lifecycle import Run
 from clustergate.run.options import Options, add_options
 from clustergate.run.recorder import Recorder
@@ -93,6 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     run = open_run(config, Options.from_config(config))
     config.stash[RUN] = run
+    config.stash[report_hooks.LIVE] = Drawn(run)  # what the report draws: the run's record, never the run
     config.pluginmanager.register(SessionGuard(run), "clustergate-session-events")
     route_outputs(config, run)
 

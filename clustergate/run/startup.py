@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from clustergate import baseline as baseline_file
 from clustergate import reportdir
 from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity
 from clustergate.redact import ScrubbingStream, keep
@@ -110,16 +111,38 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     report_dir = None if options.collect_only else prepare_report_dir(config, world, CHECKOUT or Path.cwd())
     if report_dir is not None:
         keep(str(report_dir), str(report_dir.resolve()))
+    # Read after the report directory is prepared: a --baseline among the earlier outputs it moved aside now
+    # names their new place (follow_baseline), not the one Options read from the command line.
+    options = dataclasses.replace(options, baseline=config.getoption("baseline"))
+    baseline = read_baseline(world, options.baseline)
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
     # sys.stdout when it configures, after this hook.
     sys.stdout = ScrubbingStream(sys.stdout)
     sys.stderr = ScrubbingStream(sys.stderr)
     identity = rank_identity(world.rank, world.local_rank, world.node_rank, world.device)
-    run = Run(world, profile, options, report_dir, identity=identity, outside=Outside(peers=Peers(world)))
+    run = Run(world, profile, options, report_dir, identity=identity, outside=Outside(peers=Peers(world)),
+              baseline=baseline)
     run.meet(environment())
     if profile.name != thresholds.cpu_profile and (broken := gpu_node_problem(found, world.device)):
         config.stash[GPU_NODE_PROBLEM] = broken  # a reject, said once the run's record exists (collection)
     return run
+
+
+def read_baseline(world: World, path: str | None) -> dict[str, Any] | None:
+    """The earlier run to compare with (--baseline), read on rank 0; its problem stops every rank alike (the file
+    may exist only where rank 0 runs)."""
+    if path is None:
+        return None
+    problem, data = None, None
+    if world.is_leader:
+        try:
+            data = baseline_file.load(path)
+        except baseline_file.BaselineError as exc:
+            problem = str(exc)
+    problem = control.broadcast_from_leader(world, problem, Step(None, "baseline check", within(STARTUP_S)))
+    if problem:
+        raise pytest.UsageError(problem)
+    return data
 
 
 def record_refusal(config: pytest.Config, options: Options, profile: Profile, error: str, culprits: list[int]) -> None:

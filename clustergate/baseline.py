@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate.criteria import Criterion
-from clustergate.report.model import gpu_label, rank_index
+from clustergate.parts import gpu_label, rank_index
 
 DEFAULT_TOLERANCE = 0.05
 

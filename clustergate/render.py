@@ -1,0 +1,148 @@
+"""``clustergate render``: a run's report drawn again from its results.json, judged again or compared as asked.
+
+    clustergate render reports/20260101T000000Z/results.json
+    clustergate render results.json --baseline old/results.json -o compared.html
+    clustergate render results.json --thresholds new-thresholds.yaml --profile h100-sxm-80gb --json-out rejudged.json
+
+For a run that died before pytest-html wrote its report, a comparison with an earlier run, or a verdict under
+other thresholds. The file must match clustergate/results.schema.json; the verdict is computed again from its
+tests by the rule the run used (clustergate.verdict), never taken on trust, and a run that ran less than a
+complete node or fabric run of the suite is partial (clustergate/manifest.json). The report and --json-out are
+written whole, never through a link and never over an input (the results.json or --baseline). Exit status: 0
+when that verdict is accept, 1 otherwise, 2 when an input cannot be used.
+
+This module decides (the verdict, the re-judgement, the baseline's flags) and hands the decided dict to
+``clustergate.report`` to draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from clustergate.exit_codes import Exit
+from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
+from clustergate.redact import keep
+from clustergate.results import encode
+
+PROG = "clustergate render"
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a relative change of 0 or more (e.g. 0.05)")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:3]),
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, help="results.json of a run (or its report directory)")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="report to write (default: report-rerendered.html beside results.json)")
+    p.add_argument("--baseline", default=None, metavar="PATH",
+                   help="results.json of an earlier run to compare with (stored under 'baseline')")
+    p.add_argument("--tolerance", type=_tolerance, default=None,
+                   help="relative change flagged against --baseline (default: the profile's "
+                        "baseline_tolerance with --thresholds, else the recorded comparison's, else 0.05)")
+    p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
+                   help="judge the recorded per-rank values again under this thresholds file")
+    p.add_argument("--profile", default=None, help="profile of --thresholds (default: the recorded profile)")
+    p.add_argument("--json-out", type=Path, default=None, metavar="FILE",
+                   help="also write the re-judged/compared results.json here")
+    return p
+
+
+def decide(args: argparse.Namespace) -> dict[str, Any]:
+    """The recorded run with its verdict decided again, re-judged and compared as asked; ValueError (the input's
+    own: ResultsFileError, ThresholdsError, BaselineError) saying what to fix."""
+    from clustergate import baseline, resultsfile
+    from clustergate.verdict import of_record
+
+    if not args.results.exists():
+        raise resultsfile.ResultsFileError(f"{args.results}: file not found; pass the results.json of a run (or its "
+                                           "report directory)")
+    results = resultsfile.read(args.results)
+    recorded, decision = results.get("verdict"), of_record(results)
+    results["verdict"], results["reason"] = decision.verdict, decision.reason
+    if recorded != decision.verdict:
+        print(f"{PROG}: the recorded verdict {recorded!r} is not what its records say: "
+              f"{decision.verdict!r} ({decision.reason}; computed again by the run's rule)", file=sys.stderr)
+    tolerance = args.tolerance
+    if args.thresholds is not None or args.profile is not None:
+        from clustergate.rejudge import rejudge
+        from clustergate.thresholds import load, shipped_thresholds
+
+        thresholds = load(args.thresholds or shipped_thresholds())
+        profile = thresholds.profile(args.profile or results.get("profile", ""))
+        results = rejudge(results, profile)
+        if tolerance is None:
+            tolerance = profile.settings.get("baseline_tolerance")
+    elif results["verdict"] == "accept":
+        # The recorded criteria judged it again: an accept stands only if they are the shipped thresholds'
+        # (a site's run is re-rendered with its --thresholds), as merge and signoff hold every run to them.
+        from clustergate.cluster import judged_by
+        from clustergate.thresholds import load, shipped_thresholds
+
+        if (why := judged_by.problem(results, load(shipped_thresholds()))) is not None:
+            results["verdict"] = "unjudged"
+            results["reason"] = f"not judged by the shipped thresholds: {why}"
+            print(f"{PROG}: {results['reason']}", file=sys.stderr)
+    if args.baseline is not None:
+        if tolerance is None:
+            tolerance = (results.get("baseline") or {}).get("tolerance", baseline.DEFAULT_TOLERANCE)
+        results["baseline"] = baseline.compare(results, baseline.load(args.baseline), float(tolerance))
+    return results
+
+
+def refuse_overwrites(path: Path, output: Path, json_out: Path | None, baseline: str | None) -> None:
+    """OutputError when an output would be written over an input (or over the other output)."""
+    inputs = [path, *([Path(baseline)] if baseline else [])]
+    baseline_path = Path(baseline) / "results.json" if baseline and Path(baseline).is_dir() else None
+    inputs += [baseline_path] if baseline_path else []
+    for option, out in (("-o", output), ("--json-out", json_out)):
+        if out is None:
+            continue
+        if out.is_dir():
+            raise OutputError(f"{option} {out} is a directory: name a file")
+        refuse_inputs(option, [out], inputs, "write it to a file of its own")
+    if json_out is not None and output.resolve() == json_out.resolve():
+        raise OutputError(f"-o and --json-out are both {output}: give each its own file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return main_guarded(PROG, lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    from clustergate.report.replay import DrawingFailed, draw
+
+    path = args.results / "results.json" if args.results.is_dir() else args.results
+    output = args.output or path.parent / "report-rerendered.html"
+    keep(str(path), str(path.resolve()), str(output), str(output.resolve()))
+    try:
+        refuse_overwrites(path, output, args.json_out, args.baseline)
+        results = decide(args)
+        if args.json_out is not None:
+            write_text(args.json_out, encode(results))
+    except (ValueError, OSError) as exc:  # BaselineError, ThresholdsError and OutputError are ValueErrors
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    try:  # the directory resolved, never the name: a link planted as the report is replaced, not followed
+        draw(path, results, output.parent.resolve() / output.name)
+    except OSError as exc:
+        print(f"{PROG}: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return Exit.USAGE
+    except DrawingFailed as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    print(f"report: {output}" + (f"\nresults: {args.json_out}" if args.json_out else ""))
+    return Exit.ACCEPT if results.get("verdict") == "accept" else Exit.NOT_ACCEPTED
