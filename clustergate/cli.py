@@ -5,6 +5,7 @@
     clustergate signoff REPORTS/RUN_ID
     clustergate render R/results.json [--thresholds T --profile P] [-o out.html]
     clustergate calibrate run1/results.json ... --extends h200 -o site-thresholds.yaml
+    clustergate list [--profile P] [--level L] [--json]
 
 Each command but ``run`` (clustergate.run.command) is the module command of the same name (its own --help):
 ``merge``, ``signoff`` and ``calibrate`` are ``python -m clustergate.cluster``'s, ``render`` is
@@ -32,6 +33,7 @@ SUMMARIES = {
     "signoff": "sign off the accepted hosts after the fabric phase (python -m clustergate.cluster signoff)",
     "render": "re-render or re-judge a run's report from its results.json (python -m clustergate.report)",
     "calibrate": "turn finished runs of healthy nodes into a site profile (python -m clustergate.cluster calibrate)",
+    "list": "the tests and criteria a profile judges at a level, as text or --json",
     "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no torchrun "
               "(python -m clustergate.health)",
 }
@@ -57,6 +59,12 @@ def _health(argv: list[str]) -> int:
     return int(health_main(argv))
 
 
+def _list(argv: list[str]) -> int:
+    from clustergate.listing import main as list_main
+
+    return int(list_main(argv))
+
+
 def _run(argv: list[str]) -> int:
     from clustergate.run.command import main as run_main
 
@@ -65,7 +73,7 @@ def _run(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "merge": _cluster("merge"), "signoff": _cluster("signoff"), "render": _render,
-    "calibrate": _cluster("calibrate"), "health": _health,
+    "calibrate": _cluster("calibrate"), "health": _health, "list": _list,
 }
 
 

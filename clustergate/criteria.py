@@ -307,6 +307,12 @@ class Criterion:
         """Where the figures come from, for the report (empty when the criterion does not say)."""
         return self.source.text() if self.source else ""
 
+    def describe(self) -> dict[str, Any]:
+        """The criterion as every listing of criteria shows it (the report's criteria table, ``clustergate list``):
+        its bounds in words and as figures, unit, severity, source and description."""
+        return {"criterion": self.text(), "bounds": {b.key: b.value for b in self.bounds}, "unit": self.unit or "",
+                "severity": self.severity, "source": self.source_text(), "description": self.description}
+
     def margin_pct(self, figure: float) -> float | None:
         """Headroom against the tightest bound that has one, in % (negative: missed); None without one."""
         margins = [m for b in self.bounds if (m := b.margin_pct(figure)) is not None]

@@ -93,11 +93,12 @@ def criteria_rows(results: dict[str, Any]) -> list[CriterionRow]:
     for test in results.get("tests", []):
         for m in test.get("metrics", []):
             crit = Criterion.from_json(m.get("criterion"))
+            said = crit.describe()
             rows.append(CriterionRow(
                 test=test["nodeid"], metric=m["name"], scope=m.get("scope", "gpu"), value=float(m["value"]),
-                unit=m.get("unit", ""), criterion=crit.text(), margin_pct=crit.margin_pct(float(m["value"])),
+                unit=m.get("unit", ""), criterion=said["criterion"], margin_pct=crit.margin_pct(float(m["value"])),
                 passed=bool(m.get("passed")), judged=crit.judged, where=_where(m, ranks),
-                description=m.get("description", ""), warned=bool(m.get("warned")), source=crit.source_text(),
+                description=m.get("description", ""), warned=bool(m.get("warned")), source=said["source"],
             ))
     return sorted(rows, key=lambda r: (r.passed, not r.warned, not r.judged,
                                        r.margin_pct if r.margin_pct is not None else 1e9))
