@@ -108,6 +108,9 @@ class PhaseOutcome:
     gpu_label: str = ""
     poisoned: bool = False
     """This rank's exception left the process group unusable (``poisons``)."""
+    said: str = ""
+    """The failure or skip in one line, taken from the exception itself (``ValueError: ...``, the skip's
+    reason), never read back out of ``message``: what the other ranks are told and the mixed-outcome line shows."""
 
     def as_message(self) -> dict[str, Any]:
         """What travels to rank 0 (JSON)."""
@@ -119,7 +122,7 @@ class PhaseOutcome:
         d = dict(_fields_of(cls, message, "a phase outcome"))
         expect(d["rank"], int, "outcome.rank")
         expect(d["outcome"], str, "outcome.outcome")
-        for key in ("host", "message", "gpu_label"):
+        for key in ("host", "message", "gpu_label", "said"):
             expect(d[key], str, f"outcome.{key}")
         expect(d["stop"], (int, float), "outcome.stop")
         expect(d["poisoned"], bool, "outcome.poisoned")
@@ -161,10 +164,6 @@ class PhaseVerdict:
         return cls(**d)
 
 
-def _short_skip(message: str) -> str:
-    return message.split("Skipped: ", 1)[-1].strip("')\" ")
-
-
 def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_metrics: tuple[str, ...]) -> PhaseVerdict:
     """Merge the phase outcomes of every rank, judging metrics in the call phase."""
     n = len(outcomes)
@@ -181,7 +180,7 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
         by_kind = {k: [o.rank for o in outcomes if o.outcome == k] for k in sorted(kinds)}
         lines.append("mixed outcomes across ranks (the ranks did not run the same test): "
                      + "; ".join(f"{k} on ranks {v}" for k, v in by_kind.items()))
-        lines += [f"rank {o.rank}: {_short_skip(o.message)}" for o in outcomes if o.outcome == "skipped"]
+        lines += [f"rank {o.rank}: {o.said}" for o in outcomes if o.outcome == "skipped"]
     metrics: list[Judged] = []
     bad: list[str] = []
     record_ranks: list[int] = []

@@ -62,6 +62,16 @@ def test_failure_on_second_node_names_it(tmp_path: Path) -> None:
     assert failed["failed_ranks"] == [3] and "failed on 1/4 ranks" in failed["message"]
 
 
+def test_a_skip_on_one_rank_fails_the_test_saying_its_reason_as_given(tmp_path: Path) -> None:
+    """The ranks' outcomes differ: the test fails, naming each skipping rank with the reason it gave, word for
+    word (a quote and a closing parenthesis included), not as pytest's text of the skip prints it."""
+    r = job(tmp_path, "skip_on_one_rank")
+    assert r.codes == [1], r.output
+    [test] = r.results["tests"]
+    assert test["outcome"] == "failed", test
+    assert test["message"].splitlines()[1:] == ["rank 1: rank 1's GPU is taken (planted)"], test["message"]
+
+
 def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Path) -> None:
     """Rank 1 raises and goes to the call exchange; rank 0 waits in all_reduce for it. Rank 0's watchdog
     sees that (10 s in a collective, polled every 5 s) and ends the run: not the collective timeout

@@ -68,9 +68,9 @@ def test_empty_criterion_measures_without_judging() -> None:
 
 
 def outcome(rank: int, kind: str, message: str = "", stop: float = 0.0,
-            records: list[Record] | None = None, poisoned: bool = False) -> PhaseOutcome:
+            records: list[Record] | None = None, poisoned: bool = False, said: str = "") -> PhaseOutcome:
     return PhaseOutcome(rank=rank, host=f"h{rank}", outcome=kind, message=message, stop=stop, records=records or [],
-                        poisoned=poisoned)
+                        poisoned=poisoned, said=said)
 
 
 def test_failure_on_one_rank_fails_everywhere_earliest_first() -> None:
@@ -82,8 +82,9 @@ def test_failure_on_one_rank_fails_everywhere_earliest_first() -> None:
 
 
 def test_mixed_pass_and_skip_is_a_failure() -> None:
-    v = merge([outcome(0, "passed"), outcome(1, "skipped", "Skipped: no GPU")], profile(), "call", ())
-    assert v.outcome == "failed" and "mixed outcomes" in v.message and "no GPU" in v.message
+    skip = outcome(1, "skipped", "('t.py', 3, 'Skipped: no GPU')", said="no GPU")
+    v = merge([outcome(0, "passed"), skip], profile(), "call", ())
+    assert v.outcome == "failed" and "mixed outcomes" in v.message and "\nrank 1: no GPU" in v.message
 
 
 def test_declared_metric_not_recorded_fails() -> None:

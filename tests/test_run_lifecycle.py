@@ -79,7 +79,7 @@ def _blocked(h: Harness, outcome: str | None, message: str = "") -> None:
 
 
 def blocked_collective(h: Harness) -> None:
-    _blocked(h, "failed", "E   ValueError: planted on rank 1")
+    _blocked(h, "failed", "ValueError: planted on rank 1")
 
 
 def blocked_by_a_peer_gone(h: Harness) -> None:
@@ -91,7 +91,7 @@ def blocked_by_a_peer_gone(h: Harness) -> None:
 
 def blocked_by_a_skip(h: Harness) -> None:
     """Rank 1 skipped the phase alone (a skip that differs by rank)."""
-    _blocked(h, "skipped", "Skipped: planted: rank 1 skips alone")
+    _blocked(h, "skipped", "planted: rank 1 skips alone")
 
 
 def _signal(h: Harness, signum: int) -> None:

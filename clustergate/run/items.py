@@ -59,7 +59,7 @@ def phase_outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
         rank=run.world.rank, host=run.identity.host, outcome=report.outcome, message=_message(item, report, call),
         stop=call.stop, records=recorder.records if call.when == "call" else [],
         details=recorder.details if call.when == "call" else {}, gpu_label=run.gpu_label(),
-        poisoned=poisons(call.excinfo.value if call.excinfo else None),
+        poisoned=poisons(call.excinfo.value if call.excinfo else None), said=_said(report, call),
     )
 
 
@@ -91,6 +91,21 @@ def scrub_report(report: pytest.TestReport) -> None:
     # Each string, not the JSON text: a short or digits-only secret scrubbed from JSON text would break it.
     report.user_properties = [(name, scrub_strings(json.loads(json.dumps(value, default=str)), scrub))
                               for name, value in report.user_properties]
+
+
+def _said(report: pytest.TestReport, call: pytest.CallInfo[None]) -> str:
+    """This rank's failure or skip in one line, from what pytest holds as data: the skip's reason, the exception's
+    type and first line (empty where the phase passed)."""
+    if report.outcome == "passed":
+        return ""
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, pytest.skip.Exception):
+        return error.msg
+    if call.excinfo is not None:
+        return next(iter(call.excinfo.exconly().splitlines()), "")[:300]
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # a skip pytest made itself
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return report.outcome
 
 
 def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> str:

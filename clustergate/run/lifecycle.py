@@ -331,11 +331,10 @@ class Run:
         limit = self.watchdog.deadline or self.within(self.test_timeout_s)
         step = Step(nodeid, when, limit + EXCHANGE_GRACE_S)
         if mine.poisoned:  # the others cannot be in that collective any more, or never joined it
-            first = next((line for line in mine.message.splitlines() if line.startswith("E ")), "")[1:].strip()
             step = Step(nodeid, when, min(step.deadline or 0.0, self.within(POISONED_WAIT_S)),
-                        note=f"after its collective failed: {first[:200]}")
+                        note=f"after its collective failed: {mine.said[:200]}")
         if mine.outcome != "passed":
-            self.peers.arrived_early(step.tag, mine.outcome, mine.message)
+            self.peers.arrived_early(step.tag, mine.outcome, mine.said)
         # Fast path: one small all_reduce says whether any rank has anything to report. Most
         # phases pass everywhere with nothing to judge; only the others pay for a JSON message.
         plain = (mine.outcome == "passed" and not mine.records and not mine.details

@@ -85,14 +85,9 @@ class Peers:
                                               "culprits": [self.world.rank] if culprits is None else culprits,
                                               "interrupted": interrupted, "t": time.time()})
 
-    def arrived_early(self, tag: int, outcome: str, message: str) -> None:
+    def arrived_early(self, tag: int, outcome: str, said: str) -> None:
         """This rank failed or skipped a phase and goes to its exchange: a peer blocked in a collective it
-        needs learns that it waits in vain."""
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
-        raised = [line[1:].strip() for line in lines if line.startswith("E ")]  # pytest's "E   ValueError: ..."
-        said = raised[0] if raised else lines[-1] if lines else ""
-        if outcome == "skipped":
-            said = said.split("Skipped: ", 1)[-1].strip("')\" ")
+        needs learns that it waits in vain, and why (``said``: ``PhaseOutcome.said``)."""
         self._set(f"failed/{tag}", {"rank": self.world.rank, "outcome": outcome, "message": said[:300]})
 
     # ---- what the others said --------------------------------------------------------------
