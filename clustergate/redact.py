@@ -152,11 +152,6 @@ def _pairs(text: str) -> str:
     return BEARER.sub(_bearer, COLON_PAIR.sub(_colon, SECRET_PAIR.sub(_pair, text)))
 
 
-def redact_text(text: str) -> str:
-    """What needs no list of values: URL userinfo and the values of secret-named pairs."""
-    return _pairs(URL_USERINFO.sub(_url, text))
-
-
 def embedded_secrets(text: str) -> list[str]:
     """The secret values a text holds in secret-named pairs (``token=X``, ``password: X``, ``Bearer X``,
     a URL's userinfo): what a variable or a metadata value that is not itself secret may carry."""

@@ -1,4 +1,4 @@
-"""Issue 24.7: what clustergate installs is bounded by what it was tested with."""
+"""What clustergate installs is bounded by what it was tested with."""
 
 from __future__ import annotations
 

@@ -377,7 +377,7 @@ def test_host_link_turns_run_one_gpu_at_a_time_and_an_error_waits_for_the_last_t
 
 
 def test_the_second_pass_keeps_each_shapes_better_median_and_says_the_spread() -> None:
-    """Issue 26.3: the best shapes are timed twice; a dip in one pass is not what is judged, and the spread
+    """The best shapes are timed twice; a dip in one pass is not what is judged, and the spread
     between the passes is recorded for the report."""
     shapes = [{"shape": [4096, 4096, 8192], "tflops": 692.7}, {"shape": [8192, 8192, 8192], "tflops": 690.0},
               {"shape": [4096, 8192, 4096], "tflops": 600.0}]

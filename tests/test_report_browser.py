@@ -106,7 +106,7 @@ def test_page_requests_are_detected() -> None:
 
 
 def test_markup_in_a_report_runs_no_script(marked_run: Path, tmp_path: Path) -> None:  # noqa: F811
-    """Issue 24: an NCCL_* value, --metadata and a test id carrying ``<img src=x onerror=...>`` (a live run),
+    """An NCCL_* value, --metadata and a test id carrying ``<img src=x onerror=...>`` (a live run),
     and a results.json whose host names, environment and test id carry it (re-rendered): the page's title
     is its own, no such element exists, and the text reads as it was given."""
     pages = {"live": marked_run / "report" / "report.html", "re-rendered": rerender(tmp_path)}

@@ -1,5 +1,6 @@
 """The report directory: checked by writing there, held by one run, and cleared of an earlier run's outputs;
-no link there is followed (issue 24); a lock that says what went wrong, and works without flock (issue 25)."""
+no link there is followed (a planted link must not redirect a write); a lock that says what went wrong, and works
+without flock (some shared filesystems lack it)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_earlier_outputs_move_aside_together(tmp_path: Path) -> None:
     assert len(list((tmp_path / "earlier").iterdir())) == 2  # same second: a second folder, nothing overwritten
 
 
-# ---- issue 24: no link in the report directory is followed; the lock is the user's alone --------------
+# ---- no link in the report directory is followed; the lock is the user's alone ------------------------
 
 @pytest.fixture
 def victim(tmp_path: Path) -> Path:
@@ -228,7 +229,7 @@ def test_a_lock_file_another_user_made_is_refused_naming_them(open_dir: Path) ->
         f"cannot be held: its lock file {open_dir / LOCK_NAME} belongs to user nobody (uid 65534), not to this user")
 
 
-# ---- issue 25: a lock that says what went wrong; a lock file where flock does not work --------------------
+# ---- a lock that says what went wrong; a lock file where flock does not work ----------------------------
 
 def failing_flock(code: int):  # noqa: ANN201
     def flock(fd: int, op: int) -> None:

@@ -1,10 +1,10 @@
 """The report directory end to end, as a user runs the suite (real pytest and torchrun processes):
 
-- issue 23, nothing stale: a run that stops before its first test leaves no earlier run's "accept" as
+- nothing stale: a run that stops before its first test leaves no earlier run's "accept" as
   the results.json of its --report-dir (the earlier outputs go to earlier/<time>/ first); where they
   cannot be moved (a read-only directory) the error says the file there is not this run's;
-- issue 24: a link planted in the report directory is refused or never written through;
-- issue 25: where flock does not work, a lock file holds the directory, and a second run is told so.
+- a link planted in the report directory is refused or never written through;
+- where flock does not work, a lock file holds the directory, and a second run is told so.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_under_torchrun_a_bad_profile_leaves_no_earlier_accept(tmp_path: Path) -
     assert_nothing_stale(tmp_path / "report")
 
 
-# ---- issue 24: links ---------------------------------------------------------------------------------------
+# ---- links ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_progress_jsonl_as_a_link_is_refused_with_one_clear_error(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_a_link_planted_as_results_json_tmp_leaves_its_target_untouched(run, pyt
     assert victim.read_text() == "not clustergate's\n"
 
 
-# ---- issue 25: no flock ------------------------------------------------------------------------------------
+# ---- no flock ------------------------------------------------------------------------------------------------
 
 NO_FLOCK_C = r"""
 #include <errno.h>

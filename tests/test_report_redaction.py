@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("name", ["MY_API_TOKEN", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "DB_PASSWORD",
                                   "DB_PWD", "GITHUB_PAT", "SSH_KEY", "NCCL_IB_AUTH_TOKEN", "private.key",
                                   "HTTP_AUTHORIZATION", "AZURE_CREDENTIALS", "db_passwd",
-                                  # Issue 12's rule is any name containing one of the words, in any case:
+                                  # The rule is any name containing one of the words, in any case:
                                   # over-redacting a harmless variable costs nothing, a leak does.
                                   "TOKENIZERS_PARALLELISM", "KEYBOARD", "MONKEY", "GIT_AUTHOR_NAME",
-                                  # Issue 24: *PASS, *PW, *CREDS, *DSN, *CONNECTION_STRING, *WEBHOOK*
+                                  # and the shorter spellings: *PASS, *PW, *CREDS, *DSN, *CONNECTION_STRING, *WEBHOOK*
                                   "DB_PASS", "SMTP_PW", "MYSQLPW", "AZURE_CREDS", "GCP_CREDS_JSON", "SENTRY_DSN",
                                   "DB_CONNECTION_STRING", "AZURE_STORAGE_CONNECTION_STRING", "SLACK_WEBHOOK_URL",
                                   "WEBHOOK", "teams_webhook_path"])
@@ -113,7 +113,7 @@ def test_the_suite_names_no_text_field_of_its_own_records_like_a_secret() -> Non
     assert not found, f"rename these fields (redaction would hide their text): {sorted(found)}"
 
 
-# ---- issue 24: names, URLs, values of any length, cut values, other ranks' secrets ----------------------
+# ---- names, URLs, values of any length, cut values, other ranks' secrets ---------------------------------
 
 def test_a_site_names_its_own_secret_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"CLUSTERGATE_REDACT_VARS": "DB_URL, MYCO_*", "DB_URL": "mysql-host-one", "MYCO_LICENSE": "lic-9f8e7d",

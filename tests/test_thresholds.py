@@ -61,7 +61,7 @@ def test_shipped_file_loads_and_selects_by_gpu_name() -> None:
 
 
 def test_every_shipped_criterion_says_its_source_and_every_estimate_only_warns() -> None:
-    """Issue 14: a reader weighs a miss by where the figure comes from; an estimate cannot reject."""
+    """A reader weighs a miss by where the figure comes from; an estimate cannot reject."""
     t = load(ROOT / "thresholds.yaml")
     for profile in t.profiles.values():
         for name, c in profile.metrics.items():

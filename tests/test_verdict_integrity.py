@@ -1,4 +1,4 @@
-"""Issue 23: one verdict rule for every command that reads a stored verdict, black-box.
+"""One verdict rule for every command that reads a stored verdict, black-box.
 
 Each forged or broken node file below still says "accept". The merge, the sign-off and the re-render
 command must each refuse it or judge it again from its records by the run's own rule
