@@ -193,6 +193,9 @@ def test_unsupported_fields_are_reported_not_passed(workstation: list[dict[str, 
         assert result.status == "unsupported", result.message
         assert "not supported" in result.message
     assert h.check_nvlinks(workstation[0], 4).status == "fail"  # the profile wants links: none is a failure
+    # No link is a figure as well as words: a reader of the table (calibrate) counts 0 without parsing the message.
+    none = {"active": 0, "present": 0, "down": []}
+    assert h.check_nvlinks(workstation[0]).value == none and h.check_nvlinks(workstation[0], 4).value == none
     assert h.check_mig_mode(workstation[0], "disabled").status == "ok"
     assert h.check_mig_mode(workstation[0], "enabled").status == "unsupported"
     assert h.check_pcie_link(workstation[0]).status == "ok"

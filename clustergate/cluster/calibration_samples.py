@@ -212,8 +212,6 @@ def _nvlinks(run: Run) -> dict[int, int]:
             continue
         if isinstance(row.get("value"), dict) and "active" in row["value"]:
             out[rank] = int(row["value"]["active"])
-        elif "no NVLink" in str(row.get("message")):
-            out[rank] = 0
     return out
 
 
