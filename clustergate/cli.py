@@ -7,9 +7,7 @@
     clustergate calibrate run1/results.json ... --extends h200 -o site-thresholds.yaml
     clustergate list [--profile P] [--level L] [--json]
 
-Each command but ``run`` (clustergate.run.command) is the module command of the same name (its own --help):
-``merge``, ``signoff`` and ``calibrate`` are ``python -m clustergate.cluster``'s, ``render`` is
-``python -m clustergate.report``'s.
+Each command has its own --help; ``python -m clustergate`` is the same command.
 
 Exit status of every command (clustergate.exit_codes), ``run`` included:
 0 accepted, 1 not accepted, 2 input that cannot be used (a bad option or file), 4 could not run;
@@ -29,13 +27,13 @@ PROG = "clustergate"
 SUMMARIES = {
     "run": "run the packaged acceptance suite on this node: torchrun --standalone --nproc-per-node=N "
            "-m pytest <acceptance> ARGS",
-    "merge": "merge every node's run into one cluster verdict (python -m clustergate.cluster merge)",
-    "signoff": "sign off the accepted hosts after the fabric phase (python -m clustergate.cluster signoff)",
-    "render": "re-render or re-judge a run's report from its results.json (python -m clustergate.report)",
-    "calibrate": "turn finished runs of healthy nodes into a site profile (python -m clustergate.cluster calibrate)",
+    "merge": "merge every node's run into one cluster verdict",
+    "signoff": "sign off the accepted hosts after the fabric phase",
+    "render": "re-render or re-judge a run's report from its results.json",
+    "calibrate": "turn finished runs of healthy nodes into a site profile",
     "list": "the tests and criteria a profile judges at a level, as text or --json",
-    "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no torchrun "
-              "(python -m clustergate.health)",
+    "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no "
+              "torchrun",
 }
 
 

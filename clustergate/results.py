@@ -43,7 +43,7 @@ class TestEntry:
     details: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     """What failed besides the metrics' criteria, one entry a phase: the message without its metric block
-    (``python -m clustergate.report`` re-judges the metrics and keeps these)."""
+    (``clustergate render`` re-judges the metrics and keeps these)."""
     phases: list[str] = field(default_factory=list)
     """The phases that ran (setup, call, teardown): a test that passed without a call phase never ran its body
     (``--setup-only``), so it measured nothing (``clustergate.completeness``)."""

@@ -11,7 +11,7 @@ failed first:
     python3 launch/first_failure.py REPORT_DIR [--annotate]
 
 prints that line and, with --annotate, adds it to results.json's "error" (so the verdict is reject)
-and renders report.html again from it (python -m clustergate.report). A run that finished (a reject
+and renders report.html again from it (clustergate render). A run that finished (a reject
 that every node agreed on) is left alone: every node then ends non-zero together, none of them first.
 Exit status 0, also when there is nothing to say; 2 when REPORT_DIR does not exist.
 """
@@ -81,12 +81,12 @@ def annotate(report_dir: Path, results: dict[str, Any], note: str) -> None:
                                 error=results["error"], finished=True).verdict
     path = report_dir / "results.json"
     write_json(path, results)
-    render = subprocess.run([sys.executable, "-m", "clustergate.report", str(path), "-o",
+    render = subprocess.run([sys.executable, "-m", "clustergate", "render", str(path), "-o",
                              str(report_dir / "report.html")], cwd=ROOT, stdout=subprocess.DEVNULL, check=False,
                             timeout=300)
     if render.returncode not in (0, 1):  # 0 accept, 1 reject: a report was written either way
         print(f"{PREFIX}: report.html was not rendered again (status {render.returncode}): "
-              f"python -m clustergate.report {path}", file=sys.stderr)
+              f"clustergate render {path}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             annotate(args.report_dir, results, note)
         except (ImportError, OSError, subprocess.SubprocessError) as exc:
             print(f"{PREFIX}: could not add this to {results_path} ({exc}); render the report again with "
-                  f"python -m clustergate.report {results_path}", file=sys.stderr)
+                  f"clustergate render {results_path}", file=sys.stderr)
     return 0
 
 

@@ -210,7 +210,7 @@ def test_a_file_that_is_not_a_results_json_is_one_clear_error(tmp_path: Path, ba
     bad.write_text(content)
     assert cli(base, tmp_path / "site.yaml", bad) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"clustergate.calibrate: {bad}: {words}") and "\n" not in err
+    assert err.startswith(f"clustergate calibrate: {bad}: {words}") and "\n" not in err
 
 
 def test_no_runs_an_unfinished_run_and_a_missing_file_are_clear_errors(tmp_path: Path, base: Path,
@@ -382,7 +382,7 @@ def test_checks_calibration_cannot_change_are_said(tmp_path: Path, base: Path,
 def test_a_calibrated_profile_accepts_the_machine_it_was_calibrated_on(tmp_path: Path, pcie_gen: int) -> None:
     """The issue's steps on a recorded GPU: a run under the shipped 8-GPU profile on a 1-GPU VM without NVLink
     rejects; calibrate from it; the same checks on the same GPU under the calibrated profile accept, and so
-    does re-judging that run with ``python -m clustergate.report``."""
+    does re-judging that run with ``clustergate render``."""
     vm = gpu_replay.one_gpu_vm(tmp_path, pcie_gen)
     first = gpu_replay.inventory_run(tmp_path, "std", ROOT / "thresholds.yaml", "h100-sxm-80gb", vm)
     assert first.results["verdict"] == "reject", first.output[-3000:]
@@ -462,7 +462,7 @@ def test_a_profile_that_would_fail_the_healthy_runs_is_not_written(tmp_path: Pat
     runs = three_runs(tmp_path, bf16=[690.0, 691.0, 689.5, 690.5])
     assert cli(base, tmp_path / "site.yaml", *runs) == 2
     err = capsys.readouterr().err
-    assert err.startswith("clustergate.calibrate: nothing written: the new profile would fail parts of the runs it "
+    assert err.startswith("clustergate calibrate: nothing written: the new profile would fail parts of the runs it "
                           "was calibrated from that calibration kept as healthy: ")
     assert f"{runs[0]}: matmul_bf16_tflops=690 at a gpu 0 serial SNa0 fails the new profile (>= 700" in err
     assert "--override-spec" in err and not (tmp_path / "site.yaml").exists()

@@ -1,6 +1,6 @@
 """One cluster run binds its parts: the run id, the times, the GPUs, the node files' digests.
 
-Black-box through the commands a user runs (``python -m clustergate.report merge|signoff``) on node and fabric
+Black-box through the commands a user runs (``clustergate merge|signoff``) on node and fabric
 results of the shape a real run writes (tests/cluster_runs.py): a node file of another run, one from outside
 the run's window or from the future, one node's file copied as another's (its GPUs' serials on two hosts), a
 node file changed after the merge, a fabric run of another run, from before the merge, or on fewer hosts than

@@ -1,4 +1,4 @@
-"""``python -m clustergate.report merge`` on synthetic node results (tests/cluster_runs.py).
+"""``clustergate merge`` on synthetic node results (tests/cluster_runs.py).
 
 Each node's results.json has the shape a real 8-GPU node writes; faults are planted in the figures.
 Checked: a node's own failure excludes it with the failing figure named; a node that accepted itself

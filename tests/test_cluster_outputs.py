@@ -130,6 +130,6 @@ def test_a_reader_that_closes_the_pipe_early_is_one_line_and_exit_2(tmp_path: Pa
     os.close(write)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "clustergate.report merge: the output was closed before everything was printed (broken pipe); the files "
+        "clustergate merge: the output was closed before everything was printed (broken pipe); the files "
         "are written: read them"]
     assert (run / "accepted-hosts.txt").read_text().count("\n") == 8

@@ -1,4 +1,4 @@
-"""``python -m clustergate.report signoff``: the accepted set, the excluded hosts by phase, the verdict.
+"""``clustergate signoff``: the accepted set, the excluded hosts by phase, the verdict.
 
 The node phase is merged from synthetic node results; the fabric phase's results.json is the shape
 the plugin writes, with the figures each case needs. (tests/test_cluster_rehearsal.py and
@@ -249,8 +249,8 @@ def test_one_accepted_node_needs_no_fabric(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     proc = signoff_cli(str(tmp_path))
-    assert proc.returncode == 2 and "results.json: file not found; give the run directory that `python -m " \
-        "clustergate.report merge" in proc.stdout
+    assert proc.returncode == 2 and "results.json: file not found; give the run directory that " \
+        "`clustergate merge" in proc.stdout
     write_node(tmp_path, "n", node_results("n", 1))
     proc = signoff_cli(str(tmp_path / "n"))
     assert proc.returncode == 2 and "is not a merged cluster results.json" in proc.stdout

@@ -138,9 +138,9 @@ def test_one_job_over_every_node_is_unchanged_but_for_the_node_name() -> None:
 
 def test_signoff_job(tmp_path: Path) -> None:
     [c] = pod(docs(CG_PHASE="signoff")["Job"])["containers"]
-    assert c["command"] == ["bash", "-c", "exec python3 -m clustergate.report signoff /reports/r0412 "]
+    assert c["command"] == ["bash", "-c", "exec python3 -m clustergate signoff /reports/r0412 "]
     proc = run_here(c["command"], tmp_path)
-    assert proc.returncode == 2 and "give the run directory that `python -m clustergate.report merge" in proc.stderr
+    assert proc.returncode == 2 and "give the run directory that `clustergate merge" in proc.stderr
 
 
 def test_merge_and_signoff_take_the_site_thresholds(tmp_path: Path) -> None:

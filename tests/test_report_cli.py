@@ -1,4 +1,4 @@
-"""python -m clustergate.report: re-render a recorded run, re-judge it, compare it."""
+"""clustergate render: re-render a recorded run, re-judge it, compare it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Markup in what a report shows stays text (issue 24): pytest-html inserts its environment table and test-id
+"""Markup in what a report shows stays text: pytest-html inserts its environment table and test-id
 cells as HTML, so a node name, an NCCL_* value or a test id carrying ``<img src=x onerror=...>`` ran script
-in a reviewer's browser, live and through ``python -m clustergate.report``. Checked here on the page's data
+in a reviewer's browser, live and through ``clustergate render``. Checked here on the page's data
 (the browser itself: tests/test_report_browser.py).
 """
 

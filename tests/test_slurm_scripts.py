@@ -74,12 +74,12 @@ def test_signoff_runs_the_four_phases_in_order(tmp_path: Path) -> None:
                            "--kill-on-bad-exit=0 --time=01:00:00 bash ")
     assert node.endswith(f"node.sh acceptance --level quick -m not multinode | NNODES=1 ENDPOINT= "
                          f"REPORTS={run}/nodes/{{node}} RUN=signoff-77")
-    assert merge == (f"python -m clustergate.report merge {run}/nodes/gpu1 {run}/nodes/gpu2 {run}/nodes/gpu3 "
+    assert merge == (f"python -m clustergate merge {run}/nodes/gpu1 {run}/nodes/gpu2 {run}/nodes/gpu3 "
                      f"-o {run}/ --expect-hosts gpu[1-3] --level quick")  # the level the job ran: merge holds to it
     assert fabric.startswith("srun --nodes=2 --ntasks=2 ") and "--nodelist=gpu[1-2] --kill-on-bad-exit=1" in fabric
     # Every phase's run records the cluster run it is a part of: merge and sign-off take only this run's parts.
     assert fabric.endswith(f"-m multinode | NNODES=2 ENDPOINT=gpu1:29500 REPORTS={run}/fabric RUN=signoff-77")
-    assert signoff == f"python -m clustergate.report signoff {run}"
+    assert signoff == f"python -m clustergate signoff {run}"
     assert "2 of 3 nodes accepted (gpu1,gpu2); excluded: gpu3" in proc.stdout
 
 

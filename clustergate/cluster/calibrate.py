@@ -1,6 +1,6 @@
 """Calibrate a site profile from finished runs of healthy nodes.
 
-    python -m clustergate.calibrate RUN1/results.json RUN2/results.json --extends h200 -o site-thresholds.yaml
+    clustergate calibrate RUN1/results.json RUN2/results.json --extends h200 -o site-thresholds.yaml
     torchrun ... -m pytest acceptance --thresholds site-thresholds.yaml
 
 The new profile extends the shipped one (``--extends``) and is listed first, with the same ``match``,
@@ -94,7 +94,7 @@ def _criterion_dict(c: Criterion) -> dict[str, Any]:
 
 def _measured(runs: list[runs_data.Run], model: str, shape: str, n: int) -> dict[str, Any]:
     """The ``source`` of a calibrated criterion: what measured it, where, when, how many samples."""
-    return {"kind": "measured", "tool": "clustergate runs, python -m clustergate.calibrate",
+    return {"kind": "measured", "tool": "clustergate runs, clustergate calibrate",
             "machine": f"{model}, {shape}", "date": max(r.started[:10] for r in runs), "n": n, "runs": len(runs)}
 
 
@@ -165,7 +165,7 @@ def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run],
     shape = f"{gpus_per_node} {'ranks' if model == runs_data.CPU_MODEL else 'GPUs'} a node"
     describe = f"{base.name} calibrated on {len(runs)} run(s) of {model}, {shape}"
     lines = [
-        f"# Site thresholds written by `python -m clustergate.calibrate` on {now}.",
+        f"# Site thresholds written by `clustergate calibrate` on {now}.",
         f"# Calibrated from {len(runs)} run(s) ({dates[0]}..{dates[-1]}) of {model}, {shape}:",
         *[f"#   {r.path} (verdict {r.results.get('verdict')}, level {r.results.get('level')})" for r in runs],
         "# Method: GPUs that failed a health check are left out; per metric, values worse than the fraction",
@@ -289,11 +289,11 @@ def _candidate(text: str, out: Path, name: str) -> Profile:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return main_guarded("clustergate.calibrate", lambda: _main(argv))
+    return main_guarded("clustergate calibrate", lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = Parser(prog="python -m clustergate.calibrate", description=__doc__,
+    parser = Parser(prog="clustergate calibrate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="*", help="results.json of finished runs (one GPU model, one node shape)")
     parser.add_argument("--extends", required=True, help="the shipped profile to extend, e.g. h200")
@@ -344,7 +344,7 @@ def _main(argv: list[str] | None) -> int:
                                              "--fraction, or --override-spec where a spec criterion fails them")
         write_text(out, text)
     except (runs_data.CalibrationError, ThresholdsError, OutputError, OSError) as exc:
-        print(f"clustergate.calibrate: {exc}", file=sys.stderr)
+        print(f"clustergate calibrate: {exc}", file=sys.stderr)
         return 2
     print(f"{len(runs)} run(s) of {model}, {gpus_per_node} ranks a node -> profile {name!r} in {out}")
     print(table(changes))

@@ -1,6 +1,6 @@
-"""``python -m clustergate.report merge``: the node phase's directories -> one cluster report.
+"""``clustergate merge``: the node phase's directories -> one cluster report.
 
-    python3 -m clustergate.report merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
+    clustergate merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
         [--thresholds FILE] [--level LEVEL] [--run-id RUN_ID] [--window HOURS]
 
 Writes into the output directory:
@@ -92,7 +92,7 @@ OUTPUTS = ("results.json", "report.html", *LISTS)
 
 def parser() -> argparse.ArgumentParser:
     head, _, rest = __doc__.partition("\n\n")
-    p = Parser(prog="python -m clustergate.report merge", description=head,
+    p = Parser(prog="clustergate merge", description=head,
                                 epilog=rest.split("Cluster results.json")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("nodes", nargs="*", type=Path, metavar="NODE_DIR",
@@ -305,7 +305,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return main_guarded("clustergate.report merge", lambda: _main(args))
+    return main_guarded("clustergate merge", lambda: _main(args))
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -314,7 +314,7 @@ def _main(args: argparse.Namespace) -> int:
         cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds, level=args.level,
                         run_id=args.run_id, window_h=args.window)
     except (MergeInputError, HostlistError, OSError) as exc:
-        print(f"clustergate.report merge: {exc}", file=sys.stderr)
+        print(f"clustergate merge: {exc}", file=sys.stderr)
         return 2
     c = cluster["counts"]
     print(f"{cluster['verdict'].upper()}: {c['accepted']} of {c['accepted'] + c['excluded']} nodes accepted, "

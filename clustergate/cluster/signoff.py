@@ -1,6 +1,6 @@
-"""``python -m clustergate.report signoff``: the final word on a cluster signed off in phases.
+"""``clustergate signoff``: the final word on a cluster signed off in phases.
 
-    python3 -m clustergate.report signoff REPORTS/RUN_ID [--fabric DIR]
+    clustergate signoff REPORTS/RUN_ID [--fabric DIR]
 
 Reads the merged node phase (REPORTS/RUN_ID/results.json, from ``merge``) and the fabric phase's run
 (REPORTS/RUN_ID/fabric/results.json) and writes into REPORTS/RUN_ID:
@@ -68,7 +68,7 @@ OUTPUTS = ("signoff.json", "signoff.html", *LISTS)
 
 def parser() -> argparse.ArgumentParser:
     head, _, rest = __doc__.partition("\n\n")
-    p = Parser(prog="python -m clustergate.report signoff", description=head,
+    p = Parser(prog="clustergate signoff", description=head,
                                 epilog=rest.split("signoff.json (schema")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="REPORTS/RUN_ID", help="the run's directory: results.json of merge")
@@ -234,7 +234,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         except OutputError as exc:
             raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
-    cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `python -m clustergate.report "
+    cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `clustergate "
                                                          "merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/` wrote")
     if not isinstance(cluster.get("run_id"), str) or cluster.get("level") is None:
         raise MergeInputError(f"{run_dir / 'results.json'} does not say which run and level it merged (written by an "
@@ -324,14 +324,14 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return main_guarded("clustergate.report signoff", lambda: _main(args))
+    return main_guarded("clustergate signoff", lambda: _main(args))
 
 
 def _main(args: argparse.Namespace) -> int:
     try:
         out = signoff(args.run_dir, args.fabric, args.thresholds)
     except (MergeInputError, OSError) as exc:
-        print(f"clustergate.report signoff: {exc}", file=sys.stderr)
+        print(f"clustergate signoff: {exc}", file=sys.stderr)
         return 2
     signed = out["verdict"] == "accept"
     print(f"{'SIGNED OFF' if signed else 'NOT SIGNED OFF'}: {len(out['accepted'])} hosts accepted, "

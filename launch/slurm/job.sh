@@ -48,9 +48,9 @@ node_step() {
     fi
 }
 
-# The checkout's report command (merge, signoff, re-render), whatever directory sbatch ran in.
+# The checkout's clustergate command (merge, signoff), whatever directory sbatch ran in.
 report_cli() {
-    (cd "$root" && "$py" -m clustergate.report "$@")
+    (cd "$root" && "$py" -m clustergate "$@")
 }
 
 # An option of pytest's arguments as merge and signoff take it: option_of NAME ARRAY "$@" sets the array named
