@@ -167,6 +167,12 @@ def nodes_from_identities(identities: list[dict[str, Any]]) -> list[dict[str, An
     return [nodes[k] for k in sorted(nodes)]
 
 
+def short_test_name(nodeid: str) -> str:
+    """A test as every text names it in a line: its function and parameters, without the file
+    (``test_matmul_tflops[bf16]``)."""
+    return nodeid.rsplit("::", 1)[-1]
+
+
 def selection_line(results: dict[str, Any]) -> str | None:
     """"N of M tests selected (-k ..., -m ..., level L)" for the terminal and the report; None if unknown."""
     sel = results.get("selection") or {}

@@ -17,7 +17,7 @@ from typing import Any
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.criteria import Criterion
 from clustergate.numbers import number, percent
-from clustergate.report.model import short_test_name
+from clustergate.results import short_test_name
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from clustergate import resultsfile
 from clustergate.cluster import judged_by
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
-from clustergate.report.model import short_test_name
+from clustergate.results import short_test_name
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import of_record
 from workloads.node.name import problem as name_problem

@@ -54,8 +54,7 @@ from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
 from clustergate.redact import keep
 from clustergate.rejudge import problems_of
-from clustergate.report.model import short_test_name
-from clustergate.results import encode
+from clustergate.results import encode, short_test_name
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 

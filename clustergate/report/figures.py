@@ -14,8 +14,8 @@ from typing import Any
 from clustergate.numbers import number
 from clustergate.parts import gpu_label, rank_index
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
-from clustergate.report.model import short_test_name
 from clustergate.report.tables import cell_state
+from clustergate.results import short_test_name
 
 MAX_SERIES = 12
 """Series drawn in one curve figure; more would be unreadable (the JSON still has them all)."""

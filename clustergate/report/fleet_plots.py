@@ -15,8 +15,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from clustergate.numbers import number, percent
-from clustergate.report.model import short_test_name
 from clustergate.report.plots import DPI, STATE_COLOURS, _png
+from clustergate.results import short_test_name
 
 BINS = 40
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from clustergate.numbers import number, percent
 from clustergate.report import figures, model, tables
-from clustergate.results import selection_line
+from clustergate.results import selection_line, short_test_name
 from clustergate.verdict import WORDS
 
 MAX_MESSAGE_CHARS = 20_000
@@ -99,7 +99,7 @@ def banner(results: dict[str, Any]) -> str:
         why.append(f"run error: {str(results['error']).splitlines()[0]}")
     bad = [t for t in results.get("tests", []) if t.get("outcome") in ("failed", "error")]
     if bad:
-        names = ", ".join(model.short_test_name(t["nodeid"]) for t in bad[:6]) + (" ..." if len(bad) > 6 else "")
+        names = ", ".join(short_test_name(t["nodeid"]) for t in bad[:6]) + (" ..." if len(bad) > 6 else "")
         why.append(f"{len(bad)} of {len(results.get('tests', []))} tests failed: {names}")
     elif not results.get("error") and results.get("reason") and verdict != "accept":
         why.append(str(results["reason"]))  # e.g. every test skipped: nothing was measured
@@ -149,7 +149,7 @@ def criteria_table(results: dict[str, Any]) -> str:
     for r in rows:
         missed = "cg-fail" if not r.passed else "cg-warn" if r.warned else ""
         margin = r.margin
-        cells.append([_td(r.metric, title=r.description), _td(model.short_test_name(r.test), title=r.test),
+        cells.append([_td(r.metric, title=r.description), _td(short_test_name(r.test), title=r.test),
                       _td(r.scope), _td(number(r.value, r.unit), "num"), _td(r.criterion),
                       _td(r.source, "cg-source"),
                       _td(margin, "num " + (missed if r.margin_pct is not None and r.margin_pct < 0 else "")),
@@ -172,7 +172,7 @@ def failures_section(results: dict[str, Any]) -> str:
         msg = f.message if len(f.message) <= MAX_MESSAGE_CHARS else f.message[:MAX_MESSAGE_CHARS] + "\n[... cut]"
         where = "; ".join(f.ranks) or "no rank failed on its own (a metric or consistency check)"
         said = [line.strip() for line in msg.splitlines() if line.strip()][:3] or [f.outcome]
-        parts.append(f'<details><summary><b>{_e(model.short_test_name(f.test))}</b> ({_e(f.outcome)}): '
+        parts.append(f'<details><summary><b>{_e(short_test_name(f.test))}</b> ({_e(f.outcome)}): '
                      + "<br/>".join(_e(line) for line in said)
                      + f'<br/><span class="cg-muted">ranks: {_e(where)}</span></summary><pre>{_e(msg)}</pre></details>')
     return "".join(parts)
@@ -180,7 +180,7 @@ def failures_section(results: dict[str, Any]) -> str:
 
 def warnings_table(warnings: list[dict[str, Any]]) -> str:
     """Every part that missed a warn criterion (results.json ``warnings``): amber, never a failure."""
-    rows = [[_td(w.get("metric", "")), _td(model.short_test_name(w.get("test", "")), title=w.get("test", "")),
+    rows = [[_td(w.get("metric", "")), _td(short_test_name(w.get("test", "")), title=w.get("test", "")),
              _td(number(w.get("value")), "num cg-warn"), _td(w.get("criterion", "")), _td(w.get("where", ""))]
             for w in warnings]
     note = ('<p class="cg-muted">A warn criterion is an estimate not yet measured, or a figure that informs: '
@@ -216,7 +216,7 @@ def baseline_section(results: dict[str, Any]) -> str:
         change = "new or zero" if c.get("change") is None else percent(c["change"], signed=True)
         state = "cg-fail" if c.get("direction") == "worse" else "cg-outlier"
         unit, part = c.get("unit", ""), c.get("gpu") or PARTS.get(c.get("scope", ""), "")
-        rows.append([_td(c["name"]), _td(model.short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
+        rows.append([_td(c["name"]), _td(short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
                      _td(part), _td(number(c.get("baseline"), unit), "num"),
                      _td(number(c.get("current"), unit), "num"), _td(change, "num " + state),
                      _td(c.get("direction", ""))])
@@ -237,7 +237,7 @@ def figures_section(results: dict[str, Any]) -> str:
               for f in figures.busbw_overview(results)]
     for test in results.get("tests", []):
         details = test.get("details") or {}
-        name = model.short_test_name(test["nodeid"])
+        name = short_test_name(test["nodeid"])
         specs += [(f, f"{f.title} ({name})") for f in figures.matrix_figures(details) if isinstance(details, dict)]
         specs += [(f, f"{f.title} ({name})") for f in figures.loss_figures(details) if isinstance(details, dict)]
     specs += [(f, f.title) for f in figures.gpu_bars(results)]

@@ -16,8 +16,8 @@ from typing import Any
 from clustergate.numbers import number
 from clustergate.redact import Scrubber, scrub_strings
 from clustergate.report import html
-from clustergate.report.model import short_test_name
 from clustergate.report.tables import Cell, Table
+from clustergate.results import short_test_name
 
 EXTRA_STYLE = """
 <style>

@@ -56,10 +56,6 @@ class Failure:
     message: str
 
 
-def short_test_name(nodeid: str) -> str:
-    return nodeid.rsplit("::", 1)[-1]
-
-
 def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     per = metric.get("per_rank") or []
     if not per:

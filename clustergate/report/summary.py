@@ -6,7 +6,7 @@ from typing import Any
 
 from clustergate.numbers import number, percent
 from clustergate.report import model
-from clustergate.results import selection_line
+from clustergate.results import selection_line, short_test_name
 from clustergate.verdict import WORDS
 
 MESSAGE_LINES = 3
@@ -65,7 +65,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none ran"))
     for fail in model.failures(results):
         said = [line.strip() for line in fail.message.splitlines() if line.strip()][:MESSAGE_LINES] or [fail.outcome]
-        lines.append(f"  {fail.outcome.upper()} {model.short_test_name(fail.test)}: {_cut(said[0], 100)}")
+        lines.append(f"  {fail.outcome.upper()} {short_test_name(fail.test)}: {_cut(said[0], 100)}")
         lines += [f"    {_cut(line, 110)}" for line in said[1:]]
         if fail.ranks:
             lines.append(f"    ranks: {_cut('; '.join(fail.ranks), 110)}")

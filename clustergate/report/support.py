@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from clustergate.numbers import number
-from clustergate.report import html, model
+from clustergate.report import html
+from clustergate.results import short_test_name
 
 INVENTORY_COLUMNS = (("host", "host"), ("index", "GPU"), ("serial", "serial"), ("uuid", "UUID"),
                      ("pci_bus_id", "PCI"), ("name", "model"), ("vbios_version", "VBIOS"),
@@ -52,7 +53,7 @@ def _grown(results: dict[str, Any]) -> list[list[str]]:
             if r.get("value", 0) > 0 or r.get("status") == "fail":
                 cls = "cg-fail" if r.get("status") == "fail" else "cg-outlier"
                 rows.append([html._td(r.get("where", "")), html._td(r.get("label", "")),
-                             html._td(r.get("metric", ""), title=model.short_test_name(test["nodeid"])),
+                             html._td(r.get("metric", ""), title=short_test_name(test["nodeid"])),
                              html._td(number(r.get("value"), r.get("unit", "")), "num " + cls),
                              html._td("; ".join(r.get("evidence", []))), html._td(r.get("next_step", ""))])
     return rows

@@ -13,7 +13,7 @@ from typing import Any
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
 from clustergate.parts import gpu_label, rank_index
-from clustergate.report.model import short_test_name
+from clustergate.results import short_test_name
 
 OUTLIER_DEVIATION = 0.10
 """A GPU more than this fraction worse than the median of its peers is highlighted as an outlier
