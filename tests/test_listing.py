@@ -4,6 +4,8 @@ what the level leaves out; text and --json; described as the report's criteria t
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from clustergate import cli
 from clustergate.manifest import shipped
 from clustergate.report.model import criteria_rows
 from clustergate.thresholds import load, shipped_thresholds
+
+from torchrun_job import ROOT, job_env
 
 
 def _listed(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -102,3 +106,13 @@ def test_bad_input_is_one_line_and_status_2(capsys: pytest.CaptureFixture[str], 
     assert status == 2 and captured.out == ""
     assert captured.err.startswith("clustergate list: ") and said in captured.err
     assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_the_command_lists_without_torch() -> None:
+    """``clustergate list`` is for a machine without the suite's stack too: it never imports torch."""
+    code = ("import sys; from clustergate.cli import main; status = main(['list', '--json']); "
+            "print(status, 'torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=job_env(), text=True, capture_output=True,
+                          timeout=120)
+    assert proc.stderr.strip() == "0 False", proc.stderr
+    assert json.loads(proc.stdout)["profile"] == "h100-sxm-80gb"  # the file's first profile
