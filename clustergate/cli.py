@@ -5,10 +5,13 @@
     clustergate signoff REPORTS/RUN_ID
     clustergate render R/results.json [--thresholds T --profile P] [-o out.html]
     clustergate calibrate run1/results.json ... --extends h200 -o site-thresholds.yaml
+    clustergate history [HOST|SERIAL] [--metric M] [--json] --store fleet.db
+    clustergate record REPORT_DIR ... --store fleet.db
 
 Each command but ``run`` (clustergate.run.command) is the module command of the same name (its own --help):
 ``merge``, ``signoff`` and ``calibrate`` are ``python -m clustergate.cluster``'s, ``render`` is
-``python -m clustergate.report``'s.
+``python -m clustergate.report``'s, ``history`` and ``record`` are the results store's
+(``python -m clustergate.store.history_cli``, ``record_cli``).
 
 Exit status of every command (clustergate.exit_codes), ``run`` included:
 0 accepted, 1 not accepted, 2 input that cannot be used (a bad option or file), 4 could not run;
@@ -34,6 +37,10 @@ SUMMARIES = {
     "calibrate": "turn finished runs of healthy nodes into a site profile (python -m clustergate.cluster calibrate)",
     "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no torchrun "
               "(python -m clustergate.health)",
+    "history": "each stored figure's history from the results store: of a host, a GPU serial, or every part "
+               "(python -m clustergate.store.history_cli)",
+    "record": "record finished runs, merges and sign-offs into the results store (python -m "
+              "clustergate.store.record_cli)",
 }
 
 
@@ -57,6 +64,18 @@ def _health(argv: list[str]) -> int:
     return int(health_main(argv))
 
 
+def _history(argv: list[str]) -> int:
+    from clustergate.store.history_cli import main as history_main
+
+    return int(history_main(argv))
+
+
+def _record(argv: list[str]) -> int:
+    from clustergate.store.record_cli import main as record_main
+
+    return int(record_main(argv))
+
+
 def _run(argv: list[str]) -> int:
     from clustergate.run.command import main as run_main
 
@@ -65,7 +84,7 @@ def _run(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "merge": _cluster("merge"), "signoff": _cluster("signoff"), "render": _render,
-    "calibrate": _cluster("calibrate"), "health": _health,
+    "calibrate": _cluster("calibrate"), "health": _health, "history": _history, "record": _record,
 }
 
 

@@ -118,4 +118,5 @@ def test_the_results_section(store: Store) -> None:
     found = drift(later(real_run(), T2, scale={(MATMUL, SERIALS[1]): 0.9}), store)
     out = section(found, 0.05, "warn", str(store.path))
     assert out["store"] == str(store.path) and out["fraction"] == 0.05 and out["severity"] == "warn"
-    assert out["findings"] == [d.as_json() for d in found] and set(out["findings"][0]) == set(Drift.__slots__)
+    assert out["findings"] == [d.as_json() for d in found]
+    assert set(out["findings"][0]) == {*Drift.__slots__, "where", "criterion"} and out["problem"] is None
