@@ -12,7 +12,7 @@ nodes x per-node metrics: about 25 x 8 for a node.
 A run's document (a node of the node phase, a fabric run):
 
     clustergate_run_info{kind="run", profile, level, version} 1
-    clustergate_verdict{kind="run", verdict="accept"|"reject"|"unjudged"|"running"} 1 for the run's, 0 otherwise
+    clustergate_verdict{kind="run", verdict="running"|"accept"|...} 1 for the run's verdict, 0 for the others
     clustergate_run_timestamp_seconds{kind} / clustergate_run_duration_seconds{kind}
     clustergate_metric_value{host, gpu, serial, metric, unit}      the part's figure
     clustergate_metric_verdict{host, gpu, serial, metric, unit}    0 pass, 1 warn, 2 fail (absent: unjudged)
@@ -33,13 +33,14 @@ Label values are escaped as both formats require (backslash, double quote, newli
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from clustergate import __version__
 from clustergate.criteria import Criterion
 from clustergate.store.rows import kind_of, part_verdict, seconds
+from clustergate.verdict import VerdictName
 
-RUN_VERDICTS = ("accept", "reject", "unjudged", "running")
+RUN_VERDICTS: tuple[str, ...] = get_args(VerdictName)
 CLUSTER_VERDICTS = ("accept", "reject")
 FIGURE_VERDICT = {"pass": 0, "warn": 1, "fail": 2}
 FLEET_STATS = ("count", "min", "p05", "median", "p95", "max", "floor")

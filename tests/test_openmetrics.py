@@ -37,7 +37,7 @@ def test_a_node_run_gives_one_sample_per_part_and_metric() -> None:
     assert (HOST, "", "", "intranode_allreduce_busbw_gbps", "GB/s") in values
     assert {v for _, v in got["clustergate_metric_verdict"]} == {0.0}
     assert got["clustergate_verdict"] == [({"kind": "run", "verdict": v}, 1.0 if v == "accept" else 0.0)
-                                          for v in ("accept", "reject", "unjudged", "running")]
+                                          for v in ("running", "accept", "reject", "partial", "unjudged")]
     assert got["clustergate_run_timestamp_seconds"] == [({"kind": "run"}, seconds(run["started"]))]
     assert got["clustergate_run_duration_seconds"] == [({"kind": "run"}, run["duration_s"])]
     assert got["clustergate_run_info"] == [({"kind": "run", "profile": "cpu", "level": "quick", "version": "0.1.0"},
