@@ -13,6 +13,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 from fleet_data import GPU_METRICS, HOST, SERIALS, figure, later, real_run, write
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -52,6 +53,7 @@ def test_two_runs_into_one_store_and_a_planted_drop_flagged(tmp_path: Path) -> N
     now = run_job(tmp_path, args, nproc=2, env=env, timeout=240)
     assert now.codes == [0], now.output[-3000:]
     results = now.results
+    jsonschema.validate(results, json.loads((ROOT / "clustergate" / "results.schema.json").read_text()))
     assert [g["serial"] for g in results["nodes"][0]["gpus"]] == list(SERIALS)
 
     # drift judged by the run against the first accepted figure: a warning (drift_severity warn), not a failure
