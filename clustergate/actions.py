@@ -126,6 +126,11 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                           "says running)",
                           "check that the node's job ran (the scheduler's log) and wrote into the shared report "
                           "directory; run it again"),
+    "unusable_run": Category("the node's run cannot be accepted as it stands: it ran less than a complete run, is "
+                             "another cluster run's, was judged by other thresholds, or its records contradict its "
+                             "verdict",
+                             "read the merge's reason, then run the node phase again on this host: the whole suite, "
+                             "at the site's level, with the site's thresholds and this run's id"),
     "unknown": Category("a failure this suite's table does not classify",
                         "read the test's message in the report; run again"),
 }
@@ -176,6 +181,7 @@ _RESPONSES: dict[str, tuple[str, ...]] = {
     **{name: ("config",) for name in FIGURE_CATEGORIES if name.startswith("config_")},
     "run_error": ("retest", "isolate"),
     "no_result": ("retest", "isolate"),
+    "unusable_run": ("retest",),
     "unknown": ("retest",),
 }
 """Every category's (action, and the action if it recurs): a test holds it to every category of workloads.faults
@@ -349,9 +355,11 @@ class Step:
         return f"{self.action.value}: {self.meaning}{where}: {self.next_step}{then}"
 
     def as_json(self) -> dict[str, Any]:
+        """The step as results.json keeps it: its fields, and ``text`` as the terminal and the report say it."""
         out = asdict(self)
         out["action"] = self.action.value
         out["escalate"] = self.escalate.value if self.escalate else None
+        out["text"] = self.text()
         return out
 
 
@@ -374,8 +382,17 @@ def _parts_missed(metric: Mapping[str, Any]) -> str:
     return ", ".join(labels) + (" ..." if len(bad) > 4 else "")
 
 
-def steps_of_test(test: Mapping[str, Any]) -> list[Step]:
-    """The steps for one test entry of results.json (none when it passed or was skipped)."""
+def _drift_step(finding: Mapping[str, Any]) -> Step:
+    """The step for a drift that failed its test (a results.json ``drift.findings`` entry): what its metric's miss
+    calls for, where the part is said with how far it fell."""
+    where = finding.get("where") or finding.get("host") or ""
+    return step(category_of_metric(str(finding.get("metric"))), finding.get("test"),
+                f"{where}: {percent(float(finding.get('fraction', 0)))} below its first accepted figure")
+
+
+def steps_of_test(test: Mapping[str, Any], drifted: Iterable[Mapping[str, Any]] = ()) -> list[Step]:
+    """The steps for one test entry of results.json (none when it passed or was skipped); ``drifted``: the drift
+    findings that failed it."""
     outcome, nodeid = test.get("outcome"), str(test.get("nodeid"))
     if outcome == "interrupted":
         return [step("run_error", nodeid)]
@@ -387,6 +404,7 @@ def steps_of_test(test: Mapping[str, Any]) -> list[Step]:
                   str(row.get("where") or row.get("label") or "")) for row in evidence]
     steps += [step(category_of_metric(str(m["name"])), nodeid, _parts_missed(m))
               for m in test.get("metrics") or [] if not m.get("passed", True)]
+    steps += [_drift_step(d) for d in drifted]
     return steps or [step(category_of_test(nodeid), nodeid)]
 
 
@@ -396,14 +414,19 @@ def steps(results: Mapping[str, Any]) -> list[Step]:
     found: list[Step] = []
     if results.get("error"):
         found.append(step("run_error"))
-    for test in results.get("tests") or []:
-        found += steps_of_test(test)
-    for d in (results.get("drift") or {}).get("findings") or []:
-        if d.get("severity") == "fail":
-            found.append(step(category_of_metric(str(d.get("metric"))), d.get("test"),
-                              f"{d.get('host')} drift {percent(float(d.get('fraction', 0)))}"))
+    failing = [d for d in (results.get("drift") or {}).get("findings") or [] if d.get("severity") == "fail"]
+    tests = results.get("tests") or []
+    for test in tests:
+        found += steps_of_test(test, [d for d in failing if d.get("test") == test.get("nodeid")])
+    failed = {t.get("nodeid") for t in tests if t.get("outcome") in FAILED}
+    found += [_drift_step(d) for d in failing if d.get("test") not in failed]  # a record that failed no test
     unique = list(dict.fromkeys(found))
     return sorted(unique, key=lambda s: URGENCY.index(s.action))
+
+
+def section(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """results.json's ``actions``: every step the run calls for, most urgent first."""
+    return [s.as_json() for s in steps(results)]
 
 
 def most_urgent(found: Iterable[Step]) -> Action | None:

@@ -6,6 +6,8 @@
     clustergate render R/results.json [--thresholds T --profile P] [-o out.html]
     clustergate calibrate run1/results.json ... --extends h200 -o site-thresholds.yaml
     clustergate list [--profile P] [--level L] [--json]
+    clustergate history [HOST|SERIAL] [--metric M] [--json] --store fleet.db
+    clustergate record REPORT_DIR ... --store fleet.db
 
 Each command has its own --help; ``python -m clustergate`` is the same command.
 
@@ -34,6 +36,8 @@ SUMMARIES = {
     "list": "the tests and criteria a profile judges at a level, as text or --json",
     "health": "this node's state from NVML and sysfs in seconds, judged by the run's profile: no torch, no "
               "torchrun",
+    "history": "each stored figure's history from the results store: of a host, a GPU serial, or every part",
+    "record": "record finished runs, merges and sign-offs into the results store",
 }
 
 
@@ -63,6 +67,18 @@ def _list(argv: list[str]) -> int:
     return int(list_main(argv))
 
 
+def _history(argv: list[str]) -> int:
+    from clustergate.store.history_cli import main as history_main
+
+    return int(history_main(argv))
+
+
+def _record(argv: list[str]) -> int:
+    from clustergate.store.record_cli import main as record_main
+
+    return int(record_main(argv))
+
+
 def _run(argv: list[str]) -> int:
     from clustergate.run.command import main as run_main
 
@@ -71,7 +87,8 @@ def _run(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _run, "merge": _cluster("merge"), "signoff": _cluster("signoff"), "render": _render,
-    "calibrate": _cluster("calibrate"), "health": _health, "list": _list,
+    "calibrate": _cluster("calibrate"), "health": _health, "list": _list, "history": _history,
+    "record": _record,
 }
 
 

@@ -146,9 +146,10 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
     return judged
 
 
-def warnings(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def warnings(tests: list[dict[str, Any]], drift: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """results.json's top-level ``warnings``: every part that missed a ``warn`` criterion, from the tests'
-    metrics (so a re-judged file lists its own): test, metric, value, the criterion missed, where."""
+    metrics (so a re-judged file lists its own), then every drift of weight ``warn`` (``drift``: the results'
+    ``drift`` section, ``clustergate.store.drift``): test, metric, value, the criterion missed, where."""
     out = []
     for test in tests:
         for m in test.get("metrics", []):
@@ -159,4 +160,6 @@ def warnings(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                   gpu_index=p.get("gpu_index"), gpu_serial=p.get("gpu_serial"))
                     out.append({"test": test["nodeid"], "metric": m["name"], "value": p["value"], "criterion": text,
                                 "where": where.label(m.get("scope", "gpu"))})
+    out += [{"test": d["test"], "metric": d["metric"], "value": d["now"], "criterion": f"drift: {d['criterion']}",
+             "where": d["where"]} for d in (drift or {}).get("findings") or [] if d.get("severity") == "warn"]
     return out

@@ -11,18 +11,21 @@ nodes x per-node metrics: about 25 x 8 for a node.
 
 A run's document (a node of the node phase, a fabric run):
 
-    clustergate_run_info{kind, profile, level, version} 1
-    clustergate_verdict{verdict="accept"|"reject"|"unjudged"|"running"} 1 for the run's, 0 for the others
-    clustergate_run_timestamp_seconds / clustergate_run_duration_seconds
+    clustergate_run_info{kind="run", profile, level, version} 1
+    clustergate_verdict{kind="run", verdict="running"|"accept"|...} 1 for the run's verdict, 0 for the others
+    clustergate_run_timestamp_seconds{kind} / clustergate_run_duration_seconds{kind}
     clustergate_metric_value{host, gpu, serial, metric, unit}      the part's figure
     clustergate_metric_verdict{host, gpu, serial, metric, unit}    0 pass, 1 warn, 2 fail (absent: unjudged)
     clustergate_metric_drift_fraction{...}                         how far below its first accepted figure
 
 A merge's cluster document: its verdict, time, node counts, each node's status
-(``clustergate_node_accepted{host}``), the fleet's distribution of each metric
+(``clustergate_node_accepted{kind, host}``), the fleet's distribution of each metric
 (``clustergate_fleet_metric{metric, unit, stat}``) and its outliers. The GPUs' own figures are not repeated:
 each node's own metrics.prom carries them, and the same figure under two exporters would count twice in
 every sum and average. A sign-off's document gives its verdict, time and each host's status.
+
+Every family that a node's, a merge's and a sign-off's file all have carries ``kind`` (run, cluster, signoff):
+one collector may read all three files without two series of the same name and labels.
 
 Label values are escaped as both formats require (backslash, double quote, newline).
 """
@@ -30,13 +33,14 @@ Label values are escaped as both formats require (backslash, double quote, newli
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from clustergate import __version__
 from clustergate.criteria import Criterion
 from clustergate.store.rows import kind_of, part_verdict, seconds
+from clustergate.verdict import VerdictName
 
-RUN_VERDICTS = ("accept", "reject", "unjudged", "running")
+RUN_VERDICTS: tuple[str, ...] = get_args(VerdictName)
 CLUSTER_VERDICTS = ("accept", "reject")
 FIGURE_VERDICT = {"pass": 0, "warn": 1, "fail": 2}
 FLEET_STATS = ("count", "min", "p05", "median", "p95", "max", "floor")
@@ -67,17 +71,18 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _enum(values: tuple[str, ...], current: Any, label: str = "verdict") -> list[Sample]:
-    return [({label: v}, 1.0 if v == current else 0.0) for v in values]
+def _enum(kind: str, values: tuple[str, ...], current: Any) -> list[Sample]:
+    return [({"kind": kind, "verdict": v}, 1.0 if v == current else 0.0) for v in values]
 
 
-def _time(families: list[list[str]], when: Any, duration: Any = None) -> None:
+def _time(families: list[list[str]], kind: str, when: Any, duration: Any = None) -> None:
     t = seconds(_text(when) or None)
     if t is not None:
         families.append(family("clustergate_run_timestamp_seconds", "when the run (or merge, or sign-off) started, "
-                               "seconds since the epoch", [({}, t)]))
+                               "seconds since the epoch", [({"kind": kind}, t)]))
     if isinstance(duration, (int, float)) and not isinstance(duration, bool):
-        families.append(family("clustergate_run_duration_seconds", "how long the run took", [({}, float(duration))]))
+        families.append(family("clustergate_run_duration_seconds", "how long the run took",
+                               [({"kind": kind}, float(duration))]))
 
 
 def _part_labels(metric: Mapping[str, Any], part: Mapping[str, Any], only_host: str | None) -> dict[str, str]:
@@ -118,10 +123,10 @@ def _run(results: Mapping[str, Any]) -> list[list[str]]:
         family("clustergate_run_info", "what was run (always 1)",
                [({"kind": "run", "profile": _text(results.get("profile")), "level": _text(results.get("level")),
                   "version": _text((results.get("clustergate") or {}).get("version") or __version__)}, 1.0)]),
-        family("clustergate_verdict", "1 for the run's verdict, 0 for the others", _enum(RUN_VERDICTS,
-                                                                                           results.get("verdict"))),
+        family("clustergate_verdict", "1 for the run's verdict, 0 for the others",
+               _enum("run", RUN_VERDICTS, results.get("verdict"))),
     ]
-    _time(out, results.get("started"), results.get("duration_s"))
+    _time(out, "run", results.get("started"), results.get("duration_s"))
     out += [
         family("clustergate_metric_value", "a part's figure of one metric (a GPU's, a node's, or the whole job's); "
                "its unit in the unit label", values),
@@ -134,13 +139,14 @@ def _run(results: Mapping[str, Any]) -> list[list[str]]:
 
 
 def _decided(results: Mapping[str, Any]) -> list[Sample]:
-    if kind_of(results) == "signoff":
+    kind = kind_of(results)
+    if kind == "signoff":
         hosts = {**{h: 1.0 for h in results.get("accepted") or []},
                  **{e["host"]: 0.0 for e in results.get("excluded") or []}}
     else:
         hosts = {n["host"]: 1.0 if n.get("status") == "accepted" else 0.0 for n in results.get("nodes") or []}
         hosts.update({e["host"]: 0.0 for e in results.get("excluded") or [] if e["host"] not in hosts})
-    return [({"host": str(h)}, v) for h, v in sorted(hosts.items())]
+    return [({"kind": kind, "host": str(h)}, v) for h, v in sorted(hosts.items())]
 
 
 def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
@@ -161,9 +167,9 @@ def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
     out = [
         family("clustergate_run_info", "what was run (always 1)", [({"kind": kind, "version": __version__}, 1.0)]),
         family("clustergate_verdict", f"1 for the {'sign-off' if kind == 'signoff' else 'merge'}'s verdict, 0 for "
-               "the other", _enum(CLUSTER_VERDICTS, results.get("verdict"))),
+               "the other", _enum(kind, CLUSTER_VERDICTS, results.get("verdict"))),
     ]
-    _time(out, results.get("created"))
+    _time(out, kind, results.get("created"))
     out += [
         family("clustergate_cluster_nodes", "nodes of the merge by status (expected, results, accepted, excluded, "
                "missing, fleet_outliers)", counts),

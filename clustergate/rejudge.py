@@ -12,6 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from clustergate import actions
 from clustergate.judge import Record, Where, judge, warnings
 from clustergate.outcomes import metric_block
 from clustergate.thresholds import Profile
@@ -60,7 +61,8 @@ def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
                        "original_profile": results.get("profile"), "original_verdict": results.get("verdict")}
     out["profile"] = profile.name
     out["sign_off"] = profile.sign_off
-    out["warnings"] = warnings(out["tests"])
+    out["warnings"] = warnings(out["tests"], out.get("drift"))
     decision = of_record(out)  # the rule the run itself used
     out["verdict"], out["reason"] = decision.verdict, decision.reason
+    out["actions"] = actions.section(out)
     return out

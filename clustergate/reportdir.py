@@ -37,8 +37,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-OUTPUTS = ("results.json", "report.html", "junit.xml", "progress.jsonl", "report-rerendered.html")
-"""What a run writes into the directory (and the report command's default re-render)."""
+OUTPUTS = ("results.json", "report.html", "junit.xml", "progress.jsonl", "metrics.prom", "report-rerendered.html",
+           "nvidia-smi-q.txt")
+"""What a run writes into the directory (and the report command's default re-render, and ``nvidia-smi -q`` as the
+launcher captures it after the run, for an evidence bundle)."""
 
 MIN_FREE_BYTES = 64 * 2**20
 """Room the outputs need: report.html with its figures runs to a few MiB on a large cluster."""

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import completeness
+from clustergate import actions, completeness
 from clustergate import manifest as suite_manifest
 from clustergate import redact as redact_mod
 from clustergate.judge import warnings
@@ -134,7 +134,7 @@ class RunRecord:
              "phases": t.phases, "metrics": t.metrics, "details": t.details}
             for t in self.tests.values() if only_test is None or t.nodeid == only_test
         ]
-        return redact({
+        record = {
             "schema": SCHEMA,
             "verdict": decision.verdict,
             "reason": decision.reason,
@@ -149,10 +149,12 @@ class RunRecord:
             "selection": self.selection,
             "nodes": self.nodes,
             "environment": self.environment,
-            "warnings": warnings(tests),
+            "warnings": warnings(tests, self.extra.get("drift")),
             "tests": tests,
             **self.extra,
-        })
+        }
+        record["actions"] = actions.section(record)
+        return redact(record)
 
 
 def nodes_from_identities(identities: list[dict[str, Any]]) -> list[dict[str, Any]]:

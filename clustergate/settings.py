@@ -29,6 +29,16 @@ def fraction(v: float) -> str | None:
     return None if math.isfinite(v) and 0 < v <= 1 else f"must lie in (0, 1], got {v!r}"
 
 
+def below_one(v: float) -> str | None:
+    """A share that must leave something: in (0, 1)."""
+    return None if math.isfinite(v) and 0 < v < 1 else f"must lie in (0, 1), got {v!r}"
+
+
+def one_of(*choices: str) -> Check:
+    """A word of a fixed list."""
+    return lambda v: None if v in choices else f"must be {' or '.join(map(repr, choices))}, got {v!r}"
+
+
 def anything(v: Any) -> str | None:
     return None
 
@@ -41,6 +51,11 @@ class Setting:
 
 
 NUMBER = (int, float)
+DRIFT_FRACTION = 0.05
+"""drift_fraction where the profile does not set it: run-to-run spread of a healthy part stays within a few per
+cent, and a GPU that lost more than this of a figure it once had is worth a look."""
+DRIFT_SEVERITY = "warn"
+"""drift_severity where the profile does not set it: a drift informs until a site decides it should fail."""
 SETTINGS: dict[str, Setting] = {
     "gpus_per_node": Setting((int,), "GPUs (and torchrun ranks) expected on every node; 0 means CPU ranks",
                              at_least(0)),
@@ -74,6 +89,13 @@ SETTINGS: dict[str, Setting] = {
                                                  "calls must reach by the host's clock (a GPU shared with another job "
                                                  "falls short)", fraction),
     "shared_dir": Setting((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
+    "drift_fraction": Setting(NUMBER, "with a results store (--store): a figure more than this fraction below its "
+                                      "own first accepted figure (a GPU's by its serial, a node's by its name) has "
+                                      f"drifted (default {DRIFT_FRACTION:g})", below_one),
+    "drift_severity": Setting((str,), "with a results store: 'warn' lists a drift among the warnings; "
+                                      "'fail' fails its test, unless the metric's own criterion is severity warn "
+                                      f"(default {DRIFT_SEVERITY!r})",
+                              one_of("warn", "fail")),
 }
 
 

@@ -28,7 +28,8 @@
 #
 # Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`.
 # A preflight or torchrun that ends non-zero leaves REPORT_DIR/node-exits/NODE.json (node, node_index,
-# stage, status, time): launch/first_failure.py names the node that failed first from these.
+# stage, status, time): launch/first_failure.py names the node that failed first from these. On a GPU node
+# `nvidia-smi -q` is captured into REPORT_DIR/nvidia-smi-q.txt after the run (for an evidence bundle).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -139,6 +140,17 @@ fi
 status=0
 "${launcher[@]}" "${rendezvous[@]}" --nproc-per-node="$nproc" --max-restarts=0 \
     -m pytest --report-dir "$report_dir" "$@" || status=$?
+
+# nvidia-smi -q as the run left the GPUs: what a vendor ticket asks for first (merge puts it in an excluded node's
+# evidence bundle). After the run, so that its next run moves it aside with the rest of this run's outputs; whole or
+# not at all (a private temporary file renamed over the name); bounded, as a GPU off the bus can hang it.
+if ((gpus > 0)) && [[ -d $report_dir ]] && command -v nvidia-smi >/dev/null; then
+    if smi=$(mktemp "$report_dir/.nvidia-smi-q.XXXXXX" 2>/dev/null); then
+        chmod "$(umask -S | tr -d x)" "$smi" || true  # as any output: the user's umask, not mktemp's 0600
+        timeout 120 nvidia-smi -q > "$smi" 2>&1 || echo "(nvidia-smi -q exited $?)" >> "$smi"
+        mv -f "$smi" "$report_dir/nvidia-smi-q.txt" || rm -f "$smi"
+    fi
+fi
 
 if ((status != 0)); then
     where="$node${node_index:+ (node index $node_index)}"

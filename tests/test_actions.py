@@ -118,5 +118,20 @@ def test_run_errors_interruptions_and_failed_drift() -> None:
                                   "fraction": 0.07}]}
     found = actions.steps(run)
     assert [s.category for s in found] == ["run_error", "run_error", "gpu_memory_bandwidth"]
-    assert found[2].where == "gpu-node-07 drift 12%"
+    assert found[2].where == "gpu-node-07: 12% below its first accepted figure"
     assert found[0].as_json()["action"] == "retest" and found[0].as_json()["escalate"] == "isolate"
+
+
+def test_the_terminal_and_the_report_say_what_to_do() -> None:
+    from clustergate.report import html
+    from clustergate.report.summary import summary_lines
+
+    run = later(real_run(), "2026-12-01T00:00:00+00:00", scale={("hbm_bandwidth_tbps", SERIALS[0]): 0.01})
+    run["actions"] = actions.section(run)
+    [step] = run["actions"]
+    assert step["text"] == actions.step("gpu_memory_bandwidth", step["test"], step["where"]).text()
+    lines = summary_lines(run)
+    failed = next(i for i, line in enumerate(lines) if line.startswith("  FAILED test_hbm_bandwidth"))
+    assert f"    do: {step['text']}" in lines[failed:]
+    page = html.summary(run)
+    assert "What to do" in page and step["next_step"] in page

@@ -77,18 +77,28 @@ def test_merge_excludes_failed_outlying_and_missing_nodes(fleet: Path, tmp_path:
     assert "still says running" in reasons["gpu03"][0]
     assert "no results.json" in reasons["gpu04"][0] and "expected, but no result" in reasons["gpu09"][0]
     assert cluster["counts"] == {"expected": 9, "results": 7, "accepted": 4, "excluded": 5, "missing": 3,
-                                 "fleet_outliers": 9}  # 8 slow tf32 matmuls on gpu02, gpu 3's host link on gpu01
+                                 "fleet_outliers": 9}  # 8 slow tf32 matmuls on gpu02, gpu 3's bf16 matmul on gpu01
     tf32 = next(f for f in cluster["fleet"] if f["metric"] == "matmul_tf32_tflops")
     assert tf32["count"] == 56 and len(tf32["samples"]) == 56 and tf32["floor"] == pytest.approx(0.9 * tf32["median"])
     assert {o["host"] for o in tf32["outliers"]} == {"gpu02"}
     assert (out / "accepted-hostlist.txt").read_text() == "gpu[05-08]\n"
     assert (out / "excluded-hostlist.txt").read_text() == "gpu[01-04,09]\n"
     assert (out / "accepted-hosts.txt").read_text() == "gpu05\ngpu06\ngpu07\ngpu08\n"
-    lines = dict(line.split("\t") for line in (out / "excluded-hosts.txt").read_text().splitlines())
-    assert list(lines) == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu09"] and lines["gpu02"] == outlier
+    lines = {host: (why, action) for host, why, action in
+             (line.split("\t") for line in (out / "excluded-hosts.txt").read_text().splitlines())}
+    assert list(lines) == ["gpu01", "gpu02", "gpu03", "gpu04", "gpu09"] and lines["gpu02"] == (outlier, "retest")
+    assert {e["host"]: e["action"] for e in cluster["excluded"]} == {h: a for h, (_, a) in lines.items()} == {
+        h: "retest" for h in lines}  # slow matmuls: run again first; no result: run again
+    steps = {e["host"]: [(s["category"], s["where"]) for s in e["steps"]] for e in cluster["excluded"]}
+    # gpu01's own failure, and that GPU is behind the fleet too: one step
+    assert steps["gpu01"] == [("gpu_compute", "gpu01 gpu 3 serial 1654000013")]
+    assert steps["gpu02"][0][1].endswith("gpu 7 serial 1654000027: fleet outlier") and steps["gpu09"] == [
+        ("no_result", "")]
+    assert {e["host"]: e["evidence"] for e in cluster["excluded"]} == {
+        **{h: f"evidence/evidence-{h}.tar.gz" for h in ("gpu01", "gpu02", "gpu03", "gpu04")}, "gpu09": None}
     page = (out / "report.html").read_text()
     assert 'class="cg-verdict">REJECT<' in page and "gpu[05-08]" in page and page.count("data:image/png;base64,") >= 20
-    assert "excluded: gpu02: fleet outlier: matmul_tf32_tflops" in proc.stdout
+    assert "excluded: gpu02 (retest): fleet outlier: matmul_tf32_tflops" in proc.stdout
 
 
 def test_warn_severity_outlier_is_a_warning(tmp_path: Path) -> None:

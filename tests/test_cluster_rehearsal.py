@@ -61,8 +61,9 @@ def test_four_nodes_signed_off_in_phases(tmp_path: Path, node_run: Path) -> None
     assert (run / "accepted-hosts.txt").read_text().split() == cluster["accepted"]
     assert (run / "accepted-hostlist.txt").read_text().strip() == "cg-n[01,03-04]"
     assert (run / "excluded-hostlist.txt").read_text().strip() == PLANTED
-    host, reason = (run / "excluded-hosts.txt").read_text().rstrip("\n").split("\t")
+    host, reason, action = (run / "excluded-hosts.txt").read_text().rstrip("\n").split("\t")
     assert host == PLANTED and "test_hbm_bandwidth: hbm_bandwidth_tbps=" in reason and ">= 0.0005" in reason
+    assert action == "retest"  # HBM below its criterion: run again on the idle node first
     merged_page = (run / "report.html").read_text()
     assert 'id="cg-verdict"><div class="cg-verdict">REJECT' in merged_page
     assert f'href="./nodes/{PLANTED}/report.html"' in merged_page  # the excluded node's own report, one click away

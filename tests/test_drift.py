@@ -118,4 +118,39 @@ def test_the_results_section(store: Store) -> None:
     found = drift(later(real_run(), T2, scale={(MATMUL, SERIALS[1]): 0.9}), store)
     out = section(found, 0.05, "warn", str(store.path))
     assert out["store"] == str(store.path) and out["fraction"] == 0.05 and out["severity"] == "warn"
-    assert out["findings"] == [d.as_json() for d in found] and set(out["findings"][0]) == set(Drift.__slots__)
+    assert out["findings"] == [d.as_json() for d in found]
+    assert set(out["findings"][0]) == {*Drift.__slots__, "where", "criterion"} and out["problem"] is None
+
+
+def test_a_run_with_a_store_judges_drift_into_the_verdict_every_rank_applies(store: Store, tmp_path: Path) -> None:
+    """The run's side (clustergate.run.memory, on rank 0): the first figures read once, then each call
+    phase's verdict judged; drift_severity fail fails the test, naming the rank of the drifted GPU."""
+    from clustergate.judge import Judged
+    from clustergate.outcomes import PhaseVerdict
+    from clustergate.run.memory import Memory, problem
+    from clustergate.thresholds import load, shipped_thresholds
+
+    profile = load(shipped_thresholds()).profile("cpu")
+    now = later(real_run(), T2, scale={(MATMUL, SERIALS[1]): 0.9})
+    identities = [{"host": n["host"], "gpu": {"serial": g["serial"]}} for n in now["nodes"] for g in n["gpus"]]
+    [test] = [t for t in now["tests"] if any(m["name"] == MATMUL for m in t["metrics"])]
+    metrics = [Judged(**{k: v for k, v in m.items() if k != "warned"}) for m in test["metrics"]]
+    passed = PhaseVerdict("passed", "", [], metrics)
+
+    memory = Memory(store.path, severity="fail")
+    assert memory.read(profile, identities, level="quick", started=T2, timeout_s=5) is None
+    judged = memory.judge(test["nodeid"], passed, now["nodes"])
+    assert judged.outcome == "failed" and judged.failed_ranks == [1]
+    assert judged.problems == [f"drift: {d.text()}" for d in drift(now, store, severity="fail")]
+    assert judged.message.startswith(judged.problems[0])
+    assert [d["severity"] for d in memory.section()["findings"]] == ["fail"]
+    assert Memory(store.path).judge(test["nodeid"], passed, now["nodes"]) is passed  # not read: nothing judged
+
+    (tmp_path / "not-a-store").write_text("a text file\n")
+    broken = Memory(tmp_path / "not-a-store")
+    said = broken.read(profile, identities, level="quick", started=T2, timeout_s=5)
+    assert said is not None and said.startswith("drift not judged: ") and "not-a-store" in said
+    assert broken.judge(test["nodeid"], passed, now["nodes"]) is passed and broken.section()["problem"] == said
+    # only a path that can never be a store stops the run at its start (a usage error, exit 2)
+    assert problem(None) is None and problem(store.path) is None and problem(tmp_path / "new.db") is None
+    assert str(problem(tmp_path / "no-such-dir" / "fleet.db")).startswith("--store (or CLUSTERGATE_STORE): ")

@@ -100,7 +100,7 @@ def test_merge_job_prints_exactly_the_accepted_hosts(tmp_path: Path) -> None:
         write_node(tmp_path / "r0412" / "nodes", name, node_results(name, i))
     merged = run_here(merge["command"], tmp_path)
     assert merged.returncode == 0, merged.stdout + merged.stderr  # merge's 1 (a node excluded) is a finding
-    assert "excluded: node-3: expected, but no result" in merged.stdout
+    assert "excluded: node-3 (retest): expected, but no result" in merged.stdout
     printed = run_here(hosts["command"], tmp_path)
     assert printed.stdout == "node-1\nnode-2\n" == (tmp_path / "r0412" / "accepted-hosts.txt").read_text()
     # ... which is what the fabric phase is rendered from.
@@ -138,7 +138,7 @@ def test_one_job_over_every_node_is_unchanged_but_for_the_node_name() -> None:
 
 def test_signoff_job(tmp_path: Path) -> None:
     [c] = pod(docs(CG_PHASE="signoff")["Job"])["containers"]
-    assert c["command"] == ["bash", "-c", "exec python3 -m clustergate signoff /reports/r0412 "]
+    assert c["command"] == ["bash", "-c", "exec python3 -m clustergate signoff /reports/r0412  "]
     proc = run_here(c["command"], tmp_path)
     assert proc.returncode == 2 and "give the run directory that `clustergate merge" in proc.stderr
 
@@ -148,9 +148,19 @@ def test_merge_and_signoff_take_the_site_thresholds(tmp_path: Path) -> None:
     [merge] = pod(docs(CG_PHASE="merge", CG_THRESHOLDS="site/thresholds.yaml")["Job"])["initContainers"]
     [signoff] = pod(docs(CG_PHASE="signoff", CG_THRESHOLDS="site/thresholds.yaml")["Job"])["containers"]
     assert "--thresholds 'site/thresholds.yaml'" in merge["command"][2]
-    assert signoff["command"][2].endswith("signoff /reports/r0412 --thresholds 'site/thresholds.yaml'")
+    assert signoff["command"][2].endswith("signoff /reports/r0412 --thresholds 'site/thresholds.yaml' ")
     proc = run_here(signoff["command"], tmp_path)
     assert proc.returncode == 2 and "--thresholds" in proc.stderr and "site/thresholds.yaml" in proc.stderr
+
+
+def test_every_phase_takes_the_results_store() -> None:
+    store = "/reports/fleet.db"
+    [node] = pod(docs(CG_PHASE="node", CG_STORE=store)["Job"])["containers"]
+    assert env_of(node)["CLUSTERGATE_STORE"] == store
+    assert "CLUSTERGATE_STORE" not in env_of(pod(docs(CG_PHASE="node")["Job"])["containers"][0])
+    [merge] = pod(docs(CG_PHASE="merge", CG_STORE=store)["Job"])["initContainers"]
+    [signoff] = pod(docs(CG_PHASE="signoff", CG_STORE=store)["Job"])["containers"]
+    assert f"--store '{store}'" in merge["command"][2] and f"--store '{store}'" in signoff["command"][2]
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -164,6 +174,7 @@ def test_merge_and_signoff_take_the_site_thresholds(tmp_path: Path) -> None:
     ({"CG_PHASE": "signoff", "CG_IMAGE": ""}, "set CG_IMAGE"),
     ({"CG_PHASE": "merge", "CG_LABEL_NODES": "1"}, "CG_LABEL_NODES=1 needs CG_NAMESPACE"),
     ({"CG_PHASE": "node", "CG_LABEL_NODES": "1", "CG_NAMESPACE": "gpu"}, "CG_LABEL_NODES=1 is for CG_PHASE=merge"),
+    ({"CG_PHASE": "node", "CG_STORE": "/tmp/fleet.db"}, "a file on the reports volume"),
 ])
 def test_render_refuses_bad_phase_parameters(params: dict[str, str], message: str) -> None:
     proc = render(**{**BASE, **params})
@@ -272,8 +283,8 @@ def test_label_nodes_marks_each_node_from_the_merge_and_keeps_the_rest(tmp_path:
     run = tmp_path / "r0412"
     run.mkdir()
     (run / "accepted-hosts.txt").write_text("gpu-a01\n")
-    (run / "excluded-hosts.txt").write_text("gpu-a02\tmatmul_bf16_tflops=512 TFLOPS, expected >= 700\n"
-                                            "gpu-a09\texpected, but no result\n")
+    (run / "excluded-hosts.txt").write_text("gpu-a02\tmatmul_bf16_tflops=512 TFLOPS, expected >= 700\tretest\n"
+                                            "gpu-a09\texpected, but no result\n")  # a list without actions too
     gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     old = {"key": "clustergate.io/excluded", "value": "r0301", "effect": "NoSchedule"}
     api = FakeApi({"gpu-a01": _k8s_node("gpu-a01", [gpu_taint, old], **{"clustergate.io/reason": "old"}),
@@ -286,7 +297,8 @@ def test_label_nodes_marks_each_node_from_the_merge_and_keeps_the_rest(tmp_path:
                                          "clustergate.io/run": "r0412"}
     assert a01["spec"]["taints"] == [gpu_taint] and a01["metadata"]["annotations"] == {}  # re-accepted: untainted
     assert a02["metadata"]["labels"]["clustergate.io/verdict"] == "excluded"
-    assert a02["metadata"]["annotations"] == {"clustergate.io/reason": "matmul_bf16_tflops=512 TFLOPS, expected >= 700"}
+    assert a02["metadata"]["annotations"] == {"clustergate.io/reason": "matmul_bf16_tflops=512 TFLOPS, expected >= 700",
+                                              "clustergate.io/action": "retest"}
     assert a02["spec"]["taints"] == [gpu_taint, {"key": "clustergate.io/excluded", "value": "r0412",
                                                  "effect": "NoSchedule"}]
     assert len(api.patches) == 3  # one conflict, read again and patched

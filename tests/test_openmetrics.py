@@ -36,10 +36,10 @@ def test_a_node_run_gives_one_sample_per_part_and_metric() -> None:
     assert (HOST, "1", SERIALS[1], "matmul_bf16_tflops", "TFLOPS") in values
     assert (HOST, "", "", "intranode_allreduce_busbw_gbps", "GB/s") in values
     assert {v for _, v in got["clustergate_metric_verdict"]} == {0.0}
-    assert got["clustergate_verdict"] == [({"verdict": v}, 1.0 if v == "accept" else 0.0)
-                                          for v in ("accept", "reject", "unjudged", "running")]
-    assert got["clustergate_run_timestamp_seconds"] == [({}, seconds(run["started"]))]
-    assert got["clustergate_run_duration_seconds"] == [({}, run["duration_s"])]
+    assert got["clustergate_verdict"] == [({"kind": "run", "verdict": v}, 1.0 if v == "accept" else 0.0)
+                                          for v in ("running", "accept", "reject", "partial", "unjudged")]
+    assert got["clustergate_run_timestamp_seconds"] == [({"kind": "run"}, seconds(run["started"]))]
+    assert got["clustergate_run_duration_seconds"] == [({"kind": "run"}, run["duration_s"])]
     assert got["clustergate_run_info"] == [({"kind": "run", "profile": "cpu", "level": "quick", "version": "0.1.0"},
                                             1.0)]
     assert "clustergate_metric_drift_fraction" not in got  # no drift judged: no family
@@ -53,7 +53,7 @@ def test_failed_and_warned_figures_and_drift() -> None:
     got = samples(render(run))
     verdicts = {(s["serial"], s["metric"]): v for s, v in got["clustergate_metric_verdict"]}
     assert verdicts[SERIALS[0], "hbm_bandwidth_tbps"] == 2 and verdicts[SERIALS[1], "hbm_bandwidth_tbps"] == 0
-    assert ({"verdict": "reject"}, 1.0) in got["clustergate_verdict"]
+    assert ({"kind": "run", "verdict": "reject"}, 1.0) in got["clustergate_verdict"]
     assert got["clustergate_metric_drift_fraction"] == [({"host": HOST, "gpu": "1", "serial": SERIALS[1],
                                                           "metric": "matmul_bf16_tflops", "unit": "TFLOPS"}, 0.1)]
 
@@ -86,7 +86,7 @@ def test_a_metric_recorded_by_two_tests_is_refused() -> None:
 def test_a_merge_gives_the_fleet_and_each_node(tmp_path_factory: pytest.TempPathFactory) -> None:
     cluster, signoff, _ = merged_docs(tmp_path_factory)
     got = samples(render(cluster))
-    assert ({"verdict": "reject"}, 1.0) in got["clustergate_verdict"]
+    assert ({"kind": "cluster", "verdict": "reject"}, 1.0) in got["clustergate_verdict"]
     assert dict((s["host"], v) for s, v in got["clustergate_node_accepted"]) == {"m1": 1.0, "m2": 0.0, "m3": 0.0}
     counts = {s["status"]: v for s, v in got["clustergate_cluster_nodes"]}
     assert counts == {k: float(v) for k, v in cluster["counts"].items() if v is not None}
@@ -99,12 +99,12 @@ def test_a_merge_gives_the_fleet_and_each_node(tmp_path_factory: pytest.TempPath
     label, value = outliers["m3", "3", "matmul_bf16_tflops"]
     assert label["serial"] == "1654000033" and label["severity"] == "fail" and value < 400
     assert "clustergate_metric_value" not in got  # each node's own file carries its GPUs' figures
-    assert got["clustergate_run_timestamp_seconds"] == [({}, seconds(cluster["created"]))]
+    assert got["clustergate_run_timestamp_seconds"] == [({"kind": "cluster"}, seconds(cluster["created"]))]
 
 
 def test_a_signoff(tmp_path_factory: pytest.TempPathFactory) -> None:
     _, signoff, _ = merged_docs(tmp_path_factory)
     got = samples(render(signoff))
-    assert got["clustergate_node_accepted"] == [({"host": "solo"}, 1.0)]
-    assert ({"verdict": "accept"}, 1.0) in got["clustergate_verdict"]
+    assert got["clustergate_node_accepted"] == [({"kind": "signoff", "host": "solo"}, 1.0)]
+    assert ({"kind": "signoff", "verdict": "accept"}, 1.0) in got["clustergate_verdict"]
     assert got["clustergate_run_info"][0][0]["kind"] == "signoff"

@@ -175,7 +175,8 @@ def test_second_run_into_a_held_dir_refuses_and_earlier_outputs_move_aside(tmp_p
     third = run_job(tmp_path, plant(tmp_path, "healthy"), timeout=120)  # again into the same directory
     assert third.codes == [0], third.output
     [earlier] = (tmp_path / "report" / "earlier").iterdir()
-    assert {p.name for p in earlier.iterdir()} == {"results.json", "report.html", "junit.xml", "progress.jsonl"}
+    assert {p.name for p in earlier.iterdir()} == {"results.json", "report.html", "junit.xml", "progress.jsonl",
+                                                  "metrics.prom"}
     assert json.loads((earlier / "results.json").read_text())["tests"][0]["nodeid"].endswith("test_holds_the_run")
     assert third.results["tests"][0]["nodeid"].endswith("test_records_a_metric")
 

@@ -10,8 +10,16 @@ Writes into the output directory:
 - ``report.html``: self-contained, opens offline: the verdict, the hosts in both forms, the excluded
   nodes with their reasons, a table of nodes (verdict, failed tests, worst figure per metric), the
   fleet's distribution of every per-GPU (and per-node) metric, and the fleet outliers;
-- ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason``),
-  ``accepted-hostlist.txt`` and ``excluded-hostlist.txt`` (one Slurm hostlist, ``gpu[001-007,009]``).
+- ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason<TAB>ACTION``,
+  ACTION one of isolate, reset, config, retest, vendor: ``clustergate.actions``), ``accepted-hostlist.txt`` and
+  ``excluded-hostlist.txt`` (one Slurm hostlist, ``gpu[001-007,009]``);
+- ``metrics.prom``: the merge in the OpenMetrics text format (``clustergate.openmetrics``), for node_exporter's
+  textfile collector;
+- ``evidence/evidence-HOST.tar.gz`` for every excluded host with a node directory (``clustergate.evidence_bundle``:
+  its report, XID lines, ``nvidia-smi -q`` where captured, the profile), for a vendor ticket.
+
+With a results store (``--store``, else ``$CLUSTERGATE_STORE``) every finished node run read is recorded into it,
+then the cluster results.json; what cannot be recorded is a warning, never a change of verdict.
 
 A node is accepted when its own run accepted it as a complete node run at ``--level`` or more (default
 standard: a run that ran less, by any option, is partial and excluded, saying what it left out) and no GPU
@@ -43,7 +51,8 @@ Cluster results.json (schema 1)::
      "counts": {"expected": int | null, "results": int, "accepted": int, "excluded": int, "missing": int,
                 "fleet_outliers": int},
      "accepted": [host], "accepted_hostlist": str,
-     "excluded": [{"host", "phase": "node", "reasons": [str]}], "excluded_hostlist": str,
+     "excluded": [{"host", "phase": "node", "reasons": [str], "action": str, "steps": [step],
+                   "evidence": "evidence/evidence-HOST.tar.gz" | null}], "excluded_hostlist": str,
      "thresholds": str, "profiles": [str], "levels": [str], "warnings": [str],
      "nodes": [{"host", "directory", "digest": "sha256:..." | null, "run_id", "status": "accepted" | "excluded",
                 "verdict": "accept" | "reject" | "partial" | "unjudged" | "running" | "unreadable" | "missing"
@@ -51,6 +60,7 @@ Cluster results.json (schema 1)::
                 "profile", "level", "started", "duration_s", "ranks", "gpus", "gpu_models": [str],
                 "tests": {outcome: count}, "failed_tests": [{"nodeid", "outcome", "summary"}],
                 "reasons": [str], "warnings": [str],
+                "drift": [{"metric", "where", "unit", "first", "now", "fraction", "limit", "severity", "criterion"}],
                 "worst": {metric title: {"value", "unit", "gpu_index", "state": "fail" | ""}}}],
      "fleet": [{"metric", "test", "profile", "unit", "scope": "gpu" | "node" | "world", "criterion",
                 "count", "min", "p05", "median", "p95", "max", "floor": float | null,
@@ -71,22 +81,26 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import manifest as suite_manifest
-from clustergate import resultsfile
-from clustergate.cluster import binding
+from clustergate import openmetrics, resultsfile
+from clustergate.cluster import binding, remember
+from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.hostlist import HostlistError, compress, read_hosts
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
+from clustergate.evidence_bundle import BundleError
 from clustergate.manifest import LEVELS
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
 from clustergate.redact import keep
 from clustergate.results import encode
+from clustergate.store import Store, store_path
+from clustergate.store.command import add_store_options
 from clustergate.thresholds import Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
 
 SCHEMA = 1
 DEFAULT_LEVEL = "standard"
 LISTS = ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt", "excluded-hostlist.txt")
-OUTPUTS = ("results.json", "report.html", *LISTS)
+OUTPUTS = ("results.json", "report.html", "metrics.prom", excluded_mod.EVIDENCE, *LISTS)
 """What a merge writes into -o; an earlier merge's are moved to earlier/<UTC time>/ before any is written."""
 
 
@@ -110,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_hours, default=binding.WINDOW_H, metavar="HOURS",
                    help=f"a node file must have started within this many hours of the node phase's median start "
                         f"(default {binding.WINDOW_H:g})")
+    add_store_options(p)
     return p
 
 
@@ -235,6 +250,7 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
     for r in runs:
         row = node_row(r)
         row["worst"] = fleet_mod.worst_figures(r, fleet)
+        row["drift"] = excluded_mod.drift_rows(r.results)
         nodes.append(row)
     return {
         "schema": SCHEMA, "kind": "cluster",
@@ -248,18 +264,26 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
                    "missing": sum(r.verdict in ("missing", "running", "unreadable") for r in runs),
                    "fleet_outliers": outliers},
         "accepted": accepted, "accepted_hostlist": compress(accepted),
-        "excluded": [{"host": r.host, "phase": "node", "reasons": r.reasons} for r in excluded],
+        "excluded": [excluded_mod.entry(r, fleet) for r in excluded],
         "excluded_hostlist": compress(r.host for r in excluded),
         "profiles": sorted({str(r.get("profile")) for r in with_results}), "levels": levels,
         "warnings": warnings, "nodes": nodes, "fleet": [fm.as_json() for fm in fleet],
     }
 
 
+def excluded_line(entry: dict[str, Any]) -> str:
+    """A line of merge's excluded-hosts.txt: ``HOST<TAB>reason; reason<TAB>ACTION`` (a tab in a reason is a space:
+    the columns stay three)."""
+    reasons = "; ".join(" ".join(str(r).split("\t")) for r in entry["reasons"])
+    return f"{entry['host']}\t{reasons}\t{entry.get('action') or ''}"
+
+
 def write_lists(output: Path, lists: dict[str, Any], prefix: str = "",
-                excluded_line: Callable[[dict[str, Any]], str] | None = None, accepted: bool = True) -> None:
-    """accepted-hosts.txt (one host a line), excluded-hosts.txt (``HOST<TAB>reasons``) and both as hostlists;
-    ``accepted`` False: the excluded lists alone (a sign-off that does not accept leaves no accepted list)."""
-    line = excluded_line or (lambda e: f"{e['host']}\t{'; '.join(e['reasons'])}")
+                excluded_line: Callable[[dict[str, Any]], str] = excluded_line, accepted: bool = True) -> None:
+    """accepted-hosts.txt (one host a line), excluded-hosts.txt (``excluded_line``: merge's by default) and both
+    as hostlists; ``accepted`` False: the excluded lists alone (a sign-off that does not accept leaves no accepted
+    list)."""
+    line = excluded_line
     write_text(output / f"{prefix}excluded-hosts.txt", "".join(f"{line(e)}\n" for e in lists["excluded"]))
     write_text(output / f"{prefix}excluded-hostlist.txt", lists["excluded_hostlist"] + "\n")
     if accepted:
@@ -268,9 +292,11 @@ def write_lists(output: Path, lists: dict[str, Any], prefix: str = "",
 
 
 def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds: Path | None = None, *,
-          level: str = DEFAULT_LEVEL, run_id: str | None = None, window_h: float = binding.WINDOW_H) -> dict[str, Any]:
-    """Read, judge the fleet, write every output; the cluster results dict. Raises MergeInputError,
-    HostlistError (ValueErrors) and OSError with what to fix."""
+          level: str = DEFAULT_LEVEL, run_id: str | None = None, window_h: float = binding.WINDOW_H,
+          store: Store | None = None) -> dict[str, Any]:
+    """Read, judge the fleet, write every output; the cluster results dict. ``store``: the results store the node
+    runs read and the cluster results.json are recorded into. Raises MergeInputError, HostlistError (ValueErrors)
+    and OSError with what to fix."""
     t0 = time.perf_counter()
     now = datetime.now(timezone.utc)
     check_output(output, paths)
@@ -294,13 +320,33 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
                               time.perf_counter() - t0)
     cluster.update(thresholds=str(site.path), run_id=run_id, level=level, window=judged.window,
                    manifest=suite_manifest.shipped().digest, created=now.isoformat(timespec="seconds"))
+    add_evidence(cluster, judged.runs, output, site.path)
+    cluster["warnings"] += remember.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
+                                                          if r.directory and r.verdict not in excluded_mod.NO_RESULT])
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
     write_text(output / "results.json", encode(cluster))
     write_lists(output, cluster)
+    write_text(output / "metrics.prom", openmetrics.render(cluster))
+    if (said := remember.record_output(store, output / "results.json")) is not None:
+        print(f"clustergate merge: {said}", file=sys.stderr)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 
     write_text(output / "report.html", cluster_page(cluster))
     return cluster
+
+
+def add_evidence(cluster: dict[str, Any], runs: list[NodeRun], output: Path, thresholds: Path) -> None:
+    """An evidence bundle for every excluded host with a node directory, named in its ``excluded`` entry; one that
+    cannot be made is a warning."""
+    by_host = {r.host: r for r in runs}
+    for entry in cluster["excluded"]:
+        run = by_host[entry["host"]]
+        if run.directory is None:
+            continue
+        try:
+            entry["evidence"] = excluded_mod.bundle(run, output, thresholds)
+        except (BundleError, OSError) as exc:
+            cluster["warnings"].append(f"no evidence bundle for {run.host}: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,9 +356,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    where = store_path(args.store)
     try:
         cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds, level=args.level,
-                        run_id=args.run_id, window_h=args.window)
+                        run_id=args.run_id, window_h=args.window,
+                        store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, HostlistError, OSError) as exc:
         print(f"clustergate merge: {exc}", file=sys.stderr)
         return 2
@@ -322,7 +370,7 @@ def _main(args: argparse.Namespace) -> int:
           f"merged in {time.perf_counter() - t0:.1f} s")
     print(f"accepted: {cluster['accepted_hostlist'] or '(none)'}")
     for e in cluster["excluded"][:20]:
-        print(f"excluded: {e['host']}: {'; '.join(e['reasons'])}")
+        print(f"excluded: {e['host']} ({e['action']}): {'; '.join(e['reasons'])}")
     if len(cluster["excluded"]) > 20:
         print(f"excluded: ... {len(cluster['excluded']) - 20} more in excluded-hosts.txt")
     print(f"report: {args.output / 'report.html'}\nresults: {args.output / 'results.json'}")

@@ -7,7 +7,12 @@ Reads the merged node phase (REPORTS/RUN_ID/results.json, from ``merge``) and th
 
 - ``signoff.json`` (schema below and in ``clustergate/cluster/signoff.schema.json``) and ``signoff.html``;
 - ``signoff-accepted-hosts.txt``, ``signoff-excluded-hosts.txt`` (``HOST<TAB>phase: reason; ...``),
-  ``signoff-accepted-hostlist.txt`` and ``signoff-excluded-hostlist.txt`` (Slurm hostlist form).
+  ``signoff-accepted-hostlist.txt`` and ``signoff-excluded-hostlist.txt`` (Slurm hostlist form);
+- ``signoff-metrics.prom``: the sign-off in the OpenMetrics text format (``clustergate.openmetrics``), for
+  node_exporter's textfile collector.
+
+With a results store (``--store``, else ``$CLUSTERGATE_STORE``) the merge's results.json and the fabric run are
+recorded into it (where they are not yet), then signoff.json; what cannot be recorded is a warning.
 
 The accepted set is the hosts the node phase accepted, less those the fabric phase excluded: a node
 its pair rounds excluded (slow with a known-good partner, or unresolved), or a host a failed per-GPU
@@ -43,9 +48,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import completeness, resultsfile
+from clustergate import completeness, openmetrics, resultsfile
 from clustergate import manifest as suite_manifest
-from clustergate.cluster import binding, judged_by
+from clustergate.cluster import binding, judged_by, remember
 from clustergate.cluster.hostlist import compress
 from clustergate.cluster.merge import add_thresholds_option, judge_nodes, load_thresholds, write_lists
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
@@ -55,13 +60,15 @@ from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded,
 from clustergate.redact import keep
 from clustergate.rejudge import problems_of
 from clustergate.results import encode, short_test_name
+from clustergate.store import Store, store_path
+from clustergate.store.command import add_store_options
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
 SCHEMA = 1
 LISTS = ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
          "signoff-excluded-hostlist.txt")
-OUTPUTS = ("signoff.json", "signoff.html", *LISTS)
+OUTPUTS = ("signoff.json", "signoff.html", "signoff-metrics.prom", *LISTS)
 """What a sign-off writes into REPORTS/RUN_ID; an earlier sign-off's are moved to earlier/<UTC time>/ first."""
 
 
@@ -74,6 +81,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric", type=Path, default=None, metavar="DIR",
                    help="the fabric phase's report directory (default: REPORTS/RUN_ID/fabric)")
     add_thresholds_option(p)
+    add_store_options(p)
     return p
 
 
@@ -224,8 +232,10 @@ class Fabric:
                              str(crit.get("severity", "fail")))
 
 
-def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | None = None) -> dict[str, Any]:
-    """The sign-off of ``run_dir``, written there; raises MergeInputError when an input cannot be used."""
+def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | None = None, *,
+            store: Store | None = None) -> dict[str, Any]:
+    """The sign-off of ``run_dir``, written there (and recorded into ``store``, with the merge and the fabric run it
+    read); raises MergeInputError when an input cannot be used."""
     keep(str(run_dir), str(run_dir.resolve()), *([str(fabric_dir), str(fabric_dir.resolve())] if fabric_dir else []))
     if run_dir.is_dir():
         try:  # every sign-off is kept, and one that fails leaves none of an earlier one's lists as its own
@@ -308,9 +318,14 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
                               "hosts": fabric.hosts if fabric else [], "rounds": fabric.rounds if fabric else None,
                               "tests": counts, "error": fres.get("error")}},
     }
+    warnings += remember.record_inputs(store, [run_dir / "results.json",
+                                               *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
     write_text(run_dir / "signoff.json", encode(out))
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
+    write_text(run_dir / "signoff-metrics.prom", openmetrics.render(out))
+    if (said := remember.record_output(store, run_dir / "signoff.json")) is not None:
+        print(f"clustergate signoff: {said}", file=sys.stderr)
     from clustergate.report.merge_html import node_reports
     from clustergate.report.signoff_html import signoff_page
 
@@ -327,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    where = store_path(args.store)
     try:
-        out = signoff(args.run_dir, args.fabric, args.thresholds)
+        out = signoff(args.run_dir, args.fabric, args.thresholds,
+                      store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, OSError) as exc:
         print(f"clustergate signoff: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from functools import lru_cache
 from html import escape
 from typing import Any
 
+from clustergate.criteria import Criterion
 from clustergate.numbers import number, percent
 from clustergate.report import figures, model, tables
 from clustergate.results import selection_line, short_test_name
@@ -188,6 +189,40 @@ def warnings_table(warnings: list[dict[str, Any]]) -> str:
     return note + _table(["metric", "test", "measured", "criterion", "where"], rows)
 
 
+def actions_table(steps: list[dict[str, Any]]) -> str:
+    """What to do about each failure (results.json ``actions``), most urgent first."""
+    rows = [[_td(str(a.get("action", "")), "cg-fail"), _td(short_test_name(str(a.get("test") or "the run")),
+                                                          title=str(a.get("test") or "")),
+             _td(str(a.get("where", ""))), _td(str(a.get("meaning", ""))), _td(str(a.get("next_step", ""))),
+             _td(str(a.get("escalate") or ""))] for a in steps]
+    return _table(["action", "test", "where", "what failed", "what to do", "if it recurs"], rows)
+
+
+def drift_section(results: dict[str, Any]) -> str:
+    """The run's ``drift`` section: each figure that fell below its own first accepted figure, beside the
+    criterion (the minimum) it is also held to."""
+    drift = results["drift"]
+    if drift.get("problem"):
+        return f'<p class="cg-warn">{_e(drift["problem"])}</p>'
+    criteria = {(t.get("nodeid"), m.get("name")): Criterion.from_json(m.get("criterion")).text()
+                for t in results.get("tests", []) for m in t.get("metrics", [])}
+    head = (f"<p>Against {_e(drift.get('store'))}: a figure more than {percent(float(drift.get('fraction', 0)))} below "
+            f"its own first accepted figure there (drift_severity {_e(drift.get('severity'))}).</p>")
+    rows = [[_td(str(d.get("metric"))), _td(str(d.get("where", ""))),
+             _td(number(d.get("first"), str(d.get("unit", ""))), "num"),
+             _td(number(d.get("now"), str(d.get("unit", ""))), "num"),
+             _td(f"-{percent(float(d.get('fraction', 0)))}", "num " + ("cg-fail" if d.get("severity") == "fail"
+                                                                  else "cg-warn")),
+             _td(criteria.get((d.get("test"), d.get("metric")), "")),
+             _td(f"run #{d.get('first_run')}, {d.get('first_time') or '?'}"
+                 + (f", on {d['first_host']}" if d.get("first_host") and d.get("first_host") != d.get("host")
+                    else ""))] for d in drift.get("findings") or []]
+    if not rows:
+        return head + '<p class="cg-muted">No figure drifted.</p>'
+    return head + _table(["metric", "part", "first accepted", "now", "change", "criterion", "first accepted in"],
+                         rows)
+
+
 def _cell_td(cell: tables.Cell) -> str:
     cls = {"fail": "cg-fail", "warn": "cg-warn", "outlier": "cg-outlier"}.get(cell.state, "")
     return _td(cell.text, cls, cell.title)
@@ -258,6 +293,10 @@ def summary(results: dict[str, Any]) -> str:
     fails = failures_section(results)
     if fails:
         parts += ["<h3>Failures</h3>", fails]
+    if results.get("actions"):
+        parts += ["<h3>What to do</h3>", actions_table(results["actions"])]
+    if isinstance(results.get("drift"), dict):
+        parts += ["<h3>Drift since the first accepted figures</h3>", drift_section(results)]
     if results.get("warnings"):
         parts += ["<h3>Warnings</h3>", warnings_table(results["warnings"])]
     if results.get("baseline"):

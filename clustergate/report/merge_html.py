@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from clustergate.numbers import number
+from clustergate.numbers import number, percent
 from clustergate.redact import Scrubber, scrub_strings
 from clustergate.report import html
 from clustergate.report.tables import Cell, Table
@@ -76,8 +76,14 @@ def excluded_table(excluded: list[dict[str, Any]], columns: tuple[str, ...] = ("
     rows = []
     for e in excluded:
         items = "".join(f"<li>{escape(str(line))}</li>" for line in e.get("reasons") or [])
+        items += "".join(f'<li class="cg-action">do: {escape(str(a.get("text", "")))}</li>'
+                         for a in e.get("steps") or [])
         link = (links or {}).get(e["host"])
         host = escape(e["host"]) + (f' (<a href="{href(link)}">its report</a>)' if link else "")
+        if e.get("evidence"):
+            host += f' (<a href="{href(e["evidence"])}">evidence bundle</a>)'
+        if e.get("action"):
+            host += f"<br/>{escape(e['action'])}"
         rows.append(f'<tr><td class="cg-fail">{host}</td><td>{escape(e.get("phase", ""))}</td>'
                     f'<td><ul class="cg-reasons">{items}</ul></td></tr>')
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
@@ -98,12 +104,17 @@ def node_reports(cluster: dict[str, Any]) -> dict[str, str]:
 def nodes_table(cluster: dict[str, Any]) -> Table:
     """One row per node, excluded first: verdict, failed tests, the worst figure of each metric."""
     titles = list(dict.fromkeys(t for n in cluster["nodes"] for t in n["worst"]))
-    table = Table(["host", "status", "own verdict", "failed tests", *titles])
+    table = Table(["host", "status", "own verdict", "failed tests", "drift", *titles])
     for n in sorted(cluster["nodes"], key=lambda n: (n["status"] == "accepted", n["host"])):
         failed = ", ".join(t["nodeid"].rsplit("::", 1)[-1] for t in n["failed_tests"])
+        drift = n.get("drift") or []
+        drifted = "; ".join(f"{d['metric']} {d['where']}: {number(d['now'], d['unit'])}, "
+                            f"-{percent(d['fraction'])} from {number(d['first'])} (criterion {d['criterion']})"
+                            for d in drift)
         row = [Cell(n["host"], "fail" if n["status"] != "accepted" else ""), Cell(n["status"]),
                Cell(n["verdict"], "fail" if n["verdict"] != "accept" else ""),
-               Cell(failed, "fail" if failed else "", title="; ".join(t["summary"] for t in n["failed_tests"]))]
+               Cell(failed, "fail" if failed else "", title="; ".join(t["summary"] for t in n["failed_tests"])),
+               Cell(drifted, "fail" if any(d["severity"] == "fail" for d in drift) else "warn" if drift else "")]
         for t in titles:
             w = n["worst"].get(t)
             gpu = f" gpu {w['gpu_index']}" if w and w.get("gpu_index") is not None else ""
@@ -170,7 +181,7 @@ def cluster_page(cluster: dict[str, Any]) -> str:
     body = [banner(cluster["verdict"], why, facts, unjudged=not cluster["sign_off"] and cluster["verdict"] == "accept"),
             "<h3>Hosts</h3>", hosts_block(cluster["accepted_hostlist"], cluster["excluded_hostlist"],
                                           ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt",
-                                           "excluded-hostlist.txt")),
+                                           "excluded-hostlist.txt", "metrics.prom")),
             "<h3>Excluded nodes</h3>", excluded_table(cluster["excluded"], links=node_reports(cluster)),
             "<h3>Fleet outliers</h3>", outliers_table(fleet)]
     if cluster["warnings"]:

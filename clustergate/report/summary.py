@@ -38,8 +38,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"profile {f['profile']!r} has no sign-off criteria: figures are measured, not judged")
     if selection_line(results):
         lines.append(str(selection_line(results)))
+    steps = [a for a in results.get("actions") or [] if isinstance(a, dict)]
     if results.get("error"):
         lines.append(f"run error: {str(results['error']).splitlines()[0]}")
+        lines += [f"  do: {a.get('text', '')}" for a in steps if not a.get("test")]
     elif results.get("reason") and results.get("verdict") != "accept":
         lines.append(f"why: {results['reason']}")
     rows = model.criteria_rows(results)
@@ -69,6 +71,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines += [f"    {_cut(line, 110)}" for line in said[1:]]
         if fail.ranks:
             lines.append(f"    ranks: {_cut('; '.join(fail.ranks), 110)}")
+        lines += [f"    do: {_cut(str(a.get('text', '')), 400)}" for a in steps if a.get("test") == fail.test]
+    drift = results.get("drift")
+    if isinstance(drift, dict):
+        lines += drift_lines(drift)
     base = results.get("baseline")
     if isinstance(base, dict):
         flagged = [c for c in base.get("metrics", []) + base.get("per_gpu", []) if c.get("flagged")]
@@ -79,3 +85,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             lines.append(f"  {c['name']} {c.get('gpu', c.get('scope', ''))}: {number(c['baseline'])} -> "
                          f"{number(c['current'], c.get('unit', ''))} ({change}, {c.get('direction')})")
     return [printable(line) for line in lines]
+
+
+def drift_lines(drift: dict[str, Any]) -> list[str]:
+    """The run's ``drift`` section in a line: why it was not judged, or how many figures drifted (each is listed
+    among the warnings, or fails its test, above)."""
+    if drift.get("problem"):
+        return [str(drift["problem"])]
+    n = len(drift.get("findings") or [])
+    return [f"drift against {drift.get('store')}: {n} figure{'s' if n != 1 else ''} more than "
+            f"{percent(float(drift.get('fraction', 0)))} below its first accepted figure (drift_severity "
+            f"{drift.get('severity')})"]

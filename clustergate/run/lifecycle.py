@@ -28,12 +28,14 @@ from typing import Any
 import pytest
 
 import clustergate
+from clustergate import openmetrics
 from clustergate.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.exit_codes import Exit
 from clustergate.identity import RankIdentity
 from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
 from clustergate.redact import Scrubber, scrub_file
+from clustergate.reportdir import write_atomic
 from clustergate.results import RunRecord, nodes_from_identities
 from clustergate.run import control, detectors
 from clustergate.run.control import Step
@@ -49,12 +51,15 @@ from clustergate.run.limits import (
     SIGINT_GRACE_S,
     SIGNAL_GRACE_S,
     STARTUP_S,
+    STORE_WAIT_S,
     exit_status,
 )
+from clustergate.run.memory import Memory
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
 from clustergate.run.progress import Progress
 from clustergate.run.world import World
+from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
 from clustergate.thresholds import Profile
 from clustergate.verdict import missing_tests
 
@@ -150,6 +155,9 @@ class Run:
         self.node_count = 1
         self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
         self.signals: Any = None
+        self.memory = Memory.of(options.store, profile) if self.writes else None
+        """Rank 0's use of the results store (--store); None without one."""
+        self._unwritten_metrics = False
 
     # ---- views --------------------------------------------------------------------------------------------
     @property
@@ -216,6 +224,14 @@ class Run:
                 self.end(Ending(f"could not write {path} on {self.who}: {exc}"))
         self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size)
         self.write_results()
+        if self.memory is not None:
+            # Once, before any test: the others wait at the collection exchange meanwhile (STORE_WAIT_S).
+            said = self.memory.read(self.profile, self.identities, level=self.level, started=self.record.started,
+                                    timeout_s=STORE_WAIT_S)
+            if said:
+                self.outside.say(f"clustergate: {said}\n")
+            with self._lock:
+                self.record.extra["drift"] = self.memory.section()
         with self._lock:
             self.stage = Stage.COLLECTING
 
@@ -238,6 +254,18 @@ class Run:
     def _write(self, data: dict[str, Any]) -> None:
         self.outside.write(self.results_path, data)
         self.written = data["verdict"]
+        self._write_metrics(data)
+
+    def _write_metrics(self, data: dict[str, Any]) -> None:
+        """metrics.prom beside results.json, from the same record; one that cannot be written is said once and
+        never stops the run (results.json is the record)."""
+        path = self.results_path.with_name("metrics.prom")
+        try:
+            write_atomic(path, openmetrics.render(data))
+        except (OSError, ValueError) as exc:
+            if not self._unwritten_metrics:
+                self._unwritten_metrics = True
+                self.outside.say(f"clustergate: {self.who}: could not write {path}: {exc}\n")
 
     def _event(self, event: str, **fields: Any) -> None:
         try:
@@ -345,11 +373,18 @@ class Run:
         else:
             gathered = self.exchange(step, lambda: exchange.gather_to_leader(
                 self.world, mine.as_message(), step, check=PhaseOutcome.from_message))
-            merged = merge(gathered, self.profile, when, declared).as_message() if gathered is not None else None
+            merged = None
+            if gathered is not None:
+                judged = merge(gathered, self.profile, when, declared)
+                if self.memory is not None and when == "call":
+                    judged = self.memory.judge(nodeid, judged, self.record.nodes)
+                merged = judged.as_message()
             verdict = self.exchange(step, lambda: exchange.broadcast_from_leader(
                 self.world, merged, step, check=PhaseVerdict.from_message))
         with self._lock:
             self.record.test(nodeid).apply(when, verdict, duration_s)
+            if self.memory is not None and when == "call":
+                self.record.extra["drift"] = self.memory.section()
             if when == "teardown":
                 self.phase = "after teardown"  # until the next test starts: "between tests"
             if verdict.poisoned and self.poisoned is None:
@@ -439,14 +474,19 @@ class Run:
                 # The decided record (the one report.html shows), unless something failed since.
                 unchanged = self.decided is not None and self.record.error == self._decided_error
                 final = self.decided if unchanged else self.record.as_json()
-                if final["verdict"] != "accept":
+                final_now = final["verdict"] != "accept"
+                if final_now:
                     status = status or Exit.NOT_ACCEPTED
                     try:
                         self._write(final)
                     except (OSError, ValueError) as exc:
                         self.outside.say(f"clustergate: {self.who}: could not write {self.results_path}: {exc}\n")
                         status = max(status, EXIT_EARLY)
+                        final_now = False
                 # An accept waits for the final barrier: until every rank has passed it the file says "running".
+            if final_now:
+                # Before the barrier: a run that is not accepted ends on every rank right after it.
+                self.remember(STORE_WAIT_S)
         if not (self.poisoned or self.exiting):
             with self._lock:
                 self.stage = Stage.FINAL_BARRIER
@@ -462,6 +502,7 @@ class Run:
                 with self._lock:
                     self._fail(f"a rank failed at the very end (exit status {status})", ())
                 self._try(self._write_now)
+                self.remember()
             else:
                 try:
                     self._write(final)
@@ -470,12 +511,20 @@ class Run:
                     self.outside.say(f"clustergate: {self.who}: {what}\n")
                     self.fail(what)
                     status = EXIT_EARLY
+                else:
+                    self.remember()  # every rank has passed the barrier: nobody waits for this
         with self._lock:
             self.status = status
             self.stage = Stage.ENDED
         self._try(lambda: self.progress.event("session_end", verdict=self.record.verdict, exit_status=status))
         self.progress.close()
         return status
+
+    def remember(self, timeout_s: float = STORE_TIMEOUT_S) -> None:
+        """Record the final results.json into the results store (--store), saying what became of it; never a
+        failure of the run."""
+        if self.memory is not None:
+            self.outside.say(f"clustergate: {self.memory.record(self.results_path, timeout_s=timeout_s)}\n")
 
     def final_ending(self) -> Ending:
         """The ending of a run that reached its end: what results.json says, and the status every rank agreed."""

@@ -37,6 +37,13 @@ plugins' session finish. Past it rank 0's watchdog ends the run, naming rank 0."
 FINAL_S = 30.0
 """How long rank 0, its outputs written, waits at the final barrier for the others (they have nothing to
 write, so they are there already; one that is not is stuck after the verdict and is named)."""
+STORE_WAIT_S = 20.0
+"""How long rank 0 waits for the results store (--store) while the other ranks wait for it: reading the first
+accepted figures as the session starts (they wait at the collection exchange, STARTUP_S) and recording a run that
+is not accepted before the final barrier (inside REPORT_S). A write takes milliseconds; a store held longer by
+other writers costs this run its drift judgement or its record (said, and recorded later with clustergate
+record), never the run. An accepted run is recorded after the final barrier, where nobody waits for it, within
+the store's own wait (clustergate.store.db.TIMEOUT_S)."""
 CONTROL_MARGIN_S = 120.0
 """The control group's own timeout is the test limit and this much more: it waits for the slowest rank of a
 test, so it must outlast the test limit (every exchange has a shorter deadline of its own)."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from clustergate.completeness import recorded_options
 from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_TEST_TIMEOUT_S
+from clustergate.store import STORE_ENV, store_path
 from clustergate.thresholds import Profile, shipped_thresholds
 from workloads.common import LEVELS
 
@@ -25,6 +27,7 @@ INI_KEYS: dict[str, tuple[str, str]] = {
     "shared_dir": ("paths", "a directory every node mounts (--shared-dir)"),
     "test_timeout": ("string", "per-test limit in seconds (--test-timeout)"),
     "collective_timeout": ("string", "timeout of the workloads' process group in seconds (--collective-timeout)"),
+    "store": ("paths", "the results store's file (--store), relative to this file"),
 }
 """Each option that may also be set as the ini key clustergate_<name> (the command line wins)."""
 
@@ -67,6 +70,10 @@ def add_options(parser: pytest.Parser) -> None:
                     help="results.json of an earlier run (or its report directory) to compare with: "
                          "changes beyond the profile's baseline_tolerance are flagged in the report "
                          "and in results.json under 'baseline'")
+    group.addoption("--store", default=None, metavar="PATH",
+                    help=f"the results store (an SQLite file a shared file system may hold): drift is judged against "
+                         f"each figure's own first accepted figure there, and the run is recorded into it when it "
+                         f"ends (default: ini clustergate_store, else ${STORE_ENV}; --store '' uses none)")
     for name, (kind, text) in INI_KEYS.items():
         parser.addini(f"clustergate_{name}", type=kind, default=[] if kind == "paths" else None,
                       help=f"clustergate: {text}")
@@ -97,6 +104,8 @@ class Options:
     """--test-timeout; None: the profile's test_timeout_s."""
     collective_timeout_s: float | None
     """--collective-timeout; None: the profile's collective_timeout_s."""
+    store: Path | None = None
+    """The results store (--store, else the ini key, else $CLUSTERGATE_STORE); None: no store, nothing changes."""
     baseline: str | None = None
     """--baseline: an earlier run's results.json (or its directory) to compare with; None: no comparison."""
     keyword: str | None = None
@@ -137,6 +146,7 @@ class Options:
                    report_dir=config.getoption("report_dir"), level=config.getoption("level"),
                    shared_dir=config.getoption("shared_dir"), test_timeout_s=config.getoption("test_timeout"),
                    collective_timeout_s=config.getoption("collective_timeout"), baseline=config.getoption("baseline"),
+                   store=store_path(config.getoption("store")),
                    keyword=config.getoption("keyword") or None, markexpr=config.getoption("markexpr") or None,
                    collect_only=bool(config.getoption("collectonly", False)), narrowing=recorded_options(config))
 

@@ -24,7 +24,7 @@ from clustergate import reportdir
 from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
-from clustergate.run import control, outcome
+from clustergate.run import control, memory, outcome
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -91,6 +91,8 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         host = node_name()
     except (ThresholdsError, PlacementError, NodeNameError) as exc:
         problem = str(exc)
+    if problem is None and launch.rank == 0:  # the store is rank 0's alone: its path must be usable there
+        problem = memory.problem(options.store)
     if store is not None:
         try:
             meet_at_start(store, launch, host, STARTUP_S, problem)

@@ -22,11 +22,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clustergate.store.db import Decision, Recorded, Store, StoredFigure
-from clustergate.store.lock import StoreBusy, StoreError
+from clustergate.store.lock import DocumentError, StoreBusy, StoreError
 
 STORE_ENV = "CLUSTERGATE_STORE"
 
-__all__ = ["STORE_ENV", "Decision", "Recorded", "Store", "StoreBusy", "StoreError", "StoredFigure", "store_path"]
+__all__ = ["STORE_ENV", "Decision", "DocumentError", "Recorded", "Store", "StoreBusy", "StoreError", "StoredFigure",
+           "store_path"]
 
 
 def store_path(option: str | Path | None, environ: Mapping[str, str] = os.environ) -> Path | None:

@@ -33,7 +33,7 @@ from urllib.parse import quote
 import clustergate
 from clustergate import resultsfile
 from clustergate.store import rows as rows_mod
-from clustergate.store.lock import LockNotWritable, StoreError, StoreLock
+from clustergate.store.lock import DocumentError, LockNotWritable, StoreError, StoreLock
 from clustergate.store.schema import MIGRATIONS, Migration, check_kind, check_version, migrate
 from clustergate.verdict import of_record
 
@@ -144,6 +144,11 @@ class Store:
             raise StoreError(f"{self.path}: not a clustergate store (not an SQLite database: it starts with "
                              f"{head[:8]!r}); choose another --store")
 
+    def check(self) -> None:
+        """StoreError when the path can never be a store here (its directory missing, a directory, a link, a file
+        that is not SQLite); nothing is opened or locked, so a store another process holds passes."""
+        self._check_file(creating=True)
+
     def _connect(self, *, write: bool, locked: bool) -> sqlite3.Connection:
         # A reader holding the lock opens the file read-write (without creating it): a journal left by a writer
         # killed mid-transaction is then rolled back, which a read-only connection cannot do.
@@ -229,17 +234,17 @@ class Store:
         try:
             found = rows_mod.kind_of(document)
         except ValueError as exc:
-            raise StoreError(f"{where}: {exc}") from None
+            raise DocumentError(f"{where}: {exc}") from None
         if kind is not None and kind != found:
-            raise StoreError(f"{where}: recorded as kind {kind!r} but the document is a {found!r}")
+            raise DocumentError(f"{where}: recorded as kind {kind!r} but the document is a {found!r}")
         resultsfile.checked(document, Path(where), rows_mod.FILE_KINDS[found])
         if found == "run" and document.get("verdict") == "running":
-            raise StoreError(f"{where}: the run still says 'running' (under way, or killed before it ended); the "
+            raise DocumentError(f"{where}: the run still says 'running' (under way, or killed before it ended); the "
                              "store keeps finished runs only")
         try:
             text = rows_mod.canonical(document)
         except ValueError as exc:
-            raise StoreError(f"{where}: not strict JSON ({exc})") from None
+            raise DocumentError(f"{where}: not strict JSON ({exc})") from None
         digest, identity = rows_mod.digest(text), rows_mod.identity(document)
         judged = of_record(document).verdict if found == "run" else document.get("verdict")
         when = rows_mod.started(document)
@@ -251,8 +256,9 @@ class Store:
                 return Recorded(int(same[0][0]), False, found)
             if before:
                 run, _, other = before[0]
-                raise StoreError(f"{where}: the store already holds this {found} as #{run} (from {other}) with other "
-                                 "content (re-judged or edited since); the store keeps the first record of each")
+                raise DocumentError(f"{where}: the store already holds this {found} as #{run} (from {other}) with "
+                                    "other content (re-judged or edited since); the store keeps the first record of "
+                                    "each")
             cur = conn.execute(
                 "INSERT INTO runs (digest, identity, kind, path, recorded, started, started_s, verdict, judged, "
                 "profile, level, hosts, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

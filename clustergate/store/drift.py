@@ -32,10 +32,12 @@ from typing import Any, NamedTuple
 
 from clustergate.criteria import SEVERITIES, Criterion
 from clustergate.numbers import number, percent
+from clustergate.settings import DRIFT_FRACTION as DEFAULT_FRACTION
+from clustergate.settings import DRIFT_SEVERITY as DEFAULT_SEVERITY
 from clustergate.store.db import Store, StoredFigure
 
-DEFAULT_FRACTION = 0.05
-DEFAULT_SEVERITY = "warn"
+Baselines = Mapping[tuple[str, str, str], StoredFigure]
+"""``Store.baselines``' answer: ``{("gpu", serial, metric) | ("node", host, metric): first accepted figure}``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,8 @@ class Drift:
     limit: float
     severity: str
     """fail | warn"""
+    rank: int | None = None
+    """The rank that measured the figure (the ranks a drift that fails its test names)."""
 
     def where(self) -> str:
         if self.scope != "gpu":
@@ -76,8 +80,15 @@ class Drift:
                 f"{number(self.first)} (run #{self.first_run}, {self.first_time or 'time unknown'}{moved}), "
                 f"drift limit {percent(self.limit)} [{self.where()}]")
 
+    def criterion(self) -> str:
+        """What the figure was held to, as the report shows a criterion: ``at most 5% below its first accepted
+        760 TFLOPS (run #3, 2026-01-01T00:00:00+00:00)``."""
+        return (f"at most {percent(self.limit)} below its first accepted {number(self.first, self.unit)} (run "
+                f"#{self.first_run}, {self.first_time or 'time unknown'})").replace("  ", " ")
+
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The results.json ``drift.findings`` entry: the fields, and the part and criterion as the report says them."""
+        return {**asdict(self), "where": self.where(), "criterion": self.criterion()}
 
 
 def check_settings(fraction: float, severity: str) -> None:
@@ -124,23 +135,21 @@ def followed(results: Mapping[str, Any]) -> list[Followed]:
     return out
 
 
-def drift(results: Mapping[str, Any], store: Store, *, fraction: float = DEFAULT_FRACTION,
+def wanted(parts: list[Followed]) -> tuple[set[str], set[str], set[str]]:
+    """The metrics, GPU serials and hosts whose first accepted figures ``parts`` need."""
+    return ({str(f.metric["name"]) for f in parts}, {f.key for f in parts if f.scope == "gpu"},
+            {f.key for f in parts if f.scope == "node"})
+
+
+def judge(parts: list[Followed], first: Baselines, *, fraction: float = DEFAULT_FRACTION,
           severity: str = DEFAULT_SEVERITY) -> list[Drift]:
-    """Every figure of ``results`` (a run's results.json) more than ``fraction`` below its own first accepted
-    figure in ``store``, failures first, then the furthest below. ``severity`` is the profile's
-    ``drift_severity``."""
+    """Every part of ``parts`` more than ``fraction`` below its own first accepted figure in ``first`` (pure),
+    failures first, then the furthest below. ``severity`` is the profile's ``drift_severity``."""
     check_settings(fraction, severity)
-    parts = followed(results)
-    if not parts:
-        return []
-    first = store.baselines({f.metric["name"] for f in parts},
-                            serials={f.key for f in parts if f.scope == "gpu"},
-                            hosts={f.key for f in parts if f.scope == "node"},
-                            level=results.get("level"), before=results.get("started"))
     found = []
     for f in parts:
         name, unit = str(f.metric["name"]), str(f.metric.get("unit", ""))
-        base: StoredFigure | None = first.get((f.scope, f.key, name))
+        base = first.get((f.scope, f.key, name))
         if base is None or base.value <= 0 or base.unit != unit:
             continue  # no past of its own, none a fraction can be taken of, or measured in another unit
         now = float(f.part["value"])
@@ -152,11 +161,29 @@ def drift(results: Mapping[str, Any], store: Store, *, fraction: float = DEFAULT
             test=f.test, metric=name, scope=f.scope, host=str(f.part.get("host") or f.key),
             gpu_index=f.part.get("gpu_index") if f.scope == "gpu" else None,
             serial=f.key if f.scope == "gpu" else None, unit=unit, first=base.value, first_run=base.run,
-            first_time=base.time, first_host=base.host, now=now, fraction=below, limit=fraction, severity=weight))
+            first_time=base.time, first_host=base.host, now=now, fraction=below, limit=fraction, severity=weight,
+            rank=f.part.get("rank")))
     return sorted(found, key=lambda d: (d.severity != "fail", -d.fraction, d.metric, d.host, d.gpu_index or 0))
 
 
-def section(findings: list[Drift], fraction: float, severity: str, store: str) -> dict[str, Any]:
-    """The results.json ``drift`` section: the settings it was judged by, the store, and every finding."""
-    return {"store": store, "fraction": fraction, "severity": severity,
+def drift(results: Mapping[str, Any], store: Store, *, fraction: float = DEFAULT_FRACTION,
+          severity: str = DEFAULT_SEVERITY) -> list[Drift]:
+    """Every figure of ``results`` (a run's results.json) more than ``fraction`` below its own first accepted
+    figure in ``store``, failures first, then the furthest below. ``severity`` is the profile's
+    ``drift_severity``."""
+    check_settings(fraction, severity)
+    parts = followed(results)
+    if not parts:
+        return []
+    metrics, serials, hosts = wanted(parts)
+    first = store.baselines(metrics, serials=serials, hosts=hosts, level=results.get("level"),
+                            before=results.get("started"))
+    return judge(parts, first, fraction=fraction, severity=severity)
+
+
+def section(findings: list[Drift], fraction: float, severity: str, store: str,
+            problem: str | None = None) -> dict[str, Any]:
+    """The results.json ``drift`` section: the settings it was judged by, the store, every finding, and why drift
+    was not judged (``problem``; None when it was)."""
+    return {"store": store, "fraction": fraction, "severity": severity, "problem": problem,
             "findings": [d.as_json() for d in findings]}

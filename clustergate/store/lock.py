@@ -38,6 +38,11 @@ class StoreError(Exception):
     """The store cannot be used: the message names the file and says what to do."""
 
 
+class DocumentError(StoreError):
+    """This document cannot be stored (it still says running, is not strict JSON, or another version of it is
+    stored); the store itself is fine, and other documents may be."""
+
+
 class StoreBusy(StoreError):
     """Another process held the store's lock for the whole timeout."""
 

@@ -2,14 +2,14 @@
 
     python3 launch/k8s/label_nodes.py /reports/RUN --run RUN [--dry-run]
 
-Reads the merge's RUN/accepted-hosts.txt and RUN/excluded-hosts.txt (``HOST<TAB>reason``) and patches
-each node:
+Reads the merge's RUN/accepted-hosts.txt and RUN/excluded-hosts.txt (``HOST<TAB>reason<TAB>action``) and
+patches each node:
 
 - every node: labels ``clustergate.io/verdict=accept|excluded`` and ``clustergate.io/run=RUN``;
-- an excluded node: annotation ``clustergate.io/reason`` (the merge's reason) and the taint
-  ``clustergate.io/excluded=RUN:NoSchedule``, so nothing new is scheduled there
-  (``kubectl get nodes -L clustergate.io/verdict``, ``kubectl describe node``);
-- an accepted node: that annotation and that taint removed, where an earlier run left them.
+- an excluded node: annotations ``clustergate.io/reason`` (the merge's reason) and ``clustergate.io/action``
+  (what to do: isolate, reset, config, retest or vendor) and the taint ``clustergate.io/excluded=RUN:NoSchedule``,
+  so nothing new is scheduled there (``kubectl get nodes -L clustergate.io/verdict``, ``kubectl describe node``);
+- an accepted node: those annotations and that taint removed, where an earlier run left them.
 
 Nothing else on a node changes: other labels and taints stay. Each patch carries the resourceVersion
 it was computed from; a node changed meanwhile is read and patched again. It runs in the merge Job's
@@ -33,30 +33,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-VERDICT, RUN, REASON, TAINT = ("clustergate.io/verdict", "clustergate.io/run", "clustergate.io/reason",
-                               "clustergate.io/excluded")
+VERDICT, RUN, REASON, ACTION, TAINT = ("clustergate.io/verdict", "clustergate.io/run", "clustergate.io/reason",
+                                       "clustergate.io/action", "clustergate.io/excluded")
 ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 REASON_CHARS = 1000
 
 
-def read_hosts(run_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """(accepted hosts, {excluded host: reason}) from the merge's host lists."""
+def read_hosts(run_dir: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """(accepted hosts, {excluded host: reason}, {excluded host: action}) from the merge's host lists (a list
+    written before merge named actions has no third column)."""
     accepted = (run_dir / "accepted-hosts.txt").read_text().split()
     excluded: dict[str, str] = {}
+    actions: dict[str, str] = {}
     for line in (run_dir / "excluded-hosts.txt").read_text().splitlines():
-        host, _, reason = line.partition("\t")
+        host, _, rest = line.partition("\t")
+        reason, _, action = rest.partition("\t")
         if host.strip():
             excluded[host.strip()] = reason.strip()
-    return accepted, excluded
+            actions[host.strip()] = action.strip()
+    return accepted, excluded, actions
 
 
-def patch_for(node: dict[str, Any], run: str, reason: str | None) -> dict[str, Any]:
+def patch_for(node: dict[str, Any], run: str, reason: str | None, action: str = "") -> dict[str, Any]:
     """The merge patch that marks ``node`` (the object as read) accepted (``reason`` None) or excluded."""
     taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != TAINT]
-    annotations: dict[str, str | None] = {REASON: None}
+    annotations: dict[str, str | None] = {REASON: None, ACTION: None}
     if reason is not None:
         taints.append({"key": TAINT, "value": run, "effect": "NoSchedule"})
         annotations[REASON] = reason[:REASON_CHARS] or "excluded by the merge"
+        annotations[ACTION] = action or None
     return {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
                          "labels": {VERDICT: "excluded" if reason is not None else "accept", RUN: run},
                          "annotations": annotations},
@@ -93,9 +98,9 @@ class Api:
 MISSING = "no such Kubernetes node"
 
 
-def mark(api: Api, name: str, run: str, reason: str | None, attempts: int = 5) -> str:
+def mark(api: Api, name: str, run: str, reason: str | None, attempts: int = 5, action: str = "") -> str:
     """Patch one node; '' when done, else why not (starting with MISSING where the node does not exist)."""
-    return apply(api, name, lambda node: patch_for(node, run, reason), attempts)
+    return apply(api, name, lambda node: patch_for(node, run, reason, action), attempts)
 
 
 def apply(api: Api, name: str, build: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 5) -> str:
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca-file", default=str(ACCOUNT / "ca.crt"))
     args = parser.parse_args(argv)
     try:
-        accepted, excluded = read_hosts(args.run_dir)
+        accepted, excluded, actions = read_hosts(args.run_dir)
     except OSError as exc:
         print(f"label_nodes: cannot read the merge's host lists in {args.run_dir}: {exc.strerror or exc} "
               f"(did the merge run?)", file=sys.stderr)
@@ -138,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, str | None]] = [(h, None) for h in accepted] + list(excluded.items())
     if args.dry_run:
         for host, reason in plan:
-            verdict = "accept" if reason is None else f"excluded, taint {TAINT}={args.run}:NoSchedule ({reason})"
+            verdict = "accept" if reason is None else \
+                f"excluded, taint {TAINT}={args.run}:NoSchedule ({reason}; {actions.get(host) or 'no action named'})"
             print(f"{host}: {VERDICT}={verdict}")
         return 0
     api_url = args.api or "https://{}:{}".format(os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc"),
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     api = Api(api_url, token, args.ca_file if os.path.exists(args.ca_file) else None)
     failed = missing = 0
     for host, reason in plan:
-        why = mark(api, host, args.run, reason)
+        why = mark(api, host, args.run, reason, action=actions.get(host, ""))
         state = "accept" if reason is None else "excluded, tainted NoSchedule"
         if why:
             # A host the merge lists that is no Kubernetes node has nothing to mark: said, not a failure.

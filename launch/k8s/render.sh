@@ -23,6 +23,9 @@
 #                      excluded as partial (quick, standard or extended) [standard]
 #   CG_THRESHOLDS      merge and signoff: the thresholds file the node and fabric phases ran with, in the image
 #                      or under /reports (pass the same file with --thresholds in CG_PYTEST_ARGS) [the shipped one]
+#   CG_STORE           the results store, a file on the reports volume (/reports/clustergate.db): every phase's run
+#                      judges drift against it and is recorded into it, and so are the merge and the sign-off
+#                      (README: "Running clustergate over a cluster's life") []
 #   CG_REPORT_DIR      where the job's reports go [/reports/<job>-<job uid>; fabric: /reports/<run>/fabric]
 #   CG_NAME            Job and Service name, also the pods' DNS subdomain [clustergate; with CG_PHASE:
 #                      cg-<run>-<phase>]
@@ -83,6 +86,8 @@ export CG_EXPECT_HOSTS=${CG_EXPECT_HOSTS:-}
 export CG_EXPECT_ARGS=""
 export CG_THRESHOLDS_ARGS=""
 export CG_LEVEL_ARGS=""
+export CG_STORE=${CG_STORE:-}
+export CG_STORE_ARGS=""
 case $CG_PHASE in
     "") default_manifest=clustergate.yaml ;;
     node) default_manifest=node-phase.yaml ;;
@@ -132,6 +137,12 @@ if [[ -n ${CG_LEVEL:-} ]]; then
         "CG_PYTEST_ARGS)"
     [[ $CG_LEVEL =~ ^(quick|standard|extended)$ ]] || fail "CG_LEVEL=${CG_LEVEL@Q}: quick, standard or extended"
     CG_LEVEL_ARGS="--level $CG_LEVEL"
+fi
+if [[ -n $CG_STORE ]]; then
+    # The one volume every pod of every phase mounts: a store elsewhere would be each pod's own.
+    [[ $CG_STORE =~ ^/reports/[A-Za-z0-9._/-]+$ && $CG_STORE != */ && $CG_STORE != *..* ]] \
+        || fail "CG_STORE=${CG_STORE@Q}: a file on the reports volume, e.g. /reports/clustergate.db"
+    CG_STORE_ARGS="--store '$CG_STORE'"
 fi
 
 manifest=${1:-$default_manifest}

@@ -23,6 +23,13 @@ job_checks() {
     gpus=${gpus##*:}  # --gpus-per-node=h100:8 arrives as "h100:8"
     [[ $gpus =~ ^[0-9]+$ ]] || fail "how many GPUs per node? pass sbatch --gpus-per-node=G or set CLUSTERGATE_GPUS_PER_NODE"
     export CLUSTERGATE_GPUS_PER_NODE=$gpus
+    if [[ -n ${CLUSTERGATE_STORE:-} ]]; then
+        # The results store: the runs, merge and sign-off all run in the checkout (as the report directory).
+        CLUSTERGATE_STORE=$(realpath -m "$CLUSTERGATE_STORE")
+        [[ -d $(dirname "$CLUSTERGATE_STORE") ]] \
+            || fail "CLUSTERGATE_STORE=$CLUSTERGATE_STORE: its directory does not exist (a path every node mounts)"
+        export CLUSTERGATE_STORE
+    fi
     py=${CLUSTERGATE_PYTHON:-python3}
 }
 
@@ -41,6 +48,9 @@ node_step() {
         fi
         if [[ -n ${CLUSTERGATE_NCCL_ENV:-} ]]; then
             mounts+=",$CLUSTERGATE_NCCL_ENV:$CLUSTERGATE_NCCL_ENV"
+        fi
+        if [[ -n ${CLUSTERGATE_STORE:-} ]]; then
+            mounts+=",$(dirname "$CLUSTERGATE_STORE"):$(dirname "$CLUSTERGATE_STORE")"
         fi
         mounts+=${CLUSTERGATE_CONTAINER_MOUNTS:+,$CLUSTERGATE_CONTAINER_MOUNTS}
         step+=(--container-image="$CLUSTERGATE_CONTAINER_IMAGE" --container-mounts="$mounts"
