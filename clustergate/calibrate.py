@@ -1,4 +1,4 @@
-"""``python -m clustergate.calibrate``: the documented name of ``python -m clustergate.cluster calibrate``."""
+"""``python -m clustergate.calibrate``: ``clustergate calibrate``, kept so that older scripts still work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``python -m clustergate.cluster merge|signoff|calibrate ...``: the cluster commands, each with its --help."""
+"""The cluster commands (``clustergate merge``, ``signoff``, ``calibrate``), each with its --help; ``python -m
+clustergate.cluster NAME`` still runs them for older scripts."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def command(name: str) -> Callable[[list[str]], int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m clustergate.cluster {{{','.join(COMMANDS)}}} ... (each has --help)", file=sys.stderr)
+        print(f"usage: clustergate {{{','.join(COMMANDS)}}} ... (each has --help)", file=sys.stderr)
         return 2
     return int(command(argv[0])(argv[1:]))
 
