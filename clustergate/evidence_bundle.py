@@ -190,7 +190,7 @@ def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host
         try:
             parsed = json.loads(files["results.json"])
             results = parsed if isinstance(parsed, dict) else None
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested past the parser's depth: not a results file either
             absent.append({"name": "summary of results.json", "why": f"results.json is not JSON ({exc})"})
     steps = actions.steps(results) if results is not None else [actions.step("no_result")]
     files["xid-lines.txt"] = xid_lines(results).encode()
