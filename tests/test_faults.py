@@ -44,22 +44,17 @@ def test_two_node_job_runs_multinode_tests(tmp_path: Path) -> None:
     assert all(t["outcome"] == "passed" for t in res["tests"])
 
 
-def test_failure_on_one_rank_fails_everywhere(tmp_path: Path) -> None:
-    r = job(tmp_path, "fail_on_one_rank")
-    assert r.codes == [1], r.output
-    [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
-    assert failed["nodeid"].endswith("test_fails_on_last_rank") and failed["failed_ranks"] == [1]
-    assert "failed on 1/2 ranks" in failed["message"] and f"rank 1 ({HOST}" in failed["message"]
-    assert "planted failure on rank 1" in failed["message"]
-    assert r.results["verdict"] == "reject"
-    assert [t["outcome"] for t in r.results["tests"]] == ["passed", "failed", "passed"]
-
-
-def test_failure_on_second_node_names_it(tmp_path: Path) -> None:
+def test_failure_on_one_rank_of_the_second_node_fails_everywhere_and_names_it(tmp_path: Path) -> None:
+    """The last rank (rank 3, on the second node) fails a test: every rank fails it, on both nodes, naming rank 3;
+    the tests before and after it still run."""
     r = job(tmp_path, "fail_on_one_rank", nodes=2, nproc=2)
     assert r.codes == [1, 1], r.output
     [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
-    assert failed["failed_ranks"] == [3] and "failed on 1/4 ranks" in failed["message"]
+    assert failed["nodeid"].endswith("test_fails_on_last_rank") and failed["failed_ranks"] == [3]
+    assert "failed on 1/4 ranks" in failed["message"] and f"rank 3 ({HOST}" in failed["message"]
+    assert "planted failure on rank 3" in failed["message"]
+    assert r.results["verdict"] == "reject"
+    assert [t["outcome"] for t in r.results["tests"]] == ["passed", "failed", "passed"]
 
 
 def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Path) -> None:
