@@ -28,7 +28,7 @@ TIMEOUT_S = 300.0
 """A hang guard: a run here takes a few seconds."""
 
 SERVER = r"""
-import json, os, sys
+import json, os, sys, traceback
 # The heavy imports of every run, once. Nothing pytest rewrites (a plugin: clustergate, pytest-html,
 # hypothesis's): a module imported before the run's pytest marks it would make the run warn.
 import pytest, torch, torch.distributed, torch._dynamo, matplotlib.pyplot
@@ -54,6 +54,8 @@ for line in requests:
             sys.stdout = open(1, "w", closefd=False)
             sys.stderr = open(2, "w", closefd=False)
             status = int(pytest.main(job["args"]))
+        except BaseException:
+            traceback.print_exc()  # into the run's stderr: the exit below would lose it
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
