@@ -23,3 +23,21 @@ def gloo_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     ensure_distributed()
     yield
     dist.destroy_process_group()
+
+
+SHARED_RUNS = ("node_run", "waited_out", "thousand")
+"""Session fixtures that make a run of a minute or so once for every xdist worker (``report_runs.shared``, under
+a file lock). The tests that use one go to one worker (pytest-xdist's ``--dist loadgroup``, tests/pytest.ini),
+and before the others: spread over both workers, one would sit on the lock while the other made the run."""
+
+
+def _shared_run(item: pytest.Item) -> str | None:
+    return next((name for name in SHARED_RUNS if name in item.fixturenames), None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (run := _shared_run(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(run))
+    items.sort(key=lambda item: _shared_run(item) is None)  # stable: the order within each kind is kept

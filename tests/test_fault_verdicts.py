@@ -7,6 +7,10 @@ sent), so they do not depend on how long torch takes to import on a busy machine
 is one of the product's own timers plus 15 s of exit and teardown under load; each subprocess timeout is a
 hang guard, several times that. The other faults of each class, at every stage of a run, are rows of
 tests/test_run_lifecycle.py.
+
+Three jobs spend most of their time waiting out one of those timers (45 s at start-up, 30 s at the final
+barrier, 20 s for a stopped rank): they run side by side, once per session (``waited_out``), and their tests
+judge what each left. One after another they would hold a worker for the sum of the timers.
 """
 
 from __future__ import annotations
@@ -18,10 +22,15 @@ import shutil
 import signal
 import socket
 import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
-from report_runs import schema_errors
+from report_runs import schema_errors, shared
 
 from clustergate.run.limits import (
     BLOCKED_S,
@@ -32,7 +41,7 @@ from clustergate.run.limits import (
     STARTUP_S,
 )
 
-from torchrun_job import ROOT, JobResult, plant, run_job, start_job, wait_for
+from torchrun_job import ROOT, Job, JobResult, plant, run_job, start_job, wait_for
 
 HOST = socket.gethostname()
 SLACK_S = 15.0
@@ -106,8 +115,11 @@ def test_kill_9_of_torchrun_takes_its_ranks_along_and_never_reads_accept(tmp_pat
     assert res["tests"][0]["outcome"] == "interrupted", res["tests"]
 
 
-def test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects(tmp_path: Path) -> None:
-    job = start_job(tmp_path, plant(tmp_path, "two_tests", hooks="hooks_stuck_in_unconfigure"), timeout=150)
+def _stuck_after_the_verdict(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "two_tests", hooks="hooks_stuck_in_unconfigure"), timeout=150)
+
+
+def _watch_stuck_after_the_verdict(tmp_path: Path, job: Job) -> dict[str, Any]:
     stuck = wait_for(tmp_path / "stuck-1")
     seen = set()
     while time.monotonic() - stuck < 8:  # rank 0 reaches the final barrier in a second or two
@@ -117,38 +129,25 @@ def test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_r
                 seen.add(json.loads(path.read_text())["verdict"])
         time.sleep(0.2)
     r = job.wait()
-    measured("rank 1 stuck in unconfigure", ended_after(r, stuck))
-    assert "accept" not in seen, "results.json said accept while rank 1 had not passed the final barrier"
-    assert ended_after(r, stuck) < FINAL_S + SLACK_S, r.output  # rank 0's wait at the final barrier
-    assert r.codes == [1], r.output
-    res = rejected(r)
-    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'final barrier' within"), res["error"]
-    assert res["error_ranks"] == [1]
-    assert [t["outcome"] for t in res["tests"]] == ["passed", "passed"]
+    return {"job": r, "took": ended_after(r, stuck), "seen": sorted(seen)}
 
 
-def test_rank_stuck_at_start_up_is_named(tmp_path: Path) -> None:
-    """Rank 1 hangs loading its conftest, before the process groups form: rank 0 names it at STARTUP_S (the groups'
-    own creation would wait their whole timeout and end in an INTERNALERROR naming no one)."""
-    job = start_job(tmp_path, plant(tmp_path, "healthy", hooks="hooks_stuck_in_conftest"), timeout=180)
+def _stuck_at_start_up(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "healthy", hooks="hooks_stuck_in_conftest"), timeout=180)
+
+
+def _watch_stuck_at_start_up(tmp_path: Path, job: Job) -> dict[str, Any]:
     stuck = wait_for(tmp_path / "stuck-1")
     r = job.wait()
-    measured("rank 1 stuck in its conftest", ended_after(r, stuck))
-    assert ended_after(r, stuck) < STARTUP_S + SLACK_S, r.output
-    assert "INTERNALERROR" not in r.output, r.output
-    res = rejected(r)
-    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach the start of the run within 45 s of rank 0 "
-                                   f"({HOST})"), res["error"]
-    assert res["error_ranks"] == [1] and res["tests"] == []
+    return {"job": r, "took": ended_after(r, stuck)}
 
 
-def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(tmp_path: Path) -> None:
-    """Rank 1 SIGSTOPped in a test while rank 0 waits in all_reduce (collective timeout 5 s; the test limit, 300 s on
-    cpu, is far): rank 0's collective times out, rank 0 waits POISONED_WAIT_S for rank 1 at the exchange and names
-    it; then it stops rank 1 itself (SIGCONT, SIGTERM; SIGKILL after STOP_GRACE_S), rather than leave it to
-    torchrun's SIGKILL 30 s later."""
-    job = start_job(tmp_path, [*plant(tmp_path, "collective_loop"), "--collective-timeout", str(COLLECTIVE_S)],
-                    timeout=240)
+def _stopped_while_its_peer_waits(tmp_path: Path) -> Job:
+    return start_job(tmp_path, [*plant(tmp_path, "collective_loop"), "--collective-timeout", str(COLLECTIVE_S)],
+                     timeout=240)
+
+
+def _watch_stopped_while_its_peer_waits(tmp_path: Path, job: Job) -> dict[str, Any]:
     wait_for(tmp_path / "ready-0")
     wait_for(tmp_path / "ready-1")
     pid = int((tmp_path / "ready-1").read_text())
@@ -159,8 +158,97 @@ def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(tmp_path: Path) 
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
-    measured("rank 1 SIGSTOPped, rank 0 in all_reduce", ended_after(r, stopped))
-    assert ended_after(r, stopped) < COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
+    return {"job": r, "took": ended_after(r, stopped)}
+
+
+Start = Callable[[Path], Job]
+Watch = Callable[[Path, Job], dict[str, Any]]
+WAITED_OUT: dict[str, tuple[Start, Watch]] = {
+    "test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects":
+        (_stuck_after_the_verdict, _watch_stuck_after_the_verdict),
+    "test_rank_stuck_at_start_up_is_named": (_stuck_at_start_up, _watch_stuck_at_start_up),
+    "test_rank_stopped_while_its_peer_waits_is_named_and_stopped":
+        (_stopped_while_its_peer_waits, _watch_stopped_while_its_peer_waits),
+}
+"""Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
+fault, timing it)."""
+
+
+def _run_side_by_side(target: Path, names: list[str]) -> None:
+    """Every job of ``names`` started (from this thread: no process is forked while other threads run), then each
+    watched by a thread of its own; what each left, or the error its watching raised, into target/ended.json."""
+    jobs = {}
+    for name in names:
+        (target / name).mkdir()
+        jobs[name] = WAITED_OUT[name][0](target / name)
+
+    def watch(name: str) -> dict[str, Any]:
+        try:
+            seen = WAITED_OUT[name][1](target / name, jobs[name])
+        except Exception:  # noqa: BLE001  (its test reports it; the other jobs are still judged)
+            for proc in jobs[name].procs:
+                proc.kill()
+            return {"error": traceback.format_exc()}
+        return {**seen, "job": {**asdict(seen["job"]), "report_dir": str(seen["job"].report_dir)}}
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        ended = dict(zip(names, pool.map(watch, names), strict=True))
+    (target / "ended.json").write_text(json.dumps(ended))
+
+
+@pytest.fixture(scope="session")
+def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session."""
+    names = [n for n in WAITED_OUT if any(item.name == n for item in request.session.items)]
+    key = "".join(str(list(WAITED_OUT).index(n)) for n in names)
+    target = shared(tmp_path_factory, f"waited-out-{key}", lambda t: _run_side_by_side(t, names))
+    return json.loads((target / "ended.json").read_text())
+
+
+def _ended(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> tuple[JobResult, dict[str, Any]]:
+    """This test's job, and what was seen of it."""
+    seen = waited_out[request.node.name]
+    if "error" in seen:
+        pytest.fail(f"watching the job failed:\n{seen['error']}")
+    job = seen["job"]
+    return JobResult(job["codes"], job["output"], job["seconds"], Path(job["report_dir"])), seen
+
+
+def test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects(
+        waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    r, seen = _ended(waited_out, request)
+    measured("rank 1 stuck in unconfigure", seen["took"])
+    assert "accept" not in seen["seen"], "results.json said accept while rank 1 had not passed the final barrier"
+    assert seen["took"] < FINAL_S + SLACK_S, r.output  # rank 0's wait at the final barrier
+    assert r.codes == [1], r.output
+    res = rejected(r)
+    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'final barrier' within"), res["error"]
+    assert res["error_ranks"] == [1]
+    assert [t["outcome"] for t in res["tests"]] == ["passed", "passed"]
+
+
+def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    """Rank 1 hangs loading its conftest, before the process groups form: rank 0 names it at STARTUP_S (the groups'
+    own creation would wait their whole timeout and end in an INTERNALERROR naming no one)."""
+    r, seen = _ended(waited_out, request)
+    measured("rank 1 stuck in its conftest", seen["took"])
+    assert seen["took"] < STARTUP_S + SLACK_S, r.output
+    assert "INTERNALERROR" not in r.output, r.output
+    res = rejected(r)
+    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach the start of the run within 45 s of rank 0 "
+                                   f"({HOST})"), res["error"]
+    assert res["error_ranks"] == [1] and res["tests"] == []
+
+
+def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(waited_out: dict[str, Any],
+                                                                request: pytest.FixtureRequest) -> None:
+    """Rank 1 SIGSTOPped in a test while rank 0 waits in all_reduce (collective timeout 5 s; the test limit, 300 s on
+    cpu, is far): rank 0's collective times out, rank 0 waits POISONED_WAIT_S for rank 1 at the exchange and names
+    it; then it stops rank 1 itself (SIGCONT, SIGTERM; SIGKILL after STOP_GRACE_S), rather than leave it to
+    torchrun's SIGKILL 30 s later."""
+    r, seen = _ended(waited_out, request)
+    measured("rank 1 SIGSTOPped, rank 0 in all_reduce", seen["took"])
+    assert seen["took"] < COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
     res = rejected(r)
     assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'test_fault.py::test_loop [call] (after its "
                                    "collective failed"), res["error"]

@@ -1,7 +1,8 @@
 """End to end under torchrun on gloo: healthy runs, and every planted fault ends bounded and named.
 
 Each fault must end the whole job within the bound, non-zero on every agent, with the test, rank
-and host named in the output or in results.json.
+and host named in the output or in results.json. A healthy two-node job, multinode tests run and accepted,
+is tests/test_multinode_rehearsal.py's (through the launcher a site runs).
 """
 
 from __future__ import annotations
@@ -36,30 +37,18 @@ def test_healthy_run_accepts_with_four_outputs(tmp_path: Path) -> None:
     assert r.output.count("test session starts") == 1  # only rank 0 talks
 
 
-def test_two_node_job_runs_multinode_tests(tmp_path: Path) -> None:
-    r = job(tmp_path, "healthy", nodes=2, nproc=2)
-    assert r.codes == [0, 0], r.output
-    res = r.results
-    assert res["verdict"] == "accept" and res["world_size"] == 4 and len(res["nodes"]) == 2
-    assert all(t["outcome"] == "passed" for t in res["tests"])
-
-
-def test_failure_on_one_rank_fails_everywhere(tmp_path: Path) -> None:
-    r = job(tmp_path, "fail_on_one_rank")
-    assert r.codes == [1], r.output
-    [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
-    assert failed["nodeid"].endswith("test_fails_on_last_rank") and failed["failed_ranks"] == [1]
-    assert "failed on 1/2 ranks" in failed["message"] and f"rank 1 ({HOST}" in failed["message"]
-    assert "planted failure on rank 1" in failed["message"]
-    assert r.results["verdict"] == "reject"
-    assert [t["outcome"] for t in r.results["tests"]] == ["passed", "failed", "passed"]
-
-
-def test_failure_on_second_node_names_it(tmp_path: Path) -> None:
+def test_failure_on_one_rank_of_the_second_node_fails_everywhere_and_names_it(tmp_path: Path) -> None:
+    """The last rank (rank 3, on the second node) fails a test: every rank fails it, on both nodes, naming rank 3;
+    the tests before and after it still run."""
     r = job(tmp_path, "fail_on_one_rank", nodes=2, nproc=2)
     assert r.codes == [1, 1], r.output
     [failed] = [t for t in r.results["tests"] if t["outcome"] == "failed"]
-    assert failed["failed_ranks"] == [3] and "failed on 1/4 ranks" in failed["message"]
+    assert failed["nodeid"].endswith("test_fails_on_last_rank") and failed["failed_ranks"] == [3]
+    assert "failed on 1/4 ranks" in failed["message"] and f"rank 3 ({HOST}" in failed["message"]
+    assert "planted failure on rank 3" in failed["message"]
+    assert r.results["verdict"] == "reject"
+    assert [t["outcome"] for t in r.results["tests"]] == ["passed", "failed", "passed"]
+    assert r.results["world_size"] == 4 and [n["node_rank"] for n in r.results["nodes"]] == [0, 1]
 
 
 def test_a_skip_on_one_rank_fails_the_test_saying_its_reason_as_given(tmp_path: Path) -> None:

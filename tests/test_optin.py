@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from clustergate.exit_codes import Exit
 
@@ -34,23 +35,23 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 def _files(root: Path) -> set[str]:
     """What a run left in the project (pytester's own temporary directory and output files aside)."""
     return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts
-            and not p.relative_to(root).parts[0].startswith(("runpytest-", "stdout", "stderr"))}
+            and not p.relative_to(root).parts[0].startswith(("runpytest-", "forked-", "stdout", "stderr"))}
 
 
 def test_a_run_that_does_not_ask_sees_no_clustergate(project: pytest.Pytester) -> None:
     before = _files(project.path)
-    result = project.runpytest_subprocess(*INSTALLED)
+    result = runpytest_forked(project, *INSTALLED)
     assert result.ret == 0, result.stdout.str()
     said = result.stdout.lines + result.stderr.lines
     assert not [line for line in said if "clustergate" in line.replace(str(project.path), "")], said
-    helped = project.runpytest_subprocess(*INSTALLED, "--help")
+    helped = runpytest_forked(project, *INSTALLED, "--help")
     assert helped.ret == 0
     assert _files(project.path) == before  # no reports/, no lock file, nothing
 
 
 def test_the_switch_turns_it_on_and_the_header_says_profile_level_and_report_dir(project: pytest.Pytester) -> None:
     report = project.path / "r"
-    result = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE, "--clustergate", "--profile", "cpu", "--level",
+    result = runpytest_forked(project, *INSTALLED, *PLANTED_SUITE, "--clustergate", "--profile", "cpu", "--level",
                                           "quick", "--report-dir", str(report))
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines([f"clustergate: profile cpu ({ROOT / 'thresholds.yaml'}), level quick, "
@@ -60,7 +61,7 @@ def test_the_switch_turns_it_on_and_the_header_says_profile_level_and_report_dir
 
 def test_no_clustergate_wins_over_the_switch(project: pytest.Pytester) -> None:
     project.makepyfile(test_cg="def test_cg(cg):\n    pass\n")
-    result = project.runpytest_subprocess(*INSTALLED, "--clustergate", "-p", "no:clustergate")
+    result = runpytest_forked(project, *INSTALLED, "--clustergate", "-p", "no:clustergate")
     result.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
     assert not (project.path / "reports").exists()
 
@@ -70,14 +71,14 @@ def test_ini_keys_turn_it_on_and_set_its_options_and_the_command_line_wins(proje
     (project.path / "conf" / "t.yaml").write_text((ROOT / "thresholds.yaml").read_text())
     project.makeini("[pytest]\nclustergate = true\nclustergate_thresholds = conf/t.yaml\n"
                     "clustergate_profile = cpu\nclustergate_level = quick\nclustergate_report_dir = out/run\n")
-    result = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE)
+    result = runpytest_forked(project, *INSTALLED, *PLANTED_SUITE)
     assert result.ret == 0, result.stdout.str()
     out = project.path / "out" / "run"  # relative to the ini file, as pytest's paths keys are
     result.stdout.fnmatch_lines([f"clustergate: profile cpu ({project.path / 'conf' / 't.yaml'}), level quick, "
                                  f"report directory {out}"])
     first = json.loads((out / "results.json").read_text())
     assert first["verdict"] == "accept" and first["level"] == "quick" and first["profile"] == "cpu"
-    again = project.runpytest_subprocess(*INSTALLED, *PLANTED_SUITE, "--level", "standard", "--report-dir",
+    again = runpytest_forked(project, *INSTALLED, *PLANTED_SUITE, "--level", "standard", "--report-dir",
                                          str(project.path / "o2"))
     assert again.ret == 0, again.stdout.str()
     assert json.loads((project.path / "o2" / "results.json").read_text())["level"] == "standard"
@@ -85,13 +86,13 @@ def test_ini_keys_turn_it_on_and_set_its_options_and_the_command_line_wins(proje
 
 def test_a_bad_ini_value_is_a_usage_error_naming_the_key(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nclustergate = true\nclustergate_level = fast\n")
-    result = project.runpytest_subprocess(*INSTALLED)
+    result = runpytest_forked(project, *INSTALLED)
     assert result.ret == Exit.USAGE
     result.stderr.fnmatch_lines(["*clustergate_level = 'fast'; choose one of quick, standard, extended*"])
 
 
 def test_help_with_the_plugin_on_writes_no_report_directory(project: pytest.Pytester) -> None:
-    result = project.runpytest_subprocess(*INSTALLED, "--clustergate", "--help", "--report-dir",
+    result = runpytest_forked(project, *INSTALLED, "--clustergate", "--help", "--report-dir",
                                           str(project.path / "r"))
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*--thresholds=FILE*", "*clustergate_thresholds*"])

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from clustergate.exit_codes import Exit
 
@@ -50,8 +51,8 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
 
     def _run(*args: str) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
-        result = pytester.runpytest_subprocess(
-            "-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE,
+        result = runpytest_forked(
+            pytester, "-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE,
             "--thresholds", "thresholds.yaml",
             "--report-dir", str(report), *args)
         return result, report
@@ -301,7 +302,7 @@ def test_shipped_acceptance_suite_passes_on_cpu(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(key, value)
     report = pytester.path / "report"
     path = str(ROOT / "acceptance" / "test_world.py")
-    result = pytester.runpytest_subprocess(path, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
+    result = runpytest_forked(pytester, path, "--rootdir", str(ROOT), "-p", "no:cacheprovider",
                                            "--report-dir", str(report))
     assert result.ret == 1, result.stdout.str()
     res = results(report)
@@ -329,11 +330,11 @@ def test_the_plugin_goes_by_one_name_and_no_clustergate_turns_it_off(pytester: p
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     pytester.makefile(".yaml", thresholds=THRESHOLDS)
     pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
-    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", *PLANTED_SUITE, "--thresholds", "thresholds.yaml",
+    on = runpytest_forked(pytester, "-p", "no:cacheprovider", *PLANTED_SUITE, "--thresholds", "thresholds.yaml",
                                        "--report-dir", str(pytester.path / "report"))
     assert on.ret == 0, on.stdout.str()
     assert results(pytester.path / "report")["verdict"] == "accept"
-    off = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:clustergate")
+    off = runpytest_forked(pytester, "-p", "no:cacheprovider", "-p", "no:clustergate")
     assert off.ret == 1
     off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
     assert "clustergate summary" not in off.stdout.str()
@@ -347,8 +348,8 @@ def test_the_installed_plugin_stays_off_without_a_conftest_until_asked(pytester:
         monkeypatch.setenv(key, value)
     pytester.makefile(".yaml", thresholds=THRESHOLDS)
     pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
-    off = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    off = runpytest_forked(pytester, "-p", "no:cacheprovider")
     off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
-    on = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--clustergate", *PLANTED_SUITE, "--thresholds",
+    on = runpytest_forked(pytester, "-p", "no:cacheprovider", "--clustergate", *PLANTED_SUITE, "--thresholds",
                                        "thresholds.yaml", "--report-dir", str(pytester.path / "report"))
     assert on.ret == 0, on.stdout.str()

@@ -5,6 +5,10 @@ command must each refuse it or judge it again from its records by the run's own 
 (``clustergate.verdict.of_record``): never an accept, always one clear line, never a traceback. Host
 names are identities: a file whose host is not its directory's, a directory whose name is not a node
 name, or a host outside --expect-hosts never reaches an accepted list. Outputs never overwrite inputs.
+
+Every forgery goes through the merge's and the re-render's own decision in this process (the functions their
+commands call, short of writing and drawing the outputs); a few go through each command for real, a process
+of its own, which reaches the same decision by the same functions.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from typing import Any
 
 import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
+
+from clustergate.cluster import binding, merge, signoff
+from clustergate.report.__main__ import _parser as rerender_parser
+from clustergate.report.__main__ import prepare as rerender_decision
 
 from torchrun_job import ROOT, job_env
 
@@ -210,6 +218,17 @@ def _forged_run(tmp_path: Path, good: dict[str, Any], forge: Forgery | None = No
     return nodes
 
 
+def _forgery(tmp_path: Path, good: dict[str, Any], name: str) -> Path:
+    """The nodes directory with gpu2's file forged as FORGERIES[name], or the raw bytes of RAW_FILES[name]."""
+    if name in FORGERIES:
+        return _forged_run(tmp_path, good, FORGERIES[name][0])
+    return _forged_run(tmp_path, good, raw=RAW_FILES[name][0])
+
+
+def _says(name: str) -> str:
+    return (FORGERIES.get(name) or RAW_FILES[name])[1]
+
+
 def _assert_gpu2_excluded(tmp_path: Path, proc: subprocess.CompletedProcess[str], says: str) -> None:
     assert proc.returncode == 1, proc.stdout
     assert "Traceback" not in proc.stdout
@@ -220,21 +239,29 @@ def _assert_gpu2_excluded(tmp_path: Path, proc: subprocess.CompletedProcess[str]
     assert cluster["verdict"] == "reject" and cluster["accepted"] == ["gpu1"]
 
 
-@pytest.mark.parametrize("name", list(FORGERIES))
+def merge_decision(nodes: Path) -> dict[str, Any]:
+    """The cluster results the merge decides for NODES/gpu1 and NODES/gpu2: the functions ``merge`` runs, in this
+    process, short of writing the outputs and drawing the report (the command's run id, thresholds and level)."""
+    paths = [nodes / "gpu1", nodes / "gpu2"]
+    judged = merge.judge_nodes(paths, None, merge.load_thresholds(None), run_id=binding.default_run_id(paths))
+    return merge.cluster_results(judged, None, nodes.parent / "run", 0.0)
+
+
+@pytest.mark.parametrize("name", [*FORGERIES, *RAW_FILES])
 def test_merge_recomputes_every_node_verdict_from_its_records(tmp_path: Path, good: dict[str, Any], name: str) -> None:
-    forge, says = FORGERIES[name]
-    nodes = _forged_run(tmp_path, good, forge)
-    proc = cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run"))
-    _assert_gpu2_excluded(tmp_path, proc, says)
+    cluster = merge_decision(_forgery(tmp_path, good, name))
+    assert cluster["verdict"] == "reject" and cluster["accepted"] == ["gpu1"], cluster["excluded"]
+    [excluded] = cluster["excluded"]
+    assert excluded["host"] == "gpu2" and _says(name) in "; ".join(excluded["reasons"]), excluded
 
 
-@pytest.mark.parametrize("name", list(RAW_FILES))
-def test_merge_excludes_a_file_that_is_not_strict_results_json(tmp_path: Path, good: dict[str, Any],
-                                                                name: str) -> None:
-    raw, says = RAW_FILES[name]
-    nodes = _forged_run(tmp_path, good, raw=raw)
+@pytest.mark.parametrize("name", ["metric-passed-below-min", "other-thresholds", "deep-nesting"])
+def test_the_merge_command_excludes_a_forged_node(tmp_path: Path, good: dict[str, Any], name: str) -> None:
+    """The command itself, on a forgery of each kind: records that contradict the stored verdict, a file judged by
+    other thresholds, a file that is not strict JSON."""
+    nodes = _forgery(tmp_path, good, name)
     proc = cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run"))
-    _assert_gpu2_excluded(tmp_path, proc, says)
+    _assert_gpu2_excluded(tmp_path, proc, _says(name))
 
 
 @pytest.mark.parametrize(("kind", "says"), [("fifo", "a FIFO, not a regular file"),
@@ -256,10 +283,26 @@ def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
 
 
 @pytest.mark.parametrize("name", [*FORGERIES, *RAW_FILES])
+def test_the_rerender_never_accepts_a_forged_file(tmp_path: Path, good: dict[str, Any], name: str) -> None:
+    """The re-render's decision in this process (``prepare``, what its command calls before it draws): the file is
+    refused with one line (the command's exit 2), or judged again and not accepted (its exit 1)."""
+    path = _forgery(tmp_path, good, name) / "gpu2" / "results.json"
+    try:
+        results = rerender_decision(rerender_parser().parse_args([str(path)]))
+    except ValueError as refused:
+        assert len(str(refused).strip().splitlines()) == 1, refused
+    else:
+        assert results["verdict"] != "accept", results["reason"]
+
+
+@pytest.mark.parametrize("name", ["metric-passed-below-min", "duplicate-key"])
 def test_the_rerender_command_never_accepts_a_forged_file(tmp_path: Path, good: dict[str, Any], name: str) -> None:
-    nodes = _forged_run(tmp_path, good, *((FORGERIES[name][0],) if name in FORGERIES else (None, RAW_FILES[name][0])))
-    proc = cli(str(nodes / "gpu2" / "results.json"), "-o", str(tmp_path / "r.html"))
-    assert proc.returncode in (1, 2), proc.stdout  # 1: judged again, not accepted; 2: refused as unusable
+    """The command itself, on a forgery of each kind: records that contradict the stored verdict (judged again,
+    drawn, exit 1), a file that is not strict JSON (refused, exit 2). Each command draws its report, seconds of
+    matplotlib: the other forgeries are each judged above by the function it calls."""
+    path = _forgery(tmp_path, good, name) / "gpu2" / "results.json"
+    proc = cli(str(path), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == (2 if name in RAW_FILES else 1), proc.stdout  # 2: refused as unusable
     assert "Traceback" not in proc.stdout
     if proc.returncode == 2:
         assert len(proc.stdout.strip().splitlines()) == 1, proc.stdout
@@ -330,16 +373,27 @@ FABRIC_FORGERIES: dict[str, Forgery] = {
 
 
 def _merged(tmp_path: Path) -> Path:
-    """gpu1 and gpu2 merged and accepted into tmp_path/run (run id: tmp_path's name)."""
+    """gpu1 and gpu2 merged and accepted into tmp_path/run (run id: tmp_path's name), by the merge's own function
+    in this process (its command is run above)."""
     nodes = tmp_path / "nodes"
     for i, host in enumerate(["gpu1", "gpu2"]):
         write_node(nodes, host, node_results(host, i))
-    assert cli("merge", str(nodes / "gpu1"), str(nodes / "gpu2"), "-o", str(tmp_path / "run")).returncode == 0
+    assert merge.merge([nodes / "gpu1", nodes / "gpu2"], tmp_path / "run")["verdict"] == "accept"
     return tmp_path / "run"
 
 
+def _not_signed_off(run: Path) -> dict[str, Any]:
+    """The sign-off of RUN by the function its command calls, in this process (the command exits 1 on it): a
+    reject, written, and no list of signed-off hosts."""
+    out = signoff.signoff(run)
+    assert out["verdict"] == "reject", out
+    assert json.loads((run / "signoff.json").read_text())["verdict"] == "reject"
+    assert not (run / "signoff-accepted-hosts.txt").exists()
+    return out
+
+
 def test_signoff_signs_a_complete_fabric_run_of_its_run(tmp_path: Path) -> None:
-    """The unforged case of the two tests below: it is their forgeries that keep the sign-off back."""
+    """The unforged case of the two tests below, by the command: it is their forgeries that keep the sign-off back."""
     run = _merged(tmp_path)
     write_fabric(run, fabric_results(["gpu1", "gpu2"], tmp_path.name))
     proc = cli("signoff", str(run))
@@ -352,10 +406,7 @@ def test_signoff_recomputes_the_fabric_verdict(tmp_path: Path, name: str) -> Non
     fabric = fabric_results(["gpu1", "gpu2"], tmp_path.name)
     FABRIC_FORGERIES[name](fabric)
     write_fabric(run, fabric)
-    proc = cli("signoff", str(run))
-    assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout
-    assert json.loads((run / "signoff.json").read_text())["verdict"] == "reject"
-    assert not (run / "signoff-accepted-hosts.txt").exists()
+    _not_signed_off(run)
 
 
 def _only(*kept: str) -> Forgery:
@@ -389,10 +440,8 @@ def test_signoff_signs_only_a_complete_fabric_run(tmp_path: Path, narrow: Forger
     narrow(fabric)
     fabric["selection"].update(selection, selected=len(fabric["tests"]))
     write_fabric(run, fabric)
-    proc = cli("signoff", str(run))
-    assert proc.returncode == 1, proc.stdout
-    out = json.loads((run / "signoff.json").read_text())
-    assert out["verdict"] == "reject" and any(says in r for r in out["reasons"]), out["reasons"]
+    out = _not_signed_off(run)
+    assert any(says in r for r in out["reasons"]), out["reasons"]
 
 
 def test_merge_never_writes_over_its_inputs(tmp_path: Path) -> None:
