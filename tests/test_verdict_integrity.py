@@ -27,8 +27,8 @@ import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
 from clustergate.cluster import binding, merge, signoff
-from clustergate.report.__main__ import _parser as rerender_parser
-from clustergate.report.__main__ import prepare as rerender_decision
+from clustergate.render import decide as rerender_decision
+from clustergate.render import parser as rerender_parser
 
 from torchrun_job import ROOT, job_env
 
@@ -284,7 +284,7 @@ def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
 
 @pytest.mark.parametrize("name", [*FORGERIES, *RAW_FILES])
 def test_the_rerender_never_accepts_a_forged_file(tmp_path: Path, good: dict[str, Any], name: str) -> None:
-    """The re-render's decision in this process (``prepare``, what its command calls before it draws): the file is
+    """The re-render's decision in this process (``clustergate.render.decide``, what its command calls before it draws): the file is
     refused with one line (the command's exit 2), or judged again and not accepted (its exit 1)."""
     path = _forgery(tmp_path, good, name) / "gpu2" / "results.json"
     try:
