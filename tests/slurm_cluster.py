@@ -5,7 +5,8 @@ names node1..nodeN on this machine; a TaskProlog that plants `export K=V` lines 
 HOOKS/env.NODENAME into every task on that node; a Prolog that runs HOOKS/prolog; a
 HealthCheckProgram, every 5 s, that runs HOOKS/healthcheck). Where any of it
 is missing they skip with the reason, or fail where CLUSTERGATE_REQUIRE_SLURM=1 (CI, which starts
-the cluster itself and must not pass by skipping).
+the cluster itself and must not pass by skipping). Where CLUSTERGATE_SLURM_TIER=later they skip at once:
+CI runs them in a tier of their own, after the rest, while the cluster it starts is coming up.
 
 One test at a time holds the cluster (a file lock): plants are per node and cluster-wide, so two
 tests (xdist workers, or two checkouts on one machine) must not mix them. Every job submitted is
@@ -176,6 +177,8 @@ _NO_CONTROLLER: list[str] = []
 
 def _unavailable(nodes: int) -> str | None:
     """Why the Slurm tests cannot run here; None when they can."""
+    if os.environ.get("CLUSTERGATE_SLURM_TIER") == "later":
+        return "CLUSTERGATE_SLURM_TIER=later: the Slurm tests run in a tier of their own (tests -m slurm)"
     if shutil.which("sbatch") is None:
         return f"sbatch not found: Slurm is not installed (as root: {START} installs and starts a local cluster)"
     if os.geteuid() != 0:
