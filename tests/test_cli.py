@@ -208,14 +208,21 @@ def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_r
 def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -> None:
     """For real (2 CPU ranks, from a directory outside the checkout): a failing run ends with the verdict line and
     status 1 and no torchrun traceback; an unknown option and pytest's --help are printed once; --collect-only
-    lists the tests as acceptance/..., exits 0 and writes no report."""
+    lists the tests as acceptance/..., exits 0 and writes no report. The standard library's ``html`` is imported as
+    Python starts (as some images' site set-up does): pytest-html, loaded by that name, would then warn that it
+    cannot be rewritten."""
+    early = tmp_path / "early-imports"
+    early.mkdir()
+    (early / "sitecustomize.py").write_text("import html  # noqa: F401\n")
+    env = job_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(early), env["PYTHONPATH"]])
     strict = tmp_path / "thresholds.yaml"  # the cpu profile wanting 3 GPUs a node: the world test fails
     strict.write_text((ROOT / "thresholds.yaml").read_text().replace("      gpus_per_node: 0\n",
                                                                      "      gpus_per_node: 3\n", 1))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "2", *args],
-                              cwd=tmp_path, env=job_env(), capture_output=True, text=True, timeout=300)  # hang guard
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # hang guard
 
     failed = run("-k", "test_world", "--level", "quick", "--thresholds", str(strict), "--report-dir",
                  str(tmp_path / "report"))

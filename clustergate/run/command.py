@@ -29,8 +29,10 @@ PROG = "clustergate run"
 RUN_INI = Path(__file__).resolve().parent.parent / "run.ini"
 """pytest's configuration for ``run`` (the packaged suite has no pyproject.toml beside it)."""
 
-RUN_PLUGINS = ("html", "metadata", "clustergate")
-"""The pytest plugins a ``run`` loads (entry-point names): the suite's own and pytest-html's. Every other plugin
+RUN_PLUGINS = ("pytest_html.plugin", "pytest_metadata.plugin", "clustergate")
+"""The pytest plugins a ``run`` loads: the suite's own and pytest-html's, by module rather than by entry-point name
+(pytest marks a ``-p`` name for assertion rewriting as a module first, and "html" is also the standard library's
+``html``, imported early on some images: pytest then warns it cannot rewrite it). Every other plugin
 installed beside them stays out unless named with ``-p NAME``: one that reruns failures, reorders tests or
 times them out its own way would change what a verdict means, and each one loaded costs every rank start-up
 time (a hypothesis plugin alone took 1.4 s of a quick run on an H100 node)."""
