@@ -284,8 +284,8 @@ def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
 
 @pytest.mark.parametrize("name", [*FORGERIES, *RAW_FILES])
 def test_the_rerender_never_accepts_a_forged_file(tmp_path: Path, good: dict[str, Any], name: str) -> None:
-    """The re-render's decision in this process (``clustergate.render.decide``, what its command calls before it draws): the file is
-    refused with one line (the command's exit 2), or judged again and not accepted (its exit 1)."""
+    """The re-render's decision in this process (``clustergate.render.decide``, what its command calls before it
+    draws): the file is refused with one line (the command's exit 2), or judged again and not accepted (its exit 1)."""
     path = _forgery(tmp_path, good, name) / "gpu2" / "results.json"
     try:
         results = rerender_decision(rerender_parser().parse_args([str(path)]))
