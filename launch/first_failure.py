@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "clustergate"
@@ -44,8 +44,13 @@ def node_exits(report_dir: Path) -> list[dict[str, Any]]:
 
 
 def ended_early(report_dir: Path, results: dict[str, Any] | None) -> bool:
-    """True unless the run finished: progress.jsonl ends its session and results.json has no run error."""
-    if results is None or results.get("error") or results.get("verdict") not in ("accept", "reject"):
+    """True unless the run finished: progress.jsonl ends its session and results.json has no run error and a
+    verdict of a run that ended (accept, reject, partial or unjudged: a narrowed run ends non-zero on every node
+    together, none of them first)."""
+    from clustergate.verdict import VerdictName
+
+    ended = set(get_args(VerdictName)) - {"running"}
+    if results is None or results.get("error") or results.get("verdict") not in ended:
         return True
     try:
         return '"session_end"' not in (report_dir / "progress.jsonl").read_text()

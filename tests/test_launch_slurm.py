@@ -207,6 +207,23 @@ def test_node_script_exit_record_is_json_whatever_the_node_is_called(tmp_path: P
     assert first_failure.main([str(tmp_path / "r")]) == 0
 
 
+@pytest.mark.parametrize("verdict", ["partial", "unjudged", "reject"])
+def test_a_run_that_ended_on_every_node_together_keeps_its_verdict(tmp_path: Path, verdict: str) -> None:
+    """A narrowed run (partial) or one under a profile without criteria (unjudged) ends non-zero on every node
+    together, as a reject does: no node failed first, so its results.json is not re-judged into a reject."""
+    report = tmp_path / "r"
+    (report / "node-exits").mkdir(parents=True)
+    for node in ("a", "b"):
+        (report / "node-exits" / f"{node}.json").write_text(json.dumps(
+            {"node": node, "node_index": "0", "stage": "torchrun", "status": 1, "time": time.time()}))
+    (report / "progress.jsonl").write_text('{"time": 1, "event": "session_end"}\n')
+    results = {"verdict": verdict, "error": None, "reason": "ran less than a complete run: (planted)",
+               "tests": [{"outcome": "passed"}]}
+    (report / "results.json").write_text(json.dumps(results))
+    assert first_failure.main([str(report), "--annotate"]) == 0
+    assert json.loads((report / "results.json").read_text()) == results
+
+
 def test_node_script_alone_per_node_report_directory(tmp_path: Path) -> None:
     """One node alone (the sign-off's node phase): torchrun --standalone, reports under the node's name."""
     proc, args = _node(tmp_path, "2", CLUSTERGATE_NNODES="1", CLUSTERGATE_RDZV_ENDPOINT="", CLUSTERGATE_RDZV_ID="",
