@@ -237,6 +237,25 @@ def test_a_passing_node_is_resumed_only_from_a_clustergate_drain(node: Node, tmp
     assert ("resumed node3" in proc.stdout) == resumed
 
 
+@pytest.mark.parametrize(("results", "resumed"), [
+    ({"verdict": "partial", "error": None, "reason": "ran less than a complete run: (-k 'test_world')",
+      "tests": [{"nodeid": "acceptance/test_world.py::test_world_matches_profile", "outcome": "passed"}]}, True),
+    (REJECT, False),
+])
+def test_a_check_the_site_narrowed_passes_when_all_it_ran_passed(node: Node, tmp_path: Path,
+                                                                 results: dict[str, object], resumed: bool) -> None:
+    """The quick tier with -k in the site's arguments ends partial (status 1): the node is healthy and its
+    clustergate drain undone; a failed test among the narrowed ones still drains it."""
+    node.set_state("IDLE+DRAIN", "clustergate: reject: test_matmul_tflops[bf16]: ...")
+    node.set_verdict(results)
+    proc = node.check(tmp_path / "health")
+    assert proc.returncode == 0, proc.stderr
+    assert ("passed in" in proc.stdout and "(partial: " in proc.stdout) == resumed, proc.stdout + proc.stderr
+    assert node.scontrol_updates()[-1:] == ([f"update nodename={NODE} state=resume"] if resumed else
+                                            [node.scontrol_updates()[-1]]), node.scontrol_updates()
+    assert ("state=drain" in " ".join(node.scontrol_updates())) != resumed
+
+
 def _wait_for(predicate: object, timeout: float = 120) -> bool:  # a busy 2-core machine: generous
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

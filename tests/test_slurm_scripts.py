@@ -157,6 +157,12 @@ def test_health_reason_names_the_failed_test_and_figure(tmp_path: Path, capsys: 
         "clustergate: reject: test_matmul_tflops[bf16], test_hbm_bandwidth (+1 more): matmul_bf16_tflops=512.3 "
         "TFLOPS, expected >= 700 [h100-sxm-80gb, rank 5 gpu-017 gpu 5 serial 1650]")
     assert health_reason.reason({"verdict": "accept", "tests": []}) == ""
+    # A narrowed check that passed all it ran is healthy; a partial record that carries a failure is not.
+    assert health_reason.reason({"verdict": "partial", "reason": "ran less than a complete run: (-k x)",
+                                 "tests": [{"outcome": "passed"}]}) == ""
+    assert health_reason.reason({"verdict": "partial", "tests": [
+        {"nodeid": "a.py::test_x", "outcome": "failed", "message": "x=1, expected >= 2"}]}) == (
+        "clustergate: partial: test_x: x=1, expected >= 2")
     assert health_reason.reason({"verdict": "reject", "error": "test_x did not finish within 10 s on rank 0\n  more",
                                  "tests": []}) == "clustergate: reject: test_x did not finish within 10 s on rank 0"
     (tmp_path / "results.json").write_text(json.dumps(results))
