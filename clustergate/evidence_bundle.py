@@ -22,7 +22,6 @@ a link planted under its name.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import io
@@ -30,7 +29,6 @@ import json
 import os
 import stat
 import tarfile
-import tempfile
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import actions
-from clustergate.reportdir import umask
+from clustergate.reportdir import atomic_file
 from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
 from workloads.node.name import problem as name_problem
 
@@ -143,21 +141,11 @@ def summary(host: str, results: Mapping[str, Any] | None, steps: list[actions.St
 
 def _write_tar(out: Path, members: dict[str, bytes], created: float) -> None:
     """The archive, written whole or not at all (a random temporary name renamed over ``out``)."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                for name, data in members.items():
-                    info = tarfile.TarInfo(name)
-                    info.size, info.mtime, info.mode = len(data), int(created), 0o644
-                    tar.addfile(info, io.BytesIO(data))
-            raw.flush()
-            os.fchmod(raw.fileno(), 0o666 & ~umask())
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(out, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), int(created), 0o644
+            tar.addfile(info, io.BytesIO(data))
 
 
 def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host: str | None = None) -> Path:

@@ -33,9 +33,10 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO, Any
 
 OUTPUTS = ("results.json", "report.html", "junit.xml", "progress.jsonl", "metrics.prom", "report-rerendered.html",
            "nvidia-smi-q.txt")
@@ -111,8 +112,10 @@ def umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a failed write leaves the previous file).
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file to write that becomes ``path`` whole when the block ends, or not at all (an exception in the
+    block, or a failed write, leaves the previous file). ``mode`` is "w" (UTF-8 text) or "wb".
 
     The temporary file has a random name (``mkstemp``: O_EXCL, 0600), so a link planted under a
     predictable name such as ``results.json.tmp`` is never written through; ``os.replace`` then swaps
@@ -120,8 +123,8 @@ def write_atomic(path: Path, text: str) -> None:
     """
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~umask())
         os.replace(tmp, path)
@@ -129,6 +132,12 @@ def write_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (``atomic_file``)."""
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def _holder_line() -> str:
@@ -166,6 +175,22 @@ def pid_alive(pid: int, since: float) -> bool:
         pass  # it exists, as another user's process
     started = _process_start(pid)
     return started is None or started <= since + 2.0  # /proc's boot time is rounded to the second
+
+
+def remove_stale(path: Path, ino: int) -> None:
+    """Remove the stale lock file ``path`` (inode ``ino`` when it was judged stale), unless another process has
+    replaced it meanwhile: of two that judged it stale, one moves it aside; a lock made after it was read goes
+    back (a hard link never replaces a newer one)."""
+    aside = path.with_name(f"{path.name}.stale-{secrets.token_hex(6)}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    with contextlib.suppress(OSError):
+        if os.lstat(aside).st_ino != ino:
+            os.link(aside, path)
+    with contextlib.suppress(OSError):
+        os.unlink(aside)
 
 
 class RunLock:
@@ -294,16 +319,7 @@ class RunLock:
 
     def _remove_stale(self, ino: int) -> None:
         """Remove the lock file of a run that is gone, unless another run has replaced it meanwhile."""
-        aside = self.owner_path.with_name(f"{OWNER_NAME}.stale-{secrets.token_hex(6)}")
-        try:
-            os.rename(self.owner_path, aside)  # atomic: of two runs that saw it stale, one moves it
-        except FileNotFoundError:
-            return
-        with contextlib.suppress(OSError):
-            if os.lstat(aside).st_ino != ino:  # a new holder's file, made after we read the stale one
-                os.link(aside, self.owner_path)  # give it back (link never replaces a newer one)
-        with contextlib.suppress(OSError):
-            os.unlink(aside)
+        remove_stale(self.owner_path, ino)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -21,14 +21,13 @@ import errno
 import os
 import random
 import re
-import secrets
 import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
-from clustergate.reportdir import pid_alive
+from clustergate.reportdir import pid_alive, remove_stale
 
 SUFFIX = ".lock"
 LINE = re.compile(r"pid (\d+) on (\S+) boot (\S+) pidns (\S+) since (\S+)")
@@ -153,16 +152,7 @@ class StoreLock:
 
     def _remove_stale(self, ino: int) -> None:
         """Remove a stale lock unless another process has replaced it meanwhile."""
-        aside = self.path.with_name(f"{self.path.name}.stale-{secrets.token_hex(6)}")
-        try:
-            os.rename(self.path, aside)  # atomic: of two processes that saw it stale, one moves it
-        except FileNotFoundError:
-            return
-        with contextlib.suppress(OSError):
-            if os.lstat(aside).st_ino != ino:  # a new holder's lock, made after the stale one was read
-                os.link(aside, self.path)  # give it back (link never replaces a newer one)
-        with contextlib.suppress(OSError):
-            os.unlink(aside)
+        remove_stale(self.path, ino)
 
     def release(self) -> None:
         if self._ino is None:
