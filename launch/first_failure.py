@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report_dir", type=Path, help="the job's report directory")
     parser.add_argument("--annotate", action="store_true",
                         help="also add the finding to results.json's error and render report.html again")
+    parser.add_argument("--job-status", type=int, metavar="STATUS",
+                        help="print the job's exit status instead, given the job step's STATUS: that of the "
+                             "verdict (0 accept, 1 not) for a run that ended on every node with its verdict, "
+                             "else STATUS")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # clustergate from this checkout, installed or not
     if not args.report_dir.is_dir():
         print(f"{PREFIX}: report directory {args.report_dir} does not exist", file=sys.stderr)
         return 2
@@ -109,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(results_path.read_text()) if results_path.exists() else None
     except ValueError:
         results = None
+    if args.job_status is not None:
+        # srun --kill-on-bad-exit signals the nodes still ending when the first exits 1 (status 143 for the
+        # step): for a run every node ended with its verdict, the verdict, not that race, gives the status.
+        finished = results is not None and not ended_early(args.report_dir, results)
+        print(args.job_status if not finished else 0 if results["verdict"] == "accept" else 1)
+        return 0
     if not records or not ended_early(args.report_dir, results):
         return 0
     note = describe(records)
     print(f"{PREFIX}: {note}", flush=True)
     if args.annotate and results is not None:
-        sys.path.insert(0, str(ROOT))
         try:
             annotate(args.report_dir, results, note)
         except (ImportError, OSError, subprocess.SubprocessError) as exc:

@@ -224,6 +224,22 @@ def test_a_run_that_ended_on_every_node_together_keeps_its_verdict(tmp_path: Pat
     assert json.loads((report / "results.json").read_text()) == results
 
 
+@pytest.mark.parametrize(("verdict", "error", "status"), [
+    ("partial", None, "1"), ("reject", None, "1"), ("accept", None, "0"),
+    ("reject", "rank 3 (node2) was lost", "143"),  # ended early: srun's own status stands
+])
+def test_a_job_whose_run_ended_with_its_verdict_exits_by_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            verdict: str, error: str | None, status: str) -> None:
+    """srun --kill-on-bad-exit signals a node still ending when another has exited 1 (step status 143): a run
+    that ended on every node with its verdict gives the job the verdict's status, as the exit table says."""
+    report = tmp_path / "r"
+    report.mkdir()
+    (report / "progress.jsonl").write_text('{"time": 1, "event": "session_end"}\n')
+    (report / "results.json").write_text(json.dumps({"verdict": verdict, "error": error, "tests": []}))
+    assert first_failure.main([str(report), "--job-status", "143"]) == 0
+    assert capsys.readouterr().out.strip() == status
+
+
 def test_node_script_alone_per_node_report_directory(tmp_path: Path) -> None:
     """One node alone (the sign-off's node phase): torchrun --standalone, reports under the node's name."""
     proc, args = _node(tmp_path, "2", CLUSTERGATE_NNODES="1", CLUSTERGATE_RDZV_ENDPOINT="", CLUSTERGATE_RDZV_ID="",
