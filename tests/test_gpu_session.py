@@ -106,12 +106,18 @@ def test_the_closing_table_puts_the_suite_beside_the_peers(tmp_path: Path) -> No
          "metrics": [{"name": "matmul_bf16_tflops", "value": 720.0, "per_rank": [{"value": 720.0}, {"value": 722.0}]}],
          "details": {"per_rank": per_rank}},
         {"nodeid": "acceptance/test_interconnect.py::test_allreduce_latency[node]", "outcome": "passed",
-         "metrics": [{"name": "intranode_allreduce_latency_us", "value": 21.0, "per_rank": [{"value": 21.0}]}]},
+         "metrics": [{"name": "intranode_allreduce_latency_us", "value": 7.5, "per_rank": [{"value": 7.5}]}],
+         "details": {"curves": {"node 0": [{"bytes": 64, "timing": "CUDA graph", "host_time_us": 40.0},
+                                           {"bytes": 8, "timing": "CUDA graph", "host_time_us": 36.6}]}}},
+        {"nodeid": "acceptance/test_interconnect.py::test_allreduce_latency[world]", "outcome": "passed",
+         "metrics": [{"name": "allreduce_latency_us", "value": 21.0, "per_rank": [{"value": 21.0}]}],
+         "details": {"curves": {"world": [{"bytes": 8, "timing": "host clock", "host_time_us": 21.0}]}}},
         {"nodeid": "acceptance/test_gpu_compute.py::test_power_under_load", "outcome": "failed",
          "metrics": [{"name": "sustained_power_w", "value": 690.0, "per_rank": [{"value": 690.0}]}]}]}
     (s / "suite" / "results.json").write_text(json.dumps(results))
     (s / "mamf" / "bf16-gpu0.txt").write_text(MAMF_V3)
     (s / "nccl-tests" / "all_reduce_8B.out").write_text(NCCL_TESTS)
+    (s / "nccl-tests" / "all_reduce_8B_graph.out").write_text(NCCL_TESTS.replace("18.31", "6.00"))
     (s / "diag" / "gpt_batch32.out").write_text("train_mfu = 0.4412 fraction (...)\n")
     text, summary = session_tools.table(s)
     lines = text.splitlines()
@@ -119,8 +125,13 @@ def test_the_closing_table_puts_the_suite_beside_the_peers(tmp_path: Path) -> No
     bf16 = next(line for line in lines if line.startswith("matmul bf16"))
     assert "720.0-722.0" in bf16 and "727.1" in bf16 and bf16.endswith(f"{721.0 / 727.1:.3f}")
     assert any(line.strip().startswith("bf16 4096x4096x8192") and "720.0" in line and "727.1" in line for line in lines)
-    lat = next(line for line in lines if line.startswith("intranode_allreduce_latency_us"))
-    assert "21.0" in lat and "18.3" in lat and "+2.7 us" in lat
+    # A CUDA-graph figure beside nccl-tests -G, its host clock beside plain nccl-tests; a host-clock one beside
+    # plain nccl-tests.
+    node = lines.index(next(line for line in lines if line.startswith("intranode_allreduce_latency_us")))
+    assert "nccl-tests -G" in lines[node] and "7.5" in lines[node] and lines[node].endswith(f"{7.5 / 6.0:.2f}x")
+    assert "36.6" in lines[node + 1] and "18.3" in lines[node + 1] and lines[node + 1].endswith(f"{36.6 / 18.31:.2f}x")
+    world = next(line for line in lines if line.startswith("allreduce_latency_us"))
+    assert "host clock" in world and "21.0" in world and world.endswith(f"{21.0 / 18.31:.2f}x")
     assert any(line.startswith("GPT MFU at batch 32") and "0.4412" in line for line in lines)
     assert summary["matmul_fp16"]["mamf"] == [] and summary["failed"] == ["test_power_under_load"]
 
@@ -172,3 +183,16 @@ exec '{sys.executable}' "$@"
     assert target.startswith(f"{tmp}/gpu-session-site.") and "/tmp/site" not in pip, pip
     assert listing.startswith("drwx------ ") and listing.endswith(target), listing  # 0700, made by mktemp -d
     assert not Path(target).exists()  # removed when the session ends
+
+
+def test_the_timing_splits_a_runs_start_and_end_by_its_progress_events() -> None:
+    results = {"started": "2026-11-27T10:00:10+00:00", "duration_s": 20.0, "verdict": "accept",
+               "tests": [{"nodeid": "a.py::test_x", "duration_s": 12.0, "outcome": "passed"}]}
+    t = 1795773610.0  # 2026-11-27T10:00:10Z
+    progress = [{"event": "session_start", "time": t + 0.5}, {"event": "test_start", "time": t + 3.0},
+                {"event": "test_end", "time": t + 15.0}, {"event": "session_end", "time": t + 24.0}]
+    text = session_tools.timing(results, t - 8.0, t + 30.0, progress=progress).splitlines()
+    assert text[0].startswith("wall 38.0 s = start 8.0 + session 20.0 + end 10.0")
+    assert text[1] == "  start: 8.5 s to the session's first event, 2.5 s more to the first test"
+    assert text[2] == "  end: 9.0 s from the last test to the final barrier's end, 6.0 s more to the exit"
+    assert session_tools.timing(results, t - 8.0, t + 30.0).splitlines()[1].strip().startswith("12.0 s")

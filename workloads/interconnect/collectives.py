@@ -7,8 +7,8 @@ Definitions (nccl-tests doc/PERFORMANCE.md; S = bytes of the size column, t = ti
 Time: each rank times every call with CUDA events; t = the largest per-rank median (a collective
 ends when its slowest rank does). nccl-tests averages, over ranks, the mean of a back-to-back batch:
 that figure is kept too (``busbw_mean_gbps`` in the curve). Small-message latency is timed as
-nccl-tests times it (``workloads.interconnect.latency``): rounds of back-to-back launches on the
-host's clock, on a communicator created with NCCL's own algorithm choice (never the bandwidth
+nccl-tests times it (``workloads.interconnect.latency``): rounds of back-to-back launches, on a GPU
+captured in a CUDA graph and timed on the device (-G), on the host's clock elsewhere, on a communicator created with NCCL's own algorithm choice (never the bandwidth
 sweeps' pinned NCCL_ALGO).
 Correctness first: the first call of every size is checked, element by element on every rank,
 against exact integer data (random non-zero integers whose partial sums stay exact in the dtype);
@@ -224,28 +224,40 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
         if fn is not None and send is not None:
             # Small messages: rounds of back-to-back launches on the host clock (nccl-tests); large ones:
             # each call on its own, CUDA events.
+            graph_note = ""
             if cfg.latency:
-                rounds = lat.time_rounds(lat.issue_all_reduce(send, comm.group), device, cfg.warmup,
-                                         cfg.repeats // cfg.rounds, cfg.rounds,
+                issue, calls = lat.issue_all_reduce(send, comm.group), cfg.repeats // cfg.rounds
+                rounds = lat.time_rounds(issue, device, cfg.warmup, calls, cfg.rounds,
                                          agree=lambda n: reduce_int(n, "max", comm.group))
-                times, span = rounds["host"], statistics.median(rounds["device"])
+                times, host = rounds["host"], statistics.median(rounds["host"])
+                span = statistics.median(rounds["device"])
+                # On a GPU the judged time is the CUDA graph's (nccl-tests -G); the host clock's stays beside it.
+                graphed, graph_note = lat.time_graph(issue, device, calls, cfg.rounds,
+                                                     all_ok=lambda ok: reduce_int(int(not ok), "max", comm.group) == 0)
+                if graphed:
+                    times = graphed
+                    span = statistics.median(graphed)
             else:
                 times = time_runs(fn, device, cfg.warmup, cfg.repeats)
-                span = statistics.median(times)
-            stats.append([statistics.median(times), max(times), -min(times), span, statistics.fmean(times)])
+                span = host = statistics.median(times)
+            stats.append([statistics.median(times), max(times), -min(times), span, host, statistics.fmean(times)])
             rows.append({"bytes": size_bytes(cfg.collective, unit, n, elt), "requested_bytes": size, "algo": algo})
+            if cfg.latency:
+                rows[-1]["timing"] = "host clock" if graph_note else "CUDA graph"
+                if graph_note and device.type == "cuda":  # on a GPU a graph was expected: say why not
+                    rows[-1]["graph_note"] = graph_note
         del fn, out, send  # free this size's buffers before the next, larger one
     if not comm.active:
         return []
     t = torch.tensor(stats, dtype=torch.float64, device=device)
-    worst = t[:, :4].clone()
+    worst = t[:, :5].clone()
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=comm.group)
-    mean = t[:, 4].clone()
+    mean = t[:, 5].clone()
     dist.all_reduce(mean, group=comm.group)
-    for row, (med, mx, neg_min, span), avg in zip(rows, worst.tolist(), (mean / n).tolist(), strict=True):
+    for row, (med, mx, neg_min, span, host), avg in zip(rows, worst.tolist(), (mean / n).tolist(), strict=True):
         algbw, busbw = bandwidth(cfg.collective, row["bytes"], med, n)
         row.update(time_us=med * 1e6, time_min_us=-neg_min * 1e6, time_max_us=mx * 1e6, time_mean_us=avg * 1e6,
-                   device_time_us=span * 1e6,
+                   device_time_us=span * 1e6, host_time_us=host * 1e6,
                    algbw_gbps=algbw, busbw_gbps=busbw,
                    busbw_mean_gbps=bandwidth(cfg.collective, row["bytes"], avg, n)[1])
     return rows
@@ -262,7 +274,9 @@ def run(cfg: Config) -> Result:
         "collective": cfg.collective, "scope": cfg.scope, "group": comm.label, "ranks": comm.size,
         "dtype": cfg.dtype, "nccl_algo": cfg.nccl_algo or "NCCL's choice", "curves": curves,
         "timing": (f"t = slowest rank's median of {cfg.rounds} rounds of {cfg.repeats // cfg.rounds} back-to-back "
-                   "async calls on the host clock (nccl-tests); device_time_us: the same rounds by CUDA events"
+                   "calls: on a GPU one CUDA graph of them replayed a round, by CUDA events (nccl-tests -G); where "
+                   "no graph (a row's timing says) async calls on the host clock (nccl-tests without -G); "
+                   "host_time_us: the host-clock rounds, always"
                    if cfg.latency else f"t = slowest rank's median of {cfg.repeats} calls")
                   + f" after {cfg.warmup} warm-up, {'CUDA events' if device.type == 'cuda' else 'host clock'}; "
                   "busbw_mean_gbps: mean over ranks of each rank's mean (nccl-tests' convention)",
@@ -276,10 +290,12 @@ def run(cfg: Config) -> Result:
     details["judged_bytes"] = row["bytes"]
     scope = _METRIC_SCOPE[cfg.scope]
     if cfg.latency:
+        how = ("device time per call, rounds of {} calls in a CUDA graph (nccl-tests -G; host clock: {:.1f} us)"
+               if row["timing"] == "CUDA graph" else "host time per call over rounds of {} back-to-back calls, as "
+               "nccl-tests").format(cfg.repeats // cfg.rounds, row["host_time_us"])
         metric = Metric(latency_metric(cfg.scope), row["time_us"], "us", scope=scope,
-                        description=f"all_reduce of {row['bytes']} B, {comm.size} ranks ({comm.label}): host time "
-                                    f"per call over rounds of {cfg.repeats // cfg.rounds} back-to-back calls, as "
-                                    "nccl-tests; slowest rank's median round")
+                        description=f"all_reduce of {row['bytes']} B, {comm.size} ranks ({comm.label}): {how}; "
+                                    "slowest rank's median round")
     else:
         factor = {"all_reduce": "2(n-1)/n", "broadcast": "1", "sendrecv": "1"}.get(cfg.collective, "(n-1)/n")
         metric = Metric(metric_name(cfg.collective, cfg.scope), row["busbw_gbps"], "GB/s", scope=scope,
