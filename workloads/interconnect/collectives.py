@@ -8,8 +8,8 @@ Time: each rank times every call with CUDA events; t = the largest per-rank medi
 ends when its slowest rank does). nccl-tests averages, over ranks, the mean of a back-to-back batch:
 that figure is kept too (``busbw_mean_gbps`` in the curve). Small-message latency is timed as
 nccl-tests times it (``workloads.interconnect.latency``): rounds of back-to-back launches, on a GPU
-captured in a CUDA graph and timed on the device (-G), on the host's clock elsewhere, on a communicator created with NCCL's own algorithm choice (never the bandwidth
-sweeps' pinned NCCL_ALGO).
+captured in a CUDA graph and timed on the device (-G), on the host's clock elsewhere, on a communicator
+created with NCCL's own algorithm choice (never the bandwidth sweeps' pinned NCCL_ALGO).
 Correctness first: the first call of every size is checked, element by element on every rank,
 against exact integer data (random non-zero integers whose partial sums stay exact in the dtype);
 a wrong element fails the run on every rank before any timing counts.
