@@ -14,7 +14,7 @@ Variants (each timed twice, in opposite orders, so an order or warm-up effect sh
   async_op=True launches, one wait a round, host clock as nccl-tests), ``graph`` (20 calls captured in
   a CUDA graph and replayed: device time alone, as nccl-tests -G and the suite's judged figure);
 - ``bare``: NCCL called directly through ctypes on torch's stream (no c10d at all): what one process
-  per GPU gets from NCCL itself, the multi-process counterpart of nccl-tests' -g N.
+  per GPU gets from NCCL itself, the multi-process counterpart of nccl-tests' -g N (eager and in a graph).
 For each: host us a call, device us a call (CUDA events), launch-only us a call (the host's cost of
 issuing, nothing waited), median SM clock. Run it again with TORCH_NCCL_TRACE_BUFFER_SIZE=0 to see
 the flight recorder's share.
@@ -97,9 +97,10 @@ def graph_us(tensor: torch.Tensor, group: Any, device: torch.device) -> float | 
     return statistics.median(span) * 1e6 if span else why
 
 
-def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(issue, close): an 8 B fp32 ncclAllReduce on torch's current stream through a communicator of
-    every rank made with ncclCommInitRank, the unique id sent over the default group."""
+def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """(issue, issue_here, close): an 8 B fp32 ncclAllReduce through a communicator of every rank made with
+    ncclCommInitRank, the unique id sent over the default group; ``issue`` on the stream current now,
+    ``issue_here`` on the one current at each call."""
     paths = _loaded_nccl_paths()
     if not paths:
         raise RuntimeError("no libnccl mapped into this process")
@@ -132,7 +133,11 @@ def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], No
     def issue() -> None:
         lib.ncclAllReduce(ptr, ptr, count, NCCL_FLOAT32, NCCL_SUM, comm, stream)
 
-    return issue, lambda: lib.ncclCommDestroy(comm)
+    def issue_here() -> None:  # on whatever stream is current (a CUDA graph captures on its own stream)
+        lib.ncclAllReduce(ptr, ptr, count, NCCL_FLOAT32, NCCL_SUM, comm,
+                          ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+
+    return issue, issue_here, lambda: lib.ncclCommDestroy(comm)
 
 
 def measure(name: str, group: Any, device: torch.device, tensor: torch.Tensor, calls: int = CALLS,
@@ -184,10 +189,13 @@ def main() -> None:
         try:
             if device.type != "cuda":
                 raise RuntimeError("no GPU: NCCL is not called on CPU ranks")
-            issue, close = bare_nccl(device)
+            issue, issue_here, close = bare_nccl(device)
             bare = lat.summary_us(lat.time_rounds(issue, device, 100, calls, rounds, agree=agree_max))
+            span, why = lat.time_graph(issue_here, device, calls, rounds,
+                                       all_ok=lambda ok: reduce_int(int(not ok), "max") == 0)
             rows.append({"pass": "A", "comm": "bare NCCL (ctypes)", **{f"async_{k}": v for k, v in bare.items()},
-                         "async_launch_us": launch_us(issue, device, calls)})
+                         "async_launch_us": launch_us(issue, device, calls),
+                         "graph_us": statistics.median(span) * 1e6 if span else why})
             torch.cuda.synchronize()
             close()
         except Exception as exc:  # noqa: BLE001 - the rest of the table stands
