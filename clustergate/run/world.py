@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workloads.common import end_process_groups, start_process_group
+from workloads.common import start_process_group
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -167,8 +167,3 @@ def init_world(launch: Launch, store: dist.Store | None, device: torch.device, h
     return World(rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank,
                  local_world_size=launch.local_world_size, node_rank=launch.node_rank, host=host, device=device,
                  backend=backend, control=control)
-
-
-def shutdown(world: World) -> None:
-    """Destroy the process groups. Call only on a clean path: with peers mid-collective it can hang."""
-    end_process_groups()
