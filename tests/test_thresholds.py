@@ -21,6 +21,7 @@ REFERENCE = ROOT / "docs" / "reference-figures.md"
 MEASURED_ON_H100 = {"matmul_fp16_tflops", "matmul_tf32_tflops", "matmul_fp8_tflops", "matmul_bf16_sustained_tflops",
                     "hbm_bandwidth_tbps", "h2d_bandwidth_gbps", "d2h_bandwidth_gbps", "train_tokens_per_s_per_gpu",
                     "train_mfu"}
+MEASURED_ON_H200 = MEASURED_ON_H100 | {"gpu_memory_gib"}
 
 GOOD = """
 schema: 1
@@ -81,23 +82,30 @@ def test_the_references_the_criteria_cite_ship_in_the_repository() -> None:
     assert "/work/" not in text
 
 
-def measured_rows() -> dict[str, tuple[float, float]]:
-    """metric -> (its minimum, the lowest reading) from the reference document's table of measured criteria."""
-    rows = {}
+def measured_rows() -> dict[str, dict[str, tuple[float, float]]]:
+    """profile -> metric -> (its minimum, the lowest reading), from the reference document's tables of measured
+    criteria, each under the line that names its profile (Profile `name`)."""
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    profile = ""
     for line in REFERENCE.read_text().splitlines():
-        if m := re.match(r"\| `(\w+)` \| min ([\d.]+) \| ([\d.]+) \|", line):
-            rows[m[1]] = (float(m[2]), float(m[3]))
+        if m := re.match(r"Profile `([\w-]+)`", line):
+            profile = m[1]
+        elif m := re.match(r"\| `(\w+)` \| min ([\d.]+) \| ([\d.]+) \|", line):
+            rows.setdefault(profile, {})[m[1]] = (float(m[2]), float(m[3]))
     return rows
 
 
-def test_measured_criteria_pass_the_lowest_reading_and_fail_a_gpu_at_half_of_it() -> None:
-    h100 = load(ROOT / "thresholds.yaml").profile("h100-sxm-80gb").metrics
-    rows = measured_rows()
-    assert set(rows) >= MEASURED_ON_H100, sorted(MEASURED_ON_H100 - set(rows))
+@pytest.mark.parametrize(("profile", "measured"), [("h100-sxm-80gb", MEASURED_ON_H100), ("h200", MEASURED_ON_H200)])
+def test_measured_criteria_pass_the_lowest_reading_and_fail_a_gpu_at_half_of_it(profile: str,
+                                                                                  measured: set[str]) -> None:
+    criteria = load(ROOT / "thresholds.yaml").profile(profile).metrics
+    rows = measured_rows().get(profile, {})
+    assert set(rows) >= measured, sorted(measured - set(rows))
     for name, (minimum, lowest) in rows.items():
-        c = h100[name]
+        c = criteria[name]
         assert c.source is not None and c.source.kind == "measured" and c.severity == "fail", name
-        assert c.get("min") == minimum, f"{name}: thresholds.yaml says min {c.get('min')}, {REFERENCE.name} {minimum}"
+        assert c.get("min") == minimum, f"{profile} {name}: thresholds.yaml says min {c.get('min')}, " \
+                                        f"{REFERENCE.name} {minimum}"
         assert c.weigh([Figure(lowest, c.unit or "", 0)], "gpu") == [([], [])], name
         assert c.weigh([Figure(lowest / 2, c.unit or "", 0)], "gpu")[0][0], f"{name}: half its figure passes"
 
