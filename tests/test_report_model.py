@@ -93,6 +93,9 @@ def test_figures_follow_the_details_conventions() -> None:
     assert len(overview.series) == 1 and overview.title == "busbw against size"
     bars = figures.gpu_bars(RESULTS)
     assert [b.states for b in bars][0] == ("ok", "ok", "ok", "fail")
+    one_gpu = {**RESULTS, "tests": [{**t, "metrics": [{**m, "per_rank": (m.get("per_rank") or [])[:1]}
+                                                      for m in t.get("metrics", [])]} for t in RESULTS["tests"]]}
+    assert bars and figures.gpu_bars(one_gpu) == []  # nothing to compare a lone GPU with
     assert figures.test_figures({"curves": [{"name": "x", "points": [{"step": 1}]}], "m": {"values": "no"}}) == []
 
 

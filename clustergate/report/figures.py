@@ -294,21 +294,22 @@ def busbw_overview(results: dict[str, Any]) -> list[CurveFigure]:
 
 
 def gpu_bars(results: dict[str, Any]) -> list[BarFigure]:
-    """One bar chart per gpu-scope metric with per-rank values."""
+    """One bar chart per gpu-scope metric with per-rank values from two GPUs or more: a bar chart puts a GPU
+    beside its peers, and one GPU alone has none (the per-GPU table shows its figure). A one-rank quick run drew
+    23 charts of one bar each: 1.3 s of its end on CPU, matplotlib's import included."""
     ranks = rank_index(results)
     figures = []
     for test in results.get("tests", []):
         for m in test.get("metrics", []):
             per = sorted(m.get("per_rank") or [], key=lambda p: p["rank"])
-            if m.get("scope") != "gpu" or not per:
+            if m.get("scope") != "gpu" or len(per) < 2:
                 continue
             values = [float(p["value"]) for p in per]
             crit = m.get("criterion") or {}
             states = tuple(cell_state(v, p.get("passed", True), values, crit, bool(p.get("warned"))) or "ok"
                            for p, v in zip(per, values, strict=True))
             lines = [(f"{k} {number(crit[k])}", float(crit[k])) for k in ("min", "max") if k in crit]
-            if len(values) > 1:
-                lines.append(("median", statistics.median(values)))
+            lines.append(("median", statistics.median(values)))
             labels = tuple(gpu_label(ranks.get(p["rank"], p), short=True) for p in per)
             figures.append(BarFigure(f"{m['name']} per GPU ({short_test_name(test['nodeid'])})", labels,
                                      tuple(values), states, m.get("unit", ""), tuple(lines)))
