@@ -16,6 +16,7 @@ once, MFU). The parsers read the peers' own output formats (mamf-finder's result
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -241,6 +242,15 @@ def timing(results: dict[str, Any], t0: float, t1: float, top: int = 12,
     return "\n".join(lines)
 
 
+def _events(progress: Path) -> list[dict[str, Any]]:
+    """progress.jsonl's events; a line cut short (a run killed while writing it) is left out."""
+    events = []
+    for line in progress.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    return [e for e in events if isinstance(e, dict)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -276,8 +286,7 @@ def main() -> int:
         return run_mamf(args.finder, args.dtype, args.gpus, Path(args.out))
     elif args.cmd == "timing":
         progress = Path(args.results).with_name("progress.jsonl")
-        events = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()] \
-            if progress.is_file() else None
+        events = _events(progress) if progress.is_file() else None
         print(timing(json.loads(Path(args.results).read_text()), args.t0, args.t1, args.top, events))
     elif args.cmd == "mamf-args":
         print(mamf_args(args.level))

@@ -181,6 +181,21 @@ def test_second_run_into_a_held_dir_refuses_and_earlier_outputs_move_aside(tmp_p
     assert third.results["tests"][0]["nodeid"].endswith("test_records_a_metric")
 
 
+def test_an_accepted_run_runs_the_exit_handlers_before_it_leaves(tmp_path: Path) -> None:
+    """An accepted run leaves by the run's one way out (no interpreter teardown), but Python's exit handlers
+    still run: pytest's unlocks its temporary directories (a locked one is never pruned), clustergate's own
+    remove NCCL's log directory and release the report directory."""
+    marks, temproot = tmp_path / "marks", tmp_path / "temproot"
+    marks.mkdir()
+    temproot.mkdir()
+    r = run_job(tmp_path, plant(tmp_path, "exit_handlers"), timeout=180,
+                env={"EXIT_HANDLER_MARKS": str(marks), "PYTEST_DEBUG_TEMPROOT": str(temproot)})
+    assert r.codes == [0] and r.results["verdict"] == "accept", r.output
+    assert sorted(p.name for p in marks.iterdir()) == ["rank-0", "rank-1"], r.output
+    made = list(temproot.rglob("scratch"))
+    assert len(made) == 2 and not list(temproot.rglob("*.lock")), sorted(map(str, temproot.rglob("*")))
+
+
 def test_a_full_disk_ends_the_run_and_never_reads_accept(tmp_path: Path) -> None:
     r = run_job(tmp_path, plant(tmp_path, "disk_fills"), timeout=120)
     after = time.time() - float((tmp_path / "filled-at").read_text())

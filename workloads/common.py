@@ -232,6 +232,13 @@ def agree_on(step: Callable[[], T], what: str, catch: tuple[type[BaseException],
 
 # ---- timing -----------------------------------------------------------------------------------
 
+def wait_for_collectives(wait: Callable[[], object]) -> None:
+    """The host waits (``wait``) for collectives the GPU already runs, e.g. replayed from a CUDA graph, where no
+    torch.distributed call is on the stack: the plugin counts a rank waiting here as blocked in a collective
+    (clustergate.run.peers.main_thread_collective), so a peer gone ends the run instead of the test's limit."""
+    wait()
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -7,6 +7,7 @@ that raises) to drive a run through every stage and fault in milliseconds, witho
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import sys
@@ -71,6 +72,9 @@ class Outside:
     """Writes results.json (``clustergate.results.write_json``: atomic, strict, redacted)."""
     exit: Callable[[int], NoReturn] = _exit_now
     """Ends the process with a status: the only way out of an early ending."""
+    exit_handlers: Callable[[], None] = atexit._run_exitfuncs
+    """Python's exit handlers, run before an accepted run leaves (``exit`` skips them): pytest unlocks its
+    temporary directories, clustergate removes NCCL's log directory. 14 ms of a CPU quick run."""
     park: Callable[[], NoReturn] = _park
     """What a second thread that wants to end the run does while the first ends it."""
     say: Callable[[str], None] = _say

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from clustergate.redact import outgoing
 from clustergate.run.world import World
+from workloads.common import wait_for_collectives
 
 STEPS = ("started", "finished setup of", "finished call of", "finished teardown of")
 """A rank's progress through a test, in order (the index is how far it got)."""
@@ -167,7 +168,7 @@ def main_thread_collective() -> str | None:
         name = frame.f_code.co_filename.replace("\\", "/")
         if name.endswith("clustergate/run/control.py"):
             return None
-        if "/torch/distributed/" in name:
+        if "/torch/distributed/" in name or frame.f_code is wait_for_collectives.__code__:
             call = call or frame.f_code.co_name  # the innermost: the collective itself
             caller = frame.f_back  # the outermost one's caller: the test's own code
         frame = frame.f_back

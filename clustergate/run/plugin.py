@@ -225,10 +225,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # way out, whatever the verdict. A collective stuck or a peer gone: tearing the groups down could
     # hang. A failed run: torchrun stops the other ranks as soon as one exits non-zero, so a rank still
     # tearing NCCL down would die of SIGTERM instead of exiting with the agreed status (seen on 4 and 8
-    # H200s). An accepted run: the interpreter's own teardown (threads joined, atexit handlers, process
+    # H200s). An accepted run: the interpreter's own teardown (threads joined, modules and process
     # groups, CUDA and NCCL freed) serves nobody, and took 3.8 s of an accepted quick run on one H100,
-    # from the final barrier to the command's exit. A usage error is the exception: pytest prints it
-    # after this hook, so that run ends normally.
+    # from the final barrier to the command's exit. Its exit handlers still run, as a normal exit's would
+    # (a failed run skips them: one could wait on a peer or a child that is gone). A usage error is the
+    # exception: pytest prints it after this hook, so that run ends normally.
+    if status == Exit.ACCEPT and not (run.poisoned or run.exiting):
+        run.outside.exit_handlers()
     if run.poisoned or run.exiting or status != Exit.USAGE:
         run.end(run.final_ending())
 

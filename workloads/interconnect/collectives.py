@@ -193,6 +193,12 @@ def _operation(cfg: Config, comm: cgroups.ScopeComm, send: torch.Tensor, out: to
     return ring_shift
 
 
+def _failed_rank(ok: bool, group: Any) -> int | None:
+    """A vote over ``group``: the highest rank that says not ok, or None. A collective."""
+    worst = reduce_int(0 if ok else dist.get_rank() + 1, "max", group)
+    return worst - 1 if worst else None
+
+
 def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[dict[str, Any]]:
     """Every size: buffers, one checked call, timed calls. Every rank of the job walks the same steps."""
     dtype, elt = DTYPES[cfg.dtype], torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
@@ -233,7 +239,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
                 span = statistics.median(rounds["device"])
                 # On a GPU the judged time is the CUDA graph's (nccl-tests -G); the host clock's stays beside it.
                 graphed, graph_note = lat.time_graph(issue, device, calls, cfg.rounds,
-                                                     all_ok=lambda ok: reduce_int(int(not ok), "max", comm.group) == 0)
+                                                     failed_rank=lambda ok: _failed_rank(ok, comm.group))
                 if graphed:
                     times = graphed
                     span = statistics.median(graphed)
@@ -276,7 +282,8 @@ def run(cfg: Config) -> Result:
         "timing": (f"t = slowest rank's median of {cfg.rounds} rounds of {cfg.repeats // cfg.rounds} back-to-back "
                    "calls: on a GPU one CUDA graph of them replayed a round, by CUDA events (nccl-tests -G); where "
                    "no graph (a row's timing says) async calls on the host clock (nccl-tests without -G); "
-                   "host_time_us: the host-clock rounds, always"
+                   "host_time_us: the host-clock rounds, always; device_time_us: the graph's figure where the row "
+                   "was timed from a graph, else CUDA events around the host-clock rounds"
                    if cfg.latency else f"t = slowest rank's median of {cfg.repeats} calls")
                   + f" after {cfg.warmup} warm-up, {'CUDA events' if device.type == 'cuda' else 'host clock'}; "
                   "busbw_mean_gbps: mean over ranks of each rank's mean (nccl-tests' convention)",

@@ -17,9 +17,9 @@ events, NCCL's own enqueue); ``benchmarks/latency_diag.py`` measures each of tho
 On a GPU the same calls are also captured in one CUDA graph and replayed (``time_graph``), timed on the
 device as nccl-tests -G times them: what the GPUs and their links take for a call with no host in the way.
 That is the judged figure there: the host's share (the dispatcher, c10d's work object and events, NCCL's
-enqueue) is software, the same on a healthy node and a broken one, and it is most of the call (on two H100s,
-24-47 us a call through c10d against 10 us for NCCL called directly, ``benchmarks/latency_diag.py``); its
-jitter would blur the links' figure. The host-clock figure stays beside it in the curve (``host_time_us``).
+enqueue) is software, the same on a healthy node and a broken one, and it is most of the call (on two H200s,
+25-52 us a call through c10d against 10-15 us for NCCL called directly, ``benchmarks/latency_diag.py``, run
+R10 of docs/reference-figures.md); its jitter would blur the links' figure. The host-clock figure stays beside it in the curve (``host_time_us``).
 
 The warm-up runs for a time, not a count: NCCL connects an algorithm and protocol at its first use
 (NCCL_RUNTIME_CONNECT) and a GPU that was idle raises its clocks only under load, so a few calls
@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import synchronize
+from workloads.common import synchronize, wait_for_collectives
 
 WARMUP_S = 0.2
 """Seconds of back-to-back calls before any is timed (and at least the configured warm-up count)."""
@@ -103,41 +103,50 @@ def time_rounds(issue: Callable[[], Any], device: torch.device, warmup: int, cal
 
 
 def time_graph(issue: Callable[[], Any], device: torch.device, calls: int, rounds: int,
-               all_ok: Callable[[bool], bool]) -> tuple[list[float], str]:
+               failed_rank: Callable[[bool], int | None]) -> tuple[list[float], str]:
     """Device seconds per call of ``calls`` launches of ``issue`` captured in one CUDA graph, one figure per
     replay of ``rounds`` (nccl-tests -G: its graph of -G launches replayed, timed by CUDA events), and ''
     or why the graph could not be made.
 
-    The collectives run only at replay, and only once every rank has captured its graph (``all_ok``: a vote
-    over the group): a rank whose capture failed must not leave the others replaying a collective it never
-    joins. Capture is thread-local: c10d's watchdog and the suite's clock sampler keep calling CUDA from
-    their own threads meanwhile, which a global capture would refuse."""
+    The collectives run only at replay, and only once every rank has captured its graph (``failed_rank``: a
+    vote over the group, a rank whose capture failed or None): a rank whose capture failed must not leave
+    the others replaying a collective it never joins. Capture is thread-local: c10d's watchdog and the
+    suite's clock sampler keep calling CUDA from their own threads meanwhile, which a global capture would
+    refuse. The host waits for the replayed collectives in ``wait_for_collectives``, where the plugin's
+    blocked-collective check sees a rank waiting for a peer that is gone (c10d's watchdog does not watch
+    a graph's collectives)."""
     if device.type != "cuda":
         return [], "no GPU: CUDA graphs need one"
     graph, why = torch.cuda.CUDAGraph(), ""
     torch.cuda.synchronize(device)
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            work = None
-            for _ in range(calls):
-                work = issue()
-            finish(work)
+        # The stream context gives the current stream back even when the capture fails (torch.cuda.graph
+        # would leave its capture stream current).
+        with torch.cuda.stream(torch.cuda.Stream(device)):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                work = None
+                for _ in range(calls):
+                    work = issue()
+                finish(work)
+            finally:
+                graph.capture_end()
     except Exception as exc:  # noqa: BLE001 - any failed capture: the host-clock figure stands, said why
         why = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    if not all_ok(not why):
-        return [], why or "CUDA graph capture failed on another rank"
+    failed = failed_rank(not why)
+    if failed is not None:
+        return [], why or f"CUDA graph capture failed on rank {failed} (its row says why)"
     for _ in range(3):  # the replay's own first launch, and the clocks, settle
         graph.replay()
-    torch.cuda.synchronize(device)
+    wait_for_collectives(lambda: torch.cuda.synchronize(device))
     span: list[float] = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
-        end.synchronize()
+        wait_for_collectives(end.synchronize)
         span.append(start.elapsed_time(end) / 1e3 / calls)
-    torch.cuda.synchronize(device)
     del graph
     return span, ""
 
