@@ -19,7 +19,8 @@ device as nccl-tests -G times them: what the GPUs and their links take for a cal
 That is the judged figure there: the host's share (the dispatcher, c10d's work object and events, NCCL's
 enqueue) is software, the same on a healthy node and a broken one, and it is most of the call (on two H200s,
 25-52 us a call through c10d against 10-15 us for NCCL called directly, ``benchmarks/latency_diag.py``, run
-R10 of docs/reference-figures.md); its jitter would blur the links' figure. The host-clock figure stays beside it in the curve (``host_time_us``).
+R10 of docs/reference-figures.md); its jitter would blur the links' figure. The host-clock figure stays
+beside it in the curve (``host_time_us``).
 
 The warm-up runs for a time, not a count: NCCL connects an algorithm and protocol at its first use
 (NCCL_RUNTIME_CONNECT) and a GPU that was idle raises its clocks only under load, so a few calls
