@@ -54,8 +54,7 @@ def dry_latency_diag(tmp: Path) -> None:
 
 
 def dry_matmul_diag(tmp: Path) -> None:
-    # The quick level, as gpt_diag's dry run: on CPU its 1000 warm-up calls a shape ("settled") are most of the
-    # seconds, and the standard level's third shape only adds to them.
+    # The quick level, as gpt_diag's dry run: the standard level's third shape adds seconds, not a path.
     out = ok(torchrun("matmul_diag.py", "--dtype", "bf16", "--level", "quick", "--out", str(tmp / "matmul.json"),
                       cwd=tmp))
     data = json.loads((tmp / "matmul.json").read_text())
