@@ -88,9 +88,14 @@ def runpytest_forked(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     own.mkdir()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH", "")]))
-    basetemp, stdout, stderr = own / "basetemp", own / "stdout.txt", own / "stderr.txt"
-    job = {"cwd": str(cwd), "env": env, "args": [f"--basetemp={basetemp}", *args],
-           "stdout": str(stdout), "stderr": str(stderr)}
+    return pytest_forked(cwd, env, [f"--basetemp={own / 'basetemp'}", *args], own)
+
+
+def pytest_forked(cwd: Path, env: dict[str, str], args: list[str], own: Path) -> pytest.RunResult:
+    """``python -m pytest ARGS`` run in ``cwd`` with exactly ``env``, from a child of the server; its stdout and
+    stderr kept in ``own`` (a directory that exists)."""
+    stdout, stderr = own / "stdout.txt", own / "stderr.txt"
+    job = {"cwd": str(cwd), "env": env, "args": args, "stdout": str(stdout), "stderr": str(stderr)}
     server = _started()
     assert server.stdin is not None and server.stdout is not None
     t0 = time.monotonic()

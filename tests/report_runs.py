@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from filelock import FileLock
+from forked_pytest import pytest_forked
 
 from clustergate.resultsfile import schema_problems
 
@@ -47,13 +46,12 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
 
 
 def _world_size_1(target: Path, *args: str) -> None:
-    """``pytest acceptance/test_world.py`` from the checkout (its conftest.py enables the plugin)."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "acceptance/test_world.py",
-                           "--report-dir", str(target / "report"), *args],
-                          cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=240)
-    (target / "output.txt").write_text(proc.stdout)
-    (target / "status").write_text(str(proc.returncode))
+    """``pytest acceptance/test_world.py`` from the checkout (its conftest.py enables the plugin), in a process of its
+    own forked from the server that has imported torch (tests/forked_pytest.py)."""
+    run = pytest_forked(ROOT, job_env(), ["acceptance/test_world.py", "--report-dir", str(target / "report"), *args],
+                        target)
+    (target / "output.txt").write_text("\n".join([*run.outlines, *run.errlines]))
+    (target / "status").write_text(str(int(run.ret)))
 
 
 def make_no_tests(target: Path) -> None:

@@ -54,10 +54,13 @@ def dry_latency_diag(tmp: Path) -> None:
 
 
 def dry_matmul_diag(tmp: Path) -> None:
-    out = ok(torchrun("matmul_diag.py", "--dtype", "bf16", "--out", str(tmp / "matmul.json"), cwd=tmp))
+    # The quick level, as gpt_diag's dry run: the standard level's third shape adds seconds, not a path.
+    out = ok(torchrun("matmul_diag.py", "--dtype", "bf16", "--level", "quick", "--out", str(tmp / "matmul.json"),
+                      cwd=tmp))
     data = json.loads((tmp / "matmul.json").read_text())
     variants = [r["variant"] for r in data["ranks"][0]["rows"]]
     assert variants == ["mamf", "settled", "mamf", "sustained"] and "written:" in out
+    assert data["level"] == "quick"
 
 
 def dry_gpt_diag(tmp: Path) -> None:

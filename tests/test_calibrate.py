@@ -378,18 +378,20 @@ def test_checks_calibration_cannot_change_are_said(tmp_path: Path, base: Path,
 # ---- end to end: calibrate on a recorded GPU, run the same checks on it again --------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pcie_gen", [5, 4], ids=["pcie-gen5", "pcie-gen4"])
-def test_a_calibrated_profile_accepts_the_machine_it_was_calibrated_on(tmp_path: Path, pcie_gen: int) -> None:
-    """The issue's steps on a recorded GPU: a run under the shipped 8-GPU profile on a 1-GPU VM without NVLink
-    rejects; calibrate from it; the same checks on the same GPU under the calibrated profile accept, and so
-    does re-judging that run with ``clustergate render``."""
+def test_a_calibrated_profile_accepts_the_machine_it_was_calibrated_on(tmp_path: Path) -> None:
+    """The issue's steps on a recorded GPU: a run under the shipped 8-GPU profile on a 1-GPU VM without NVLink, its
+    PCIe link at generation 4, rejects; calibrate from it; the same checks on the same GPU under the calibrated
+    profile accept, and so does re-judging that run with ``clustergate render``. A link at the shipped generation 5
+    would change none of these steps, only fail one check fewer (generation 5 learned from the runs:
+    test_a_gpu_short_of_the_fleets_shape_is_left_out_and_the_shape_is_the_fleets)."""
+    pcie_gen = 4
     vm = gpu_replay.one_gpu_vm(tmp_path, pcie_gen)
     first = gpu_replay.inventory_run(tmp_path, "std", ROOT / "thresholds.yaml", "h100-sxm-80gb", vm)
     assert first.results["verdict"] == "reject", first.output[-3000:]
     failed = {t["nodeid"].split("::")[-1]: t["message"] for t in first.results["tests"] if t["outcome"] == "failed"}
     assert "(NVML reports no NVLink on this GPU), but the profile expects 18 active links" \
         in failed["test_nvlinks_active"]
-    assert ("test_pcie_link" in failed) == (pcie_gen == 4)
+    assert "test_pcie_link" in failed  # generation 4 where the shipped profile expects 5
     # Calibrate takes complete runs only: the recorded inventory checks, with the rest of a node run skipped. (pytest
     # names the tests of one file given outside its rootdir "::NAME": named here as the suite names them.)
     std = json.loads((tmp_path / "std" / "results.json").read_text())

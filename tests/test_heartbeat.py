@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from workloads import heartbeat
 from workloads.gpu import burn_in, memtest
@@ -117,7 +118,7 @@ def test_long():
         time.sleep(0.06)
         beat(k + 1)
 """)
-    result = pytester.runpytest_subprocess("-p", "no:clustergate", "-p", "no:cacheprovider")
+    result = runpytest_forked(pytester, "-p", "no:clustergate", "-p", "no:cacheprovider")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["heartbeat: long work: 1/3 steps (33%), * elapsed, about * left",
                                  "heartbeat: long work: 3/3 steps (100%)*"])

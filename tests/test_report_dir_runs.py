@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from clustergate.exit_codes import Exit
 
@@ -45,17 +46,22 @@ def assert_nothing_stale(report: Path) -> None:
 
 @pytest.fixture
 def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    """Plain pytest (world size 1) in a subprocess, into pytester.path/report."""
+    """Plain pytest (world size 1) in a process of its own, into pytester.path/report: forked from the server that
+    has imported torch once (tests/forked_pytest.py), or, given ``preload`` (an LD_PRELOAD library, which takes
+    effect only in a process that starts with it), a new process."""
     for key, value in job_env().items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
 
-    def _run(*args: str) -> tuple[pytest.RunResult, Path]:
+    def _run(*args: str, preload: str | None = None) -> tuple[pytest.RunResult, Path]:
         report = pytester.path / "report"
-        result = pytester.runpytest_subprocess("-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE,
-                                               "--thresholds", str(ROOT / "thresholds.yaml"), "--report-dir",
-                                               str(report), *args)
-        return result, report
+        argv = ("-p", "clustergate", "-p", "no:cacheprovider", *PLANTED_SUITE, "--thresholds",
+                str(ROOT / "thresholds.yaml"), "--report-dir", str(report), *args)
+        if preload is None:
+            return runpytest_forked(pytester, *argv), report
+        with monkeypatch.context() as env:
+            env.setenv("LD_PRELOAD", preload)
+            return pytester.runpytest_subprocess(*argv), report
 
     return _run
 
@@ -211,12 +217,11 @@ def test_without_flock_a_second_run_is_told_the_lock_file_holds_the_directory(tm
 
 @pytest.mark.parametrize("args", [("--profile", "h900"), ("--no-such-option",)])
 def test_without_flock_a_refused_run_leaves_no_lock_file(
-        run, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, no_flock: str, args: tuple[str, ...]) -> None:
+        run, pytester: pytest.Pytester, no_flock: str, args: tuple[str, ...]) -> None:
     """The lock file is no flock that the kernel drops: a run refused at start-up must remove it itself
     (an unknown option ends pytest before it unconfigures)."""
-    monkeypatch.setenv("LD_PRELOAD", no_flock)
     plant_earlier_accept(pytester.path / "report")
-    result, report = run(*args)
+    result, report = run(*args, preload=no_flock)
     assert result.ret == (pytest.ExitCode.USAGE_ERROR if args == ("--no-such-option",) else Exit.USAGE), \
         result.stderr.str()
     assert_nothing_stale(report)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forked_pytest import pytest_forked
 from report_runs import shared
 from test_report_model import RESULTS
 
@@ -43,12 +44,10 @@ def test_named(part, extras):
 def make_marked_run(target: Path) -> None:
     """A live run at world size 1 whose NCCL_* value, metadata, test id and extras carry markup."""
     (target / "test_marked.py").write_text(MARKED_TEST)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
-                           "--rootdir", str(target), "--report-dir", str(target / "report"), "test_marked.py",
-                           "--metadata", "site", MARKUP],
-                          cwd=target, env=job_env({"NCCL_SOCKET_IFNAME": MARKUP}), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
-    (target / "output.txt").write_text(proc.stdout)
+    run = pytest_forked(target, job_env({"NCCL_SOCKET_IFNAME": MARKUP}),
+                        ["-p", "clustergate", "-p", "no:cacheprovider", "--rootdir", str(target), "--report-dir",
+                         str(target / "report"), "test_marked.py", "--metadata", "site", MARKUP], target)
+    (target / "output.txt").write_text("\n".join([*run.outlines, *run.errlines]))
 
 
 @pytest.fixture(scope="session")

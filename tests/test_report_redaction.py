@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from forked_pytest import pytest_forked
 from report_runs import HF_SECRET, SECRET, demo_reject  # noqa: F401
 
 from clustergate.redact import PART, REDACTED, Scrubber, is_secret_name, redact, redact_mapping, shown_environment
@@ -189,14 +188,16 @@ def test_a_failing_assert_on_a_long_secret_leaves_no_part_of_it(tmp_path: Path) 
         "    print('login', os.environ['DB_PASS'], 'with', os.environ['MY_API_TOKEN'])\n"
         "    assert os.environ['MY_API_TOKEN'] == 'the-expected-token'\n")
     report = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), "--report-dir", str(report), "test_cut.py", "-rA"],
-                          cwd=tmp_path, env=job_env({"MY_API_TOKEN": LONG_SECRET, "DB_PASS": SHORT_SECRET}),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+    own = tmp_path / "run"
+    own.mkdir()
+    run = pytest_forked(tmp_path, job_env({"MY_API_TOKEN": LONG_SECRET, "DB_PASS": SHORT_SECRET}),
+                        ["-p", "clustergate", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--report-dir",
+                         str(report), "test_cut.py", "-rA"], own)
     outputs = {name: (report / name).read_text() for name in
                ("results.json", "junit.xml", "progress.jsonl", "report.html")}
-    outputs["terminal"] = proc.stdout
-    assert "AssertionError" in outputs["terminal"] and "...[redacted]" in outputs["terminal"], proc.stdout[-3000:]
+    outputs["terminal"] = "\n".join([*run.outlines, *run.errlines])
+    assert "AssertionError" in outputs["terminal"] and "...[redacted]" in outputs["terminal"], \
+        outputs["terminal"][-3000:]
     parts = {LONG_SECRET[i:i + PART] for i in range(len(LONG_SECRET) - PART + 1)}
     for name, text in outputs.items():
         assert not [p for p in parts if p in text], (name, [p for p in parts if p in text])
