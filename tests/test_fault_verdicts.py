@@ -9,28 +9,31 @@ hang guard, several times that. The other faults of each class, at every stage o
 tests/test_run_lifecycle.py.
 
 Three jobs spend most of their time waiting out one of those timers (45 s at start-up, 30 s at the final
-barrier, 20 s for a stopped rank): they run side by side, once per session (``waited_out``), and their tests
-judge what each left. One after another they would hold a worker for the sum of the timers.
+barrier, 20 s for a stopped rank): they run side by side with the other such jobs of the suite, once per session
+(tests/waited_out_runs.py), and their tests judge what each left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
 import time
-import traceback
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from report_runs import schema_errors, shared
+from report_runs import schema_errors
+from waited_out_runs import (
+    COLLECTIVE_S,
+    alive,
+    ended,
+    ended_after,
+    since_test_start,
+    waited_out,  # noqa: F401  (the fixture)
+)
 
 from clustergate.run.limits import (
     BLOCKED_S,
@@ -41,20 +44,12 @@ from clustergate.run.limits import (
     STARTUP_S,
 )
 
-from torchrun_job import ROOT, Job, JobResult, plant, run_job, start_job, wait_for
+from torchrun_job import ROOT, JobResult, plant, run_job, start_job, wait_for
 
 HOST = socket.gethostname()
 SLACK_S = 15.0
 """Exit, torchrun's teardown and this process's polling, on CI's 2 busy cores."""
-COLLECTIVE_S = 5.0
-"""--collective-timeout of the job whose rank is stopped: the workloads' collectives time out after it."""
-
 pytestmark = pytest.mark.slow
-
-
-def ended_after(r: JobResult, event: float) -> float:
-    """Seconds from ``event`` (time.monotonic() in this process) to the end of the job."""
-    return r.seconds - (event - (time.monotonic() - r.seconds))
 
 
 def rejected(r: JobResult) -> dict:
@@ -69,26 +64,9 @@ BLOCKED_BOUND_S = BLOCKED_S + 2 * POLL_S + SLACK_S
 late), ends it BLOCKED_S later (up to POLL_S late again); then exit and teardown."""
 
 
-def since_test_start(r: JobResult, ended: float, name: str) -> float:
-    """Seconds from the start of test ``name`` (progress.jsonl's wall clock) to ``ended`` (time.time())."""
-    events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
-    return ended - next(e["time"] for e in events if e["event"] == "test_start" and e["nodeid"].endswith(name))
-
-
 def measured(what: str, seconds: float) -> None:
     """Say the time taken (shown with -s; the README's fault table quotes them)."""
     print(f"\nmeasured: {what}: {seconds:.1f} s")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (dead, not yet reaped by its new parent) counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def test_kill_9_of_torchrun_takes_its_ranks_along_and_never_reads_accept(tmp_path: Path) -> None:
@@ -115,108 +93,9 @@ def test_kill_9_of_torchrun_takes_its_ranks_along_and_never_reads_accept(tmp_pat
     assert res["tests"][0]["outcome"] == "interrupted", res["tests"]
 
 
-def _stuck_after_the_verdict(tmp_path: Path) -> Job:
-    return start_job(tmp_path, plant(tmp_path, "two_tests", hooks="hooks_stuck_in_unconfigure"), timeout=150)
-
-
-def _watch_stuck_after_the_verdict(tmp_path: Path, job: Job) -> dict[str, Any]:
-    stuck = wait_for(tmp_path / "stuck-1")
-    seen = set()
-    while time.monotonic() - stuck < 8:  # rank 0 reaches the final barrier in a second or two
-        path = tmp_path / "report" / "results.json"
-        if path.exists():
-            with contextlib.suppress(ValueError, KeyError):
-                seen.add(json.loads(path.read_text())["verdict"])
-        time.sleep(0.2)
-    r = job.wait()
-    return {"job": r, "took": ended_after(r, stuck), "seen": sorted(seen)}
-
-
-def _stuck_at_start_up(tmp_path: Path) -> Job:
-    return start_job(tmp_path, plant(tmp_path, "healthy", hooks="hooks_stuck_in_conftest"), timeout=180)
-
-
-def _watch_stuck_at_start_up(tmp_path: Path, job: Job) -> dict[str, Any]:
-    stuck = wait_for(tmp_path / "stuck-1")
-    r = job.wait()
-    return {"job": r, "took": ended_after(r, stuck)}
-
-
-def _stopped_while_its_peer_waits(tmp_path: Path) -> Job:
-    return start_job(tmp_path, [*plant(tmp_path, "collective_loop"), "--collective-timeout", str(COLLECTIVE_S)],
-                     timeout=240)
-
-
-def _watch_stopped_while_its_peer_waits(tmp_path: Path, job: Job) -> dict[str, Any]:
-    wait_for(tmp_path / "ready-0")
-    wait_for(tmp_path / "ready-1")
-    pid = int((tmp_path / "ready-1").read_text())
-    os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    try:
-        r = job.wait()
-    finally:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    return {"job": r, "took": ended_after(r, stopped)}
-
-
-Start = Callable[[Path], Job]
-Watch = Callable[[Path, Job], dict[str, Any]]
-WAITED_OUT: dict[str, tuple[Start, Watch]] = {
-    "test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects":
-        (_stuck_after_the_verdict, _watch_stuck_after_the_verdict),
-    "test_rank_stuck_at_start_up_is_named": (_stuck_at_start_up, _watch_stuck_at_start_up),
-    "test_rank_stopped_while_its_peer_waits_is_named_and_stopped":
-        (_stopped_while_its_peer_waits, _watch_stopped_while_its_peer_waits),
-}
-"""Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
-fault, timing it)."""
-
-
-def _run_side_by_side(target: Path, names: list[str]) -> None:
-    """Every job of ``names`` started (from this thread: no process is forked while other threads run), then each
-    watched by a thread of its own; what each left, or the error its watching raised, into target/ended.json."""
-    jobs = {}
-    for name in names:
-        (target / name).mkdir()
-        jobs[name] = WAITED_OUT[name][0](target / name)
-
-    def watch(name: str) -> dict[str, Any]:
-        try:
-            seen = WAITED_OUT[name][1](target / name, jobs[name])
-        except Exception:  # noqa: BLE001  (its test reports it; the other jobs are still judged)
-            for proc in jobs[name].procs:
-                proc.kill()
-            return {"error": traceback.format_exc()}
-        return {**seen, "job": {**asdict(seen["job"]), "report_dir": str(seen["job"].report_dir)}}
-
-    with ThreadPoolExecutor(len(names)) as pool:
-        ended = dict(zip(names, pool.map(watch, names), strict=True))
-    (target / "ended.json").write_text(json.dumps(ended))
-
-
-@pytest.fixture(scope="session")
-def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session."""
-    names = [n for n in WAITED_OUT if any(item.name == n for item in request.session.items)]
-    key = "".join(str(list(WAITED_OUT).index(n)) for n in names)
-    target = shared(tmp_path_factory, f"waited-out-{key}", lambda t: _run_side_by_side(t, names))
-    return json.loads((target / "ended.json").read_text())
-
-
-def _ended(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> tuple[JobResult, dict[str, Any]]:
-    """This test's job, and what was seen of it."""
-    seen = waited_out[request.node.name]
-    if "error" in seen:
-        pytest.fail(f"watching the job failed:\n{seen['error']}")
-    job = seen["job"]
-    return JobResult(job["codes"], job["output"], job["seconds"], Path(job["report_dir"])), seen
-
-
 def test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects(
-        waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:
-    r, seen = _ended(waited_out, request)
+        waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:  # noqa: F811
+    r, seen = ended(waited_out, request)
     measured("rank 1 stuck in unconfigure", seen["took"])
     assert "accept" not in seen["seen"], "results.json said accept while rank 1 had not passed the final barrier"
     assert seen["took"] < FINAL_S + SLACK_S, r.output  # rank 0's wait at the final barrier
@@ -227,10 +106,11 @@ def test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_r
     assert [t["outcome"] for t in res["tests"]] == ["passed", "passed"]
 
 
-def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:
+def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any],  # noqa: F811
+                                         request: pytest.FixtureRequest) -> None:
     """Rank 1 hangs loading its conftest, before the process groups form: rank 0 names it at STARTUP_S (the groups'
     own creation would wait their whole timeout and end in an INTERNALERROR naming no one)."""
-    r, seen = _ended(waited_out, request)
+    r, seen = ended(waited_out, request)
     measured("rank 1 stuck in its conftest", seen["took"])
     assert seen["took"] < STARTUP_S + SLACK_S, r.output
     assert "INTERNALERROR" not in r.output, r.output
@@ -240,13 +120,13 @@ def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any], request: py
     assert res["error_ranks"] == [1] and res["tests"] == []
 
 
-def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(waited_out: dict[str, Any],
+def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(waited_out: dict[str, Any],  # noqa: F811
                                                                 request: pytest.FixtureRequest) -> None:
     """Rank 1 SIGSTOPped in a test while rank 0 waits in all_reduce (collective timeout 5 s; the test limit, 300 s on
     cpu, is far): rank 0's collective times out, rank 0 waits POISONED_WAIT_S for rank 1 at the exchange and names
     it; then it stops rank 1 itself (SIGCONT, SIGTERM; SIGKILL after STOP_GRACE_S), rather than leave it to
     torchrun's SIGKILL 30 s later."""
-    r, seen = _ended(waited_out, request)
+    r, seen = ended(waited_out, request)
     measured("rank 1 SIGSTOPped, rank 0 in all_reduce", seen["took"])
     assert seen["took"] < COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
     res = rejected(r)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
+from waited_out_runs import TEST_TIMEOUT_S, ended, waited_out  # noqa: F401  (waited_out: the fixture)
 
 from torchrun_job import JobResult, plant, run_job
 
 HOST = socket.gethostname()
+SLACK_S = 15.0
+"""Exit, torchrun's teardown and this process's polling, on CI's 2 busy cores (as tests/test_fault_verdicts.py)."""
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +65,13 @@ def test_a_skip_on_one_rank_fails_the_test_saying_its_reason_as_given(tmp_path: 
     assert test["message"].splitlines()[1:] == ["rank 1: rank 1's GPU is taken (planted)"], test["message"]
 
 
-def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Path) -> None:
+def test_raise_before_collective_ends_bounded_with_default_settings(
+        waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:  # noqa: F811
     """Rank 1 raises and goes to the call exchange; rank 0 waits in all_reduce for it. Rank 0's watchdog
     sees that (10 s in a collective, polled every 5 s) and ends the run: not the collective timeout
-    (30 s on CPU, 300 s on GPU profiles), not the 300 s test limit. 120 s leaves room for start-up."""
-    r = job(tmp_path, "raise_before_collective", timeout=150)
+    (30 s on CPU, 300 s on GPU profiles), not the 300 s test limit. 120 s leaves room for start-up.
+    (The job runs beside the suite's other jobs that wait out a timer: tests/waited_out_runs.py.)"""
+    r, _ = ended(waited_out, request)
     assert r.seconds < 120, r.output
     assert r.codes == [1], r.output
     res = r.results
@@ -78,10 +84,13 @@ def test_raise_before_collective_ends_bounded_with_default_settings(tmp_path: Pa
     assert len(res["tests"]) == 1  # the run stops: the second test never runs
 
 
-def test_hang_is_cut_by_the_test_timeout(tmp_path: Path) -> None:
-    r = job(tmp_path, "hang", "--test-timeout", "10", timeout=120)
-    # The product's promise: the 10 s test limit ends the hang; 60 s = start-up under load + 10 s + teardown.
-    assert r.seconds < 60, r.output
+def test_hang_is_cut_by_the_test_timeout(waited_out: dict[str, Any],  # noqa: F811
+                                         request: pytest.FixtureRequest) -> None:
+    """Rank 1 hangs in its test under a 10 s test limit (the job runs beside the suite's other jobs that wait out a
+    timer: tests/waited_out_runs.py)."""
+    r, seen = ended(waited_out, request)
+    # The product's promise: the 10 s test limit ends the hang; from the test's start, 10 s + exit and teardown.
+    assert seen["took"] < TEST_TIMEOUT_S + SLACK_S, r.output
     assert r.codes == [1], r.output
     res = r.results
     assert res["verdict"] == "reject"

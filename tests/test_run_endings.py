@@ -19,9 +19,11 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from report_runs import schema_errors
+from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fixture)
 
 from clustergate.exit_codes import Exit
 
@@ -46,30 +48,21 @@ def note(case: str, r: JobResult, seconds: float, res: dict | None, message: str
                             "verdict": (res or {}).get("verdict"), "message": message}) + "\n")
 
 
-def ended_after(r: JobResult, event: float) -> float:
-    """Seconds from ``event`` (time.monotonic() in this process) to the end of the job."""
-    return r.seconds - (event - (time.monotonic() - r.seconds))
-
-
 def assert_valid(res: dict) -> None:
     assert schema_errors(res) == [], res
 
 
-def test_sigint_to_the_job_rejects_and_names_rank_and_test(tmp_path: Path) -> None:
+def test_sigint_to_the_job_rejects_and_names_rank_and_test(waited_out: dict[str, Any],  # noqa: F811
+                                                            request: pytest.FixtureRequest) -> None:
     """Ctrl-C on torchrun while rank 0 is blocked in a collective (it cannot run a Python handler) and
-    rank 1 is in Python."""
-    job = start_job(tmp_path, plant(tmp_path, "blocked_in_collective"), timeout=180)
-    wait_for(tmp_path / "ready-0")
-    wait_for(tmp_path / "ready-1")
-    time.sleep(1.0)  # rank 0 is inside all_reduce by now
-    job.procs[0].send_signal(signal.SIGINT)
-    sent = time.monotonic()
-    r = job.wait()
+    rank 1 is in Python. (The job runs beside the suite's other jobs that wait out a timer:
+    tests/waited_out_runs.py, which sends the SIGINT once both ranks are in the test.)"""
+    r, seen = ended(waited_out, request)
     # Rank 0's signal thread gives the main thread 20 s to unwind, then ends it: before torchrun's own
     # SIGKILL, 30 s after it forwarded the SIGINT (that SIGKILL would leave exit code -9).
     res = r.results
-    note("SIGINT to torchrun (rank 0 blocked in a collective)", r, ended_after(r, sent), res, res["error"])
-    assert ended_after(r, sent) < 30, r.output
+    note("SIGINT to torchrun (rank 0 blocked in a collective)", r, seen["took"], res, res["error"])
+    assert seen["took"] < 30, r.output
     assert r.codes != [0], r.output
     assert_valid(res)
     assert res["verdict"] == "reject", res

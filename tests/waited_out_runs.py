@@ -1,0 +1,198 @@
+"""The jobs that spend most of their time waiting out one of the product's timers, run side by side once per session.
+
+Each is a real torchrun job with a fault planted for real (tests/faults/); what it left is judged by its own test,
+in its own module, through the ``waited_out`` fixture (by test name). Their timers: 45 s at start-up, 30 s at the
+final barrier, 20 s for a stopped rank (test_fault_verdicts), 20 s for a main thread blocked when SIGINT comes
+(test_run_endings), the watchdog's 10 s on a rank blocked in a collective and a 10 s test limit on a hang
+(test_faults). One after another they would hold a worker for the sum of the timers while using little of its
+CPU; side by side they hold it for the longest. Each elapsed time is measured from the planted event (a file the
+planted code writes as it goes astray, a signal sent, the test's start in progress.jsonl), so a job that starts
+late on busy cores is judged on the same bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_runs import shared
+
+from torchrun_job import Job, JobResult, plant, start_job, wait_for
+
+COLLECTIVE_S = 5.0
+"""--collective-timeout of the job whose rank is stopped: the workloads' collectives time out after it."""
+TEST_TIMEOUT_S = 10.0
+"""--test-timeout of the job whose rank hangs in its test."""
+
+
+def ended_after(r: JobResult, event: float) -> float:
+    """Seconds from ``event`` (time.monotonic() in this process) to the end of the job."""
+    return r.seconds - (event - (time.monotonic() - r.seconds))
+
+
+def since_test_start(r: JobResult, ended: float, name: str) -> float:
+    """Seconds from the start of test ``name`` (progress.jsonl's wall clock) to ``ended`` (time.time())."""
+    events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
+    return ended - next(e["time"] for e in events if e["event"] == "test_start" and e["nodeid"].endswith(name))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by its new parent) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+# ---- test_fault_verdicts ----------------------------------------------------------------------------------------
+
+def _stuck_after_the_verdict(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "two_tests", hooks="hooks_stuck_in_unconfigure"), timeout=150)
+
+
+def _watch_stuck_after_the_verdict(tmp_path: Path, job: Job) -> dict[str, Any]:
+    stuck = wait_for(tmp_path / "stuck-1")
+    seen = set()
+    while time.monotonic() - stuck < 8:  # rank 0 reaches the final barrier in a second or two
+        path = tmp_path / "report" / "results.json"
+        if path.exists():
+            with contextlib.suppress(ValueError, KeyError):
+                seen.add(json.loads(path.read_text())["verdict"])
+        time.sleep(0.2)
+    r = job.wait()
+    return {"job": r, "took": ended_after(r, stuck), "seen": sorted(seen)}
+
+
+def _stuck_at_start_up(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "healthy", hooks="hooks_stuck_in_conftest"), timeout=180)
+
+
+def _watch_stuck_at_start_up(tmp_path: Path, job: Job) -> dict[str, Any]:
+    stuck = wait_for(tmp_path / "stuck-1")
+    r = job.wait()
+    return {"job": r, "took": ended_after(r, stuck)}
+
+
+def _stopped_while_its_peer_waits(tmp_path: Path) -> Job:
+    return start_job(tmp_path, [*plant(tmp_path, "collective_loop"), "--collective-timeout", str(COLLECTIVE_S)],
+                     timeout=240)
+
+
+def _watch_stopped_while_its_peer_waits(tmp_path: Path, job: Job) -> dict[str, Any]:
+    wait_for(tmp_path / "ready-0")
+    wait_for(tmp_path / "ready-1")
+    pid = int((tmp_path / "ready-1").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        r = job.wait()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    return {"job": r, "took": ended_after(r, stopped)}
+
+
+# ---- test_run_endings -------------------------------------------------------------------------------------------
+
+def _blocked_when_sigint_comes(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "blocked_in_collective"), timeout=180)
+
+
+def _watch_blocked_when_sigint_comes(tmp_path: Path, job: Job) -> dict[str, Any]:
+    wait_for(tmp_path / "ready-0")
+    wait_for(tmp_path / "ready-1")
+    time.sleep(1.0)  # rank 0 is inside all_reduce by now
+    job.procs[0].send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    r = job.wait()
+    return {"job": r, "took": ended_after(r, sent)}
+
+
+# ---- test_faults ------------------------------------------------------------------------------------------------
+
+def _raises_before_its_peers_collective(tmp_path: Path) -> Job:
+    return start_job(tmp_path, plant(tmp_path, "raise_before_collective"), timeout=150)
+
+
+def _watch_to_its_end(tmp_path: Path, job: Job) -> dict[str, Any]:
+    return {"job": job.wait()}
+
+
+def _hangs_in_its_test(tmp_path: Path) -> Job:
+    return start_job(tmp_path, ["--test-timeout", str(TEST_TIMEOUT_S), *plant(tmp_path, "hang")], timeout=120)
+
+
+def _watch_hangs_in_its_test(tmp_path: Path, job: Job) -> dict[str, Any]:
+    r = job.wait()
+    return {"job": r, "took": since_test_start(r, time.time(), "test_hangs_on_rank_1")}
+
+
+Start = Callable[[Path], Job]
+Watch = Callable[[Path, Job], dict[str, Any]]
+WAITED_OUT: dict[str, tuple[Start, Watch]] = {
+    "test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects":
+        (_stuck_after_the_verdict, _watch_stuck_after_the_verdict),
+    "test_rank_stuck_at_start_up_is_named": (_stuck_at_start_up, _watch_stuck_at_start_up),
+    "test_rank_stopped_while_its_peer_waits_is_named_and_stopped":
+        (_stopped_while_its_peer_waits, _watch_stopped_while_its_peer_waits),
+    "test_sigint_to_the_job_rejects_and_names_rank_and_test":
+        (_blocked_when_sigint_comes, _watch_blocked_when_sigint_comes),
+    "test_raise_before_collective_ends_bounded_with_default_settings":
+        (_raises_before_its_peers_collective, _watch_to_its_end),
+    "test_hang_is_cut_by_the_test_timeout": (_hangs_in_its_test, _watch_hangs_in_its_test),
+}
+"""Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
+fault, timing it)."""
+
+
+def _run_side_by_side(target: Path, names: list[str]) -> None:
+    """Every job of ``names`` started (from this thread: no process is forked while other threads run), then each
+    watched by a thread of its own; what each left, or the error its watching raised, into target/ended.json."""
+    jobs = {}
+    for name in names:
+        (target / name).mkdir()
+        jobs[name] = WAITED_OUT[name][0](target / name)
+
+    def watch(name: str) -> dict[str, Any]:
+        try:
+            seen = WAITED_OUT[name][1](target / name, jobs[name])
+        except Exception:  # noqa: BLE001  (its test reports it; the other jobs are still judged)
+            for proc in jobs[name].procs:
+                proc.kill()
+            return {"error": traceback.format_exc()}
+        return {**seen, "job": {**asdict(seen["job"]), "report_dir": str(seen["job"].report_dir)}}
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        ended = dict(zip(names, pool.map(watch, names), strict=True))
+    (target / "ended.json").write_text(json.dumps(ended))
+
+
+@pytest.fixture(scope="session")
+def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session."""
+    names = [n for n in WAITED_OUT if any(item.name == n for item in request.session.items)]
+    key = "".join(chr(ord("a") + list(WAITED_OUT).index(n)) for n in names)
+    target = shared(tmp_path_factory, f"waited-out-{key}", lambda t: _run_side_by_side(t, names))
+    return json.loads((target / "ended.json").read_text())
+
+
+def ended(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> tuple[JobResult, dict[str, Any]]:
+    """This test's job, and what was seen of it."""
+    seen = waited_out[request.node.name]
+    if "error" in seen:
+        pytest.fail(f"watching the job failed:\n{seen['error']}")
+    job = seen["job"]
+    return JobResult(job["codes"], job["output"], job["seconds"], Path(job["report_dir"])), seen
