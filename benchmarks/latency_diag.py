@@ -93,16 +93,11 @@ def graph_us(tensor: torch.Tensor, group: Any, device: torch.device) -> float | 
     """CALLS all_reduces in one CUDA graph, replayed: device microseconds a call (nccl-tests -G), timed by the
     suite's own ``latency.time_graph``."""
     try:
-        span, why = lat.time_graph(lat.issue_all_reduce(tensor, group), device, CALLS, ROUNDS, failed_rank=vote)
+        span, why = lat.time_graph(lat.issue_all_reduce(tensor, group), device, CALLS, ROUNDS, group)
     except Exception as exc:  # noqa: BLE001 - a replay that fails is this cell's finding; the table stands
         return f"{type(exc).__name__}: {str(exc)[:120]}"
     return statistics.median(span) * 1e6 if span else why
 
-
-def vote(ok: bool) -> int | None:
-    """time_graph's vote over every rank: the highest rank whose capture failed, or None."""
-    worst = reduce_int(0 if ok else dist.get_rank() + 1)
-    return worst - 1 if worst else None
 
 
 def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
@@ -199,7 +194,7 @@ def main() -> None:
                 raise RuntimeError("no GPU: NCCL is not called on CPU ranks")
             issue, issue_here, close = bare_nccl(device)
             bare = lat.summary_us(lat.time_rounds(issue, device, 100, calls, rounds, agree=agree_max))
-            span, why = lat.time_graph(issue_here, device, calls, rounds, failed_rank=vote)
+            span, why = lat.time_graph(issue_here, device, calls, rounds)
             rows.append({"pass": "A", "comm": "bare NCCL (ctypes)", **{f"async_{k}": v for k, v in bare.items()},
                          "async_launch_us": launch_us(issue, device, calls),
                          "graph_us": statistics.median(span) * 1e6 if span else why})

@@ -193,12 +193,6 @@ def _operation(cfg: Config, comm: cgroups.ScopeComm, send: torch.Tensor, out: to
     return ring_shift
 
 
-def _failed_rank(ok: bool, group: Any) -> int | None:
-    """A vote over ``group``: the highest rank that says not ok, or None. A collective."""
-    worst = reduce_int(0 if ok else dist.get_rank() + 1, "max", group)
-    return worst - 1 if worst else None
-
-
 def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[dict[str, Any]]:
     """Every size: buffers, one checked call, timed calls. Every rank of the job walks the same steps."""
     dtype, elt = DTYPES[cfg.dtype], torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
@@ -238,8 +232,7 @@ def _sweep(cfg: Config, comm: cgroups.ScopeComm, device: torch.device) -> list[d
                 times, host = rounds["host"], statistics.median(rounds["host"])
                 span = statistics.median(rounds["device"])
                 # On a GPU the judged time is the CUDA graph's (nccl-tests -G); the host clock's stays beside it.
-                graphed, graph_note = lat.time_graph(issue, device, calls, cfg.rounds,
-                                                     failed_rank=lambda ok: _failed_rank(ok, comm.group))
+                graphed, graph_note = lat.time_graph(issue, device, calls, cfg.rounds, comm.group)
                 if graphed:
                     times = graphed
                     span = statistics.median(graphed)

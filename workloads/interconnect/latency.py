@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import synchronize, wait_for_collectives
+from workloads.common import reduce_int, synchronize, wait_for_collectives
 
 WARMUP_S = 0.2
 """Seconds of back-to-back calls before any is timed (and at least the configured warm-up count)."""
@@ -104,13 +104,13 @@ def time_rounds(issue: Callable[[], Any], device: torch.device, warmup: int, cal
 
 
 def time_graph(issue: Callable[[], Any], device: torch.device, calls: int, rounds: int,
-               failed_rank: Callable[[bool], int | None]) -> tuple[list[float], str]:
+               group: Any = None) -> tuple[list[float], str]:
     """Device seconds per call of ``calls`` launches of ``issue`` captured in one CUDA graph, one figure per
     replay of ``rounds`` (nccl-tests -G: its graph of -G launches replayed, timed by CUDA events), and ''
     or why the graph could not be made.
 
-    The collectives run only at replay, and only once every rank has captured its graph (``failed_rank``: a
-    vote over the group, a rank whose capture failed or None): a rank whose capture failed must not leave
+    The collectives run only at replay, and only once every rank of ``group`` (the collectives' own group) has
+    captured its graph, by a vote that names a rank whose capture failed: a rank whose capture failed must not leave
     the others replaying a collective it never joins. Capture is thread-local: c10d's watchdog and the
     suite's clock sampler keep calling CUDA from their own threads meanwhile, which a global capture would
     refuse. The host waits for the replayed collectives in ``wait_for_collectives``, where the plugin's
@@ -134,9 +134,9 @@ def time_graph(issue: Callable[[], Any], device: torch.device, calls: int, round
                 graph.capture_end()
     except Exception as exc:  # noqa: BLE001 - any failed capture: the host-clock figure stands, said why
         why = f"CUDA graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    failed = failed_rank(not why)
-    if failed is not None:
-        return [], why or f"CUDA graph capture failed on rank {failed} (its row says why)"
+    failed = reduce_int(dist.get_rank() + 1 if why else 0, "max", group)  # the highest rank that failed, + 1
+    if failed:
+        return [], why or f"CUDA graph capture failed on rank {failed - 1} (its row says why)"
     for _ in range(3):  # the replay's own first launch, and the clocks, settle
         graph.replay()
     wait_for_collectives(lambda: torch.cuda.synchronize(device))
@@ -148,7 +148,6 @@ def time_graph(issue: Callable[[], Any], device: torch.device, calls: int, round
         end.record()
         wait_for_collectives(end.synchronize)
         span.append(start.elapsed_time(end) / 1e3 / calls)
-    del graph
     return span, ""
 
 
