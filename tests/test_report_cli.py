@@ -103,7 +103,7 @@ def test_a_file_that_is_not_a_results_json_is_refused_with_one_error(tmp_path: P
     assert proc.returncode == 2
     assert proc.stdout.strip().splitlines() == [
         f"clustergate render: {path}: not a valid results.json (results.schema.json): at tests/0/outcome: "
-        "'sort of' is not one of ['passed', 'failed', 'skipped', 'error', 'interrupted']"]
+        '"sort of" is not one of "passed", "failed", "skipped", "error", "interrupted"']
     (tmp_path / "nothing.json").write_text("{not json")
     assert "not readable JSON" in report_cli(str(tmp_path / "nothing.json")).stdout
 
