@@ -6,8 +6,8 @@ samples: the collector refuses them; the run's time is a sample of its own).
 
 Every figure is one sample of one family, ``clustergate_metric_value``, with the metric as a label: the
 suite's metric names stay data (a new metric adds series, never a new family), and each series is one
-part's figure: ``{host, gpu, serial, metric, unit}``. Its series count is GPUs x per-GPU metrics plus
-nodes x per-node metrics: about 25 x 8 for a node.
+part's figure: ``{host, gpu, serial, metric, unit}`` (``gpu`` is ``rank N`` on a node without GPUs). Its
+series count is GPUs x per-GPU metrics plus nodes x per-node metrics: about 25 x 8 for a node.
 
 A run's document (a node of the node phase, a fabric run):
 
@@ -89,9 +89,17 @@ def _part_labels(metric: Mapping[str, Any], part: Mapping[str, Any], only_host: 
     scope = metric.get("scope", "gpu")
     host = part.get("host") if scope != "world" else only_host
     gpu = scope == "gpu"
-    return {"host": _text(host), "gpu": _text(part.get("gpu_index")) if gpu else "",
+    return {"host": _text(host), "gpu": _gpu_label(part) if gpu else "",
             "serial": _text(part.get("gpu_serial")) if gpu else "", "metric": str(metric["name"]),
             "unit": _text(metric.get("unit"))}
+
+
+def _gpu_label(part: Mapping[str, Any]) -> str:
+    """The GPU's index; on a node without GPUs (the cpu profile) each rank is a part of its own, ``rank N``: with
+    one empty label for every rank of a host, two ranks' figures would be one series."""
+    if part.get("gpu_index") is None and part.get("rank") is not None:
+        return f"rank {part['rank']}"
+    return _text(part.get("gpu_index"))
 
 
 def _run(results: Mapping[str, Any]) -> list[list[str]]:

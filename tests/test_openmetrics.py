@@ -4,10 +4,13 @@ and a sign-off."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fleet_data import HOST, SERIALS, later, merged_docs, real_run
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics
 from prometheus_client.parser import text_string_to_metric_families as prometheus_text
+from trust_runs import node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate.openmetrics import render
 from clustergate.store.rows import seconds
@@ -43,6 +46,19 @@ def test_a_node_run_gives_one_sample_per_part_and_metric() -> None:
     assert got["clustergate_run_info"] == [({"kind": "run", "profile": "cpu", "level": "quick", "version": "0.1.0"},
                                             1.0)]
     assert "clustergate_metric_drift_fraction" not in got  # no drift judged: no family
+
+
+def test_a_cpu_runs_file_as_written_holds_every_ranks_figure(node_run: Path) -> None:  # noqa: F811
+    """README's command 1 (2 CPU ranks, no GPU index): the file the run wrote, not one rendered here, has a series
+    per rank and figure, ``gpu="rank N"`` (both ranks' figures once made one series, and the run could not write
+    the file after its first figure)."""
+    run = recorded(node_run)
+    got = samples((node_run / "metrics.prom").read_text())
+    values = {(s["host"], s["gpu"], s["metric"]): v for s, v in got["clustergate_metric_value"]}
+    expected = {(p["host"], f"rank {p['rank']}" if m["scope"] == "gpu" else "", m["name"]): p["value"]
+                for t in run["tests"] for m in t["metrics"] for p in m["per_rank"]}
+    assert values == expected
+    assert ("cg-a", "rank 1", "matmul_bf16_tflops") in values
 
 
 def test_failed_and_warned_figures_and_drift() -> None:
