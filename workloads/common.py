@@ -81,8 +81,10 @@ def place() -> Place:
     )
 
 
-def start_process_group(backend: str, **kwargs: Any) -> None:
+def start_process_group(backend: str, *, destroyed_later: bool = True, **kwargs: Any) -> None:
     """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended.
+    ``destroyed_later=False``: the caller never destroys the group (a clustergate run leaves through
+    ``os._exit``), and the import, 1.3 s of CPU per rank, is left out.
 
     Why: torch._dynamo, imported for the first time while a process group exists (DDP's
     constructor and torch.compile import it), keeps references to that group, and then
@@ -91,7 +93,8 @@ def start_process_group(backend: str, **kwargs: Any) -> None:
     take the GIL: Python ends that thread inside C++ and the process aborts ("terminate called
     without an active exception", SIGABRT). Imported first, dynamo holds nothing of the group.
     """
-    import torch._dynamo  # noqa: F401  (the import is the point: see above)
+    if destroyed_later:
+        import torch._dynamo  # noqa: F401  (the import is the point: see above)
 
     dist.init_process_group(backend, **kwargs)
 

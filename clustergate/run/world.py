@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -153,7 +154,12 @@ def init_world(launch: Launch, store: dist.Store | None, device: torch.device, h
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         timeout = timedelta(seconds=collective_timeout_s)
-        kwargs = {"device_id": device} if backend == "nccl" else {}
+        # The run never destroys its groups: it leaves through Run.end (os._exit), or ends at a usage error
+        # before any test ran. So no torch._dynamo import first (workloads.common.start_process_group says why
+        # one would need it): that import was a quarter of the CPU time of a short run.
+        kwargs: dict[str, Any] = {"destroyed_later": False}
+        if backend == "nccl":
+            kwargs["device_id"] = device
         if store is not None:
             store.set_timeout(timeout)
             # As init_process_group's own env:// rendezvous would: the agent's store, under the group's prefix.

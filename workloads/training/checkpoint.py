@@ -27,8 +27,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workloads.common import agree, check_level, distributed
@@ -109,6 +107,11 @@ def _shared_path(cfg: Config, device: torch.device, group: dist.ProcessGroup | N
 
 
 def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
+    # Imported here, not at the top: torch.distributed.checkpoint brings in DTensor, 1.7 s of CPU per rank, and
+    # every run of the suite imports this module when it collects test_training.py, whether or not it runs it.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     device = torch.device(cfg.device)
     # A small batch: the round trip is about the state, not throughput. Eager: nothing to compile.
     gcfg = gpt.Config.for_level("quick", device, cfg.preset, seed=cfg.seed, compile="off", batch_size=4)
