@@ -5,12 +5,19 @@ profile, level standard), as one node of a cluster run: ``CLUSTERGATE_RUN_ID=run
 ``cg-a``, into ``REPORTS/run-trust/nodes/cg-a``. The tests of the manifest, merge, sign-off, calibrate and
 the re-render craft their inputs from its results.json (renamed hosts, narrowed copies) rather than start
 more torchrun jobs.
+
+Where ``CLUSTERGATE_TEST_NODE_RUN`` names a folder, that run is taken instead of making one: CI runs README's
+command 1 as this node (the two variables above, ``--report-dir FOLDER/reports/run-trust/nodes/cg-a``, its
+output in FOLDER/output.txt and exit status in FOLDER/status) before the suite's own tests, and the same run
+need not be made twice on its two cores. A folder that is not such a run is an error naming what is wrong.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +34,32 @@ COMMAND = ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "pytest", "ac
 """README's command 1 (torchrun is run as ``python -m torch.distributed.run``, the same program)."""
 
 
+GIVEN_RUN = "CLUSTERGATE_TEST_NODE_RUN"
+"""A folder that holds this run made already (the module's docstring says how)."""
+
+
+def given_run_problem(folder: Path) -> str | None:
+    """What keeps ``folder`` from being this run, or None."""
+    for part in ("status", "output.txt", f"reports/{RUN_ID}/nodes/{HOST}/results.json"):
+        if not (folder / part).is_file():
+            return f"it has no {part}"
+    results = json.loads((folder / "reports" / RUN_ID / "nodes" / HOST / "results.json").read_text())
+    hosts = sorted({node.get("host") for node in results.get("nodes", [])})
+    if results.get("run_id") != RUN_ID or hosts != [HOST]:
+        return f"its run is {results.get('run_id')!r} on {hosts}, not {RUN_ID!r} on [{HOST!r}]"
+    if (results.get("profile"), results.get("level"), results.get("world_size")) != ("cpu", "standard", 2):
+        return (f"it ran profile {results.get('profile')!r}, level {results.get('level')!r} on "
+                f"{results.get('world_size')} ranks, not README's command 1 (cpu, standard, 2)")
+    return None
+
+
 def make_node_run(target: Path) -> None:
+    if given := os.environ.get(GIVEN_RUN):
+        if (problem := given_run_problem(Path(given))) is not None:
+            raise RuntimeError(f"{GIVEN_RUN}={given} is not README's command 1 run as node {HOST} of {RUN_ID}: "
+                               f"{problem} (unset it and the tests make the run themselves)")
+        shutil.copytree(given, target, dirs_exist_ok=True)
+        return
     report = target / "reports" / RUN_ID / "nodes" / HOST
     argv = [sys.executable, "-m", "torch.distributed.run", *COMMAND[1:], "--report-dir", str(report)]
     # A hang guard only: the whole suite on 2 CPU ranks takes 1-3 minutes on CI's 2 busy cores.
