@@ -149,14 +149,15 @@ def measure(name: str, group: Any, device: torch.device, tensor: torch.Tensor, c
     row: dict[str, Any] = {"comm": name}
     cuda = device.type == "cuda"
     warmup = 100 if cuda else 2
+    warmup_s = lat.WARMUP_S if cuda else 0.0  # on CPU (the dry run) a few calls show the path works; no settling
     with ClockSampler(device) as clocks:
         sync = lat.time_rounds(lambda: dist.all_reduce(tensor, group=group), device, warmup, calls, rounds,
-                               agree=agree_max)
+                               warmup_s=warmup_s, agree=agree_max)
         row["sync_host_us"] = lat.summary_us(sync)["host_us"]
         row["events_us"] = events_rounds(lambda: dist.all_reduce(tensor, group=group), device) if cuda else "no GPU"
         issue = lat.issue_all_reduce(tensor, group)
         row.update({f"async_{k}": v for k, v in lat.summary_us(
-            lat.time_rounds(issue, device, warmup, calls, rounds, agree=agree_max)).items()})
+            lat.time_rounds(issue, device, warmup, calls, rounds, warmup_s=warmup_s, agree=agree_max)).items()})
         row["async_launch_us"] = launch_us(issue, device, calls)
         row["graph_us"] = graph_us(tensor, group, device) if cuda else "no GPU"
     row["sm_clock_mhz"] = clocks.summary().get("sm_clock_mhz", {}).get("median")
