@@ -3,7 +3,7 @@
 # (acceptance/test_finetune.py, on every GPU; not at --level quick) runs only if DeepSpeed is importable or
 # lies in the session's wheel folder ($WHEELS, default .whl) before the session starts: an sdist
 # (deepspeed-*.tar.gz, always built below with DS_BUILD_OPS=0) or a wheel (deepspeed-*.whl, installed below
-# with the folder's other wheels, which happens only when pytest-html is missing). Without it that test skips,
+# with the folder's other wheels, which happens only when one of them is missing). Without it that test skips,
 # saying DeepSpeed is not installed, and the session's verdict says nothing about ZeRO-3.
 #
 # One GPU session, one command: the suite at --level standard beside mamf-finder and nccl-tests on the
@@ -17,7 +17,7 @@
 #   NCCL_TESTS   an nccl-tests checkout built on the device (default .peers/nccl-tests), e.g.
 #                ln -s libnccl.so.2 <torch's nvidia/nccl>/lib/libnccl.so
 #                make -C .peers/nccl-tests MPI=0 NCCL_HOME=<torch's nvidia/nccl>
-#   WHEELS       wheels the device lacks (default .whl: pytest-html, pytest-metadata), installed into a
+#   WHEELS       wheels the device lacks (default .whl: pytest-html, pytest-metadata, jsonschema-rs), installed into a
 #                private directory (mktemp -d under $TMPDIR) removed at the end
 #   OUT          where the session goes (the device tool sets it; default reports/gpu-session-<time>)
 #   SESSION_LEVEL  the suite's level (default standard)
@@ -71,7 +71,7 @@ step() {
 # fixed /tmp path: whatever another user put there first would be imported by every rank.
 SITE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-session-site.XXXXXX") || { echo "gpu_session: mktemp -d failed" >&2; exit 2; }
 trap 'rm -rf "$SITE"' EXIT
-if [ -d "$WHEELS" ] && ! python3 -c "import pytest_html, pytest_metadata" 2>/dev/null; then
+if [ -d "$WHEELS" ] && ! python3 -c "import pytest_html, pytest_metadata, jsonschema_rs" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl >>"$LOG" 2>&1 \
     && export PYTHONPATH="$PYTHONPATH:$SITE"
 fi

@@ -166,7 +166,7 @@ def test_the_session_installs_missing_wheels_into_a_private_directory(tmp_path: 
     # python3 as the session sees it: the report plugins missing, pip recorded, everything else the real one.
     (bin_dir / "python3").write_text(f"""#!/bin/bash
 case "$*" in
-  *"import pytest_html, pytest_metadata"*) exit 1 ;;
+  *"import pytest_html, pytest_metadata, jsonschema_rs"*) exit 1 ;;
   "-m pip install"*) for a in "$@"; do [ "$prev" = --target ] && ls -ld "$a" >> '{calls}'; prev=$a; done
                      echo "$*" >> '{calls}'; exit 0 ;;
 esac
