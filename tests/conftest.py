@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from waited_out_runs import start_early, stop_runner
 
 from workloads.common import ensure_distributed
 
@@ -27,12 +28,20 @@ def gloo_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 SHARED_RUNS = ("node_run", "waited_out", "thousand")
 """Session fixtures that make a run of a minute or so once for every xdist worker (``report_runs.shared``, under
-a file lock). The tests that use one go to one worker (pytest-xdist's ``--dist loadgroup``, tests/pytest.ini),
-and before the others: spread over both workers, one would sit on the lock while the other made the run."""
+a file lock; the waited-out jobs in a runner process). The tests that use one go to one worker (pytest-xdist's
+``--dist loadgroup``, tests/pytest.ini), and before the others: spread over both workers, one would sit on the
+lock while the other made the run."""
 
 
 def _shared_run(item: pytest.Item) -> str | None:
     return next((name for name in SHARED_RUNS if name in item.fixturenames), None)
+
+
+def _order(item: pytest.Item) -> int:
+    """Tests of a shared run first, except the waited-out jobs' (tests/waited_out_runs.py): those start in a
+    process of their own at the session's first test, and their tests come last."""
+    run = _shared_run(item)
+    return 2 if run == "waited_out" else 1 if run is None else 0
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -40,4 +49,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (run := _shared_run(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(run))
-    items.sort(key=lambda item: _shared_run(item) is None)  # stable: the order within each kind is kept
+    items.sort(key=_order)  # stable: the order within each kind is kept
+
+
+@pytest.fixture(scope="session", autouse=True)
+def waited_out_started_early(request: pytest.FixtureRequest,
+                             tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The waited-out jobs started as the session's first test starts, on whichever worker gets there first."""
+    runner = start_early(request.session, tmp_path_factory)
+    yield
+    if runner is not None:
+        stop_runner(runner)

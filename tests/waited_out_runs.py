@@ -8,6 +8,10 @@ final barrier, 20 s for a stopped rank (test_fault_verdicts), 20 s for a main th
 CPU; side by side they hold it for the longest. Each elapsed time is measured from the planted event (a file the
 planted code writes as it goes astray, a signal sent, the test's start in progress.jsonl), so a job that starts
 late on busy cores is judged on the same bound.
+
+They start in a process of their own at the session's first test (``start_early``, an autouse fixture of
+conftest.py) and their tests run last (conftest.py orders them): the worker that runs those tests runs others
+while the jobs wait out their timers, instead of sitting idle beside them for a minute.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -25,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_runs import shared
 
 from torchrun_job import Job, JobResult, plant, start_job, wait_for
 
@@ -177,15 +182,64 @@ def _run_side_by_side(target: Path, names: list[str]) -> None:
 
     with ThreadPoolExecutor(len(names)) as pool:
         ended = dict(zip(names, pool.map(watch, names), strict=True))
-    (target / "ended.json").write_text(json.dumps(ended))
+    partial = target / "ended.json.tmp"  # renamed into place: a reader never sees half a file
+    partial.write_text(json.dumps(ended))
+    partial.rename(target / "ended.json")
+
+
+RUNNER_WAIT_S = 420.0
+"""How long a test waits for the jobs (their longest takes about a minute on 2 busy cores; each has its own
+timeout of at most 180 s): a hang guard."""
+
+
+def _selected(session: pytest.Session, temp: pytest.TempPathFactory) -> tuple[list[str], Path]:
+    """The selected tests' jobs, and the folder they run into (the same for every xdist worker)."""
+    names = [n for n in WAITED_OUT if any(item.name == n for item in session.items)]
+    key = "".join(chr(ord("a") + list(WAITED_OUT).index(n)) for n in names)
+    root = temp.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return names, root / f"report-run-waited-out-{key}"
+
+
+def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subprocess.Popen[bytes] | None:
+    """The selected jobs started in a runner process of their own, by the first worker to get here (the
+    others find the folder made); None where this worker did not start it or nothing is selected."""
+    names, target = _selected(session, temp)
+    if not names:
+        return None
+    try:
+        target.mkdir(parents=True)
+    except FileExistsError:
+        return None
+    log = open(target / "runner.log", "wb")  # noqa: SIM115  (the runner's, closed when it ends)
+    return subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own group: ended with its jobs if the session stops
+
+
+def stop_runner(runner: subprocess.Popen[bytes]) -> None:
+    """At the session's end: a runner still going (the session stopped early) is ended with its jobs."""
+    if runner.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait()
 
 
 @pytest.fixture(scope="session")
 def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session."""
-    names = [n for n in WAITED_OUT if any(item.name == n for item in request.session.items)]
-    key = "".join(chr(ord("a") + list(WAITED_OUT).index(n)) for n in names)
-    target = shared(tmp_path_factory, f"waited-out-{key}", lambda t: _run_side_by_side(t, names))
+    runner = start_early(request.session, tmp_path_factory)  # None: started already, as it should have been
+    _, target = _selected(request.session, tmp_path_factory)
+    deadline = time.monotonic() + RUNNER_WAIT_S
+    while not (target / "ended.json").exists():
+        if (target / "failed.txt").exists():
+            pytest.fail(f"the runner of the waited-out jobs failed:\n{(target / 'failed.txt').read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the waited-out jobs did not end within {RUNNER_WAIT_S:.0f} s; the runner said:\n"
+                        f"{(target / 'runner.log').read_text(errors='replace')[-4000:]}")
+        time.sleep(0.5)
+    if runner is not None:
+        runner.wait()
     return json.loads((target / "ended.json").read_text())
 
 
@@ -196,3 +250,11 @@ def ended(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> tuple[J
         pytest.fail(f"watching the job failed:\n{seen['error']}")
     job = seen["job"]
     return JobResult(job["codes"], job["output"], job["seconds"], Path(job["report_dir"])), seen
+
+
+if __name__ == "__main__":  # the runner: python tests/waited_out_runs.py TARGET NAME...
+    try:
+        _run_side_by_side(Path(sys.argv[1]), sys.argv[2:])
+    except BaseException:
+        (Path(sys.argv[1]) / "failed.txt").write_text(traceback.format_exc())
+        raise
