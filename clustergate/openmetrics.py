@@ -95,8 +95,9 @@ def _part_labels(metric: Mapping[str, Any], part: Mapping[str, Any], only_host: 
 
 
 def _gpu_label(part: Mapping[str, Any]) -> str:
-    """The GPU's index; on a node without GPUs (the cpu profile) each rank is a part of its own, ``rank N``: with
-    one empty label for every rank of a host, two ranks' figures would be one series."""
+    """The ``gpu`` label of every family that names a GPU (figures, verdicts, drift, outliers): the GPU's index;
+    on a node without GPUs (the cpu profile) each rank is a part of its own, ``rank N``: with one empty label for
+    every rank of a host, two ranks' figures would be one series."""
     if part.get("gpu_index") is None and part.get("rank") is not None:
         return f"rank {part['rank']}"
     return _text(part.get("gpu_index"))
@@ -124,8 +125,9 @@ def _run(results: Mapping[str, Any]) -> list[list[str]]:
                 verdict = part_verdict(criterion, p)
                 if verdict in FIGURE_VERDICT:
                     verdicts.append((labels, float(FIGURE_VERDICT[verdict])))
-    drifted = [({"host": _text(d.get("host")), "gpu": _text(d.get("gpu_index")), "serial": _text(d.get("serial")),
-                 "metric": str(d.get("metric")), "unit": _text(d.get("unit"))}, float(d.get("fraction", 0)))
+    drifted = [({"host": _text(d.get("host")), "gpu": _gpu_label(d) if d.get("scope", "gpu") == "gpu" else "",
+                 "serial": _text(d.get("serial")), "metric": str(d.get("metric")), "unit": _text(d.get("unit"))},
+                float(d.get("fraction", 0)))
                for d in (results.get("drift") or {}).get("findings") or []]
     out = [
         family("clustergate_run_info", "what was run (always 1)",
@@ -168,7 +170,7 @@ def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
                 stats.append(({"metric": str(f["metric"]), "unit": _text(f.get("unit")), "stat": stat},
                               float(f[stat])))
         for o in f.get("outliers") or []:
-            outliers.append(({"host": _text(o.get("host")), "gpu": _text(o.get("gpu_index")),
+            outliers.append(({"host": _text(o.get("host")), "gpu": _gpu_label(o),
                               "serial": _text(o.get("gpu_serial")), "metric": str(f["metric"]),
                               "unit": _text(f.get("unit")), "severity": _text(o.get("severity"))},
                              float(o["value"])))

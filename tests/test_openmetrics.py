@@ -74,6 +74,18 @@ def test_failed_and_warned_figures_and_drift() -> None:
                                                           "metric": "matmul_bf16_tflops", "unit": "TFLOPS"}, 0.1)]
 
 
+def test_drift_on_a_node_without_gpus_names_each_rank_as_its_figures_do() -> None:
+    """Two CPU ranks drifted: one series each, labelled as their figures are (``rank N``); a node's figure has none."""
+    run = real_run()
+    finding = {"metric": "matmul_bf16_tflops", "host": HOST, "gpu_index": None, "serial": None, "unit": "TFLOPS",
+               "scope": "gpu", "fraction": 0.1}
+    run["drift"] = {"findings": [{**finding, "rank": 0}, {**finding, "rank": 1, "fraction": 0.2},
+                                 {**finding, "scope": "node", "rank": 0, "metric": "hbm_bandwidth_tbps"}]}
+    got = samples(render(run))
+    assert [(s["gpu"], s["metric"], v) for s, v in got["clustergate_metric_drift_fraction"]] == [
+        ("rank 0", "matmul_bf16_tflops", 0.1), ("rank 1", "matmul_bf16_tflops", 0.2), ("", "hbm_bandwidth_tbps", 0.1)]
+
+
 def test_label_values_are_escaped() -> None:
     run = real_run()
     odd = 'gpu "07"\\rack\nB'  # no node may be named so (workloads.node.name): the escaping must still hold
