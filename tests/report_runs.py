@@ -30,12 +30,17 @@ SECRET = "s3cr3t-4f9a-planted-token-value"
 HF_SECRET = "hf_planted_0123456789abcdef"
 
 
-def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
-    """``make(dir)`` once per session; xdist workers share the result (pytest-xdist's recipe)."""
+def shared_path(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """The folder of the session's shared run ``name``: the same for every xdist worker (pytest-xdist's recipe)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    target = root / f"report-run-{name}"
+    return root / f"report-run-{name}"
+
+
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """``make(dir)`` once per session; xdist workers share the result (pytest-xdist's recipe)."""
+    target = shared_path(tmp_path_factory, name)
     with FileLock(str(target) + ".lock"):
         if not (target / ".done").exists():
             shutil.rmtree(target, ignore_errors=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_runs import shared_path
 
 from torchrun_job import Job, JobResult, plant, start_job, wait_for
 
@@ -196,10 +197,7 @@ def _selected(session: pytest.Session, temp: pytest.TempPathFactory) -> tuple[li
     """The selected tests' jobs, and the folder they run into (the same for every xdist worker)."""
     names = [n for n in WAITED_OUT if any(item.name == n for item in session.items)]
     key = "".join(chr(ord("a") + list(WAITED_OUT).index(n)) for n in names)
-    root = temp.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent
-    return names, root / f"report-run-waited-out-{key}"
+    return names, shared_path(temp, f"waited-out-{key}")
 
 
 def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subprocess.Popen[bytes] | None:
@@ -212,9 +210,9 @@ def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subpro
         target.mkdir(parents=True)
     except FileExistsError:
         return None
-    log = open(target / "runner.log", "wb")  # noqa: SIM115  (the runner's, closed when it ends)
-    return subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own group: ended with its jobs if the session stops
+    with open(target / "runner.log", "wb") as log:  # the runner has its own copy of the descriptor
+        return subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # its own group: see stop_runner
 
 
 def stop_runner(runner: subprocess.Popen[bytes]) -> None:
@@ -227,8 +225,8 @@ def stop_runner(runner: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="session")
 def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session."""
-    runner = start_early(request.session, tmp_path_factory)  # None: started already, as it should have been
+    """What each selected job of ``WAITED_OUT`` left (by test name), its jobs run side by side once per session
+    by the runner conftest.py's autouse fixture started (``start_early``) before any test."""
     _, target = _selected(request.session, tmp_path_factory)
     deadline = time.monotonic() + RUNNER_WAIT_S
     while not (target / "ended.json").exists():
@@ -238,8 +236,6 @@ def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             pytest.fail(f"the waited-out jobs did not end within {RUNNER_WAIT_S:.0f} s; the runner said:\n"
                         f"{(target / 'runner.log').read_text(errors='replace')[-4000:]}")
         time.sleep(0.5)
-    if runner is not None:
-        runner.wait()
     return json.loads((target / "ended.json").read_text())
 
 
