@@ -99,7 +99,6 @@ def graph_us(tensor: torch.Tensor, group: Any, device: torch.device) -> float | 
     return statistics.median(span) * 1e6 if span else why
 
 
-
 def bare_nccl(device: torch.device) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
     """(issue, issue_here, close): an 8 B fp32 ncclAllReduce through a communicator of every rank made with
     ncclCommInitRank, the unique id sent over the default group; ``issue`` on the stream current now,
