@@ -169,6 +169,9 @@ REJECTED = {"verdict": "reject", "error": "rank 1 (n) did not reach 'collection'
      "(RendezvousTimeoutError: no peers) (exit 4)"),
     (command.Launched(codes={1: -9}, first=1), None, None, Exit.NOT_ACCEPTED,
      "clustergate run: not accepted: no results.json was written; rank 1 ended with exit status -9 (exit 1)"),
+    # rank 0 killed mid-run: its record still says running and gives no cause; the launcher's account does
+    (command.Launched(codes={0: -9, 1: -15}, first=0), None, {"verdict": "running", "error": None},
+     Exit.NOT_ACCEPTED, "clustergate run: RUNNING: rank 0 ended with exit status -9 (exit 1; "),
 ])
 def test_run_ends_with_the_tables_status_and_the_verdict_last(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], launched: command.Launched, told: dict | None,

@@ -192,19 +192,25 @@ def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None
     if results is not None:
         verdict = str(results.get("verdict"))
         why = "" if verdict == "accept" else str(results.get("error") or results.get("reason") or "").splitlines()
+        if verdict != "accept" and not why:  # rank 0 recorded no ending (killed mid-run): the launcher's account
+            why = [_how_it_ended(status, launched)]
         said = f": {why[0]}" if why else ""
         return printable(f"{PROG}: {WORDS.get(verdict, 'REJECT')}{said} (exit {int(status)}; {path})")
     if status == Exit.ACCEPT:
         return None
-    if launched.could_not:
-        how = f"torchrun could not start the ranks ({launched.could_not})"
-    elif launched.signal:
-        how = f"stopped by {launched.signal}"
-    elif status in (Exit.USAGE, Exit.COULD_NOT_RUN):
-        how = "see the error above"
-    else:
-        how = f"rank {launched.first} ended with exit status {launched.codes.get(launched.first)}"
+    how = _how_it_ended(status, launched)
     return printable(f"{PROG}: {TABLE[status]}: no results.json was written; {how} (exit {int(status)})")
+
+
+def _how_it_ended(status: Exit, launched: Launched) -> str:
+    """What the launcher saw end the run, for a line that has no word from the run itself."""
+    if launched.could_not:
+        return f"torchrun could not start the ranks ({launched.could_not})"
+    if launched.signal:
+        return f"stopped by {launched.signal}"
+    if status in (Exit.USAGE, Exit.COULD_NOT_RUN):
+        return "see the error above"
+    return f"rank {launched.first} ended with exit status {launched.codes.get(launched.first)}"
 
 
 @contextlib.contextmanager
