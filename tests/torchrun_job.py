@@ -6,6 +6,7 @@ rendezvous: the multi-node rehearsal that needs no second machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -89,12 +90,38 @@ class Job:
                 out, _ = p.communicate(timeout=max(1.0, self.timeout - (time.monotonic() - self.start)))
             except subprocess.TimeoutExpired:
                 for q in self.procs:
-                    q.kill()
+                    kill_tree(q.pid)
                 out = (p.communicate()[0] or "") + f"\n[test harness: killed after {self.timeout} s]"
             outputs.append(out)
             codes.append(p.returncode)
         return JobResult(codes=codes, output="\n".join(outputs), seconds=time.monotonic() - self.start,
                          report_dir=self.report_dir)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, read from /proc (torchrun puts each rank in a session of its own, so no
+    process group holds them all)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything below it. Killing torchrun alone leaves its ranks running with no launcher
+    (a rank planted to hang then hangs for good)."""
+    for each in [pid, *_descendants(pid)]:  # read before any is killed: an orphan is re-parented away
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
 
 
 def _pytest_args(cwd: Path, pytest_args: list[str], report_dir: Path | None = None) -> list[str]:

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from report_runs import shared_path
 
-from torchrun_job import Job, JobResult, plant, start_job, wait_for
+from torchrun_job import Job, JobResult, kill_tree, plant, start_job, wait_for
 
 COLLECTIVE_S = 5.0
 """--collective-timeout of the job whose rank is stopped: the workloads' collectives time out after it."""
@@ -211,15 +211,17 @@ def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subpro
     except FileExistsError:
         return None
     with open(target / "runner.log", "wb") as log:  # the runner has its own copy of the descriptor
+        # A session of its own: a Ctrl-C of the session reaches the runner only through stop_runner, with its
+        # process tree still whole.
         return subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # its own group: see stop_runner
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_runner(runner: subprocess.Popen[bytes]) -> None:
-    """At the session's end: a runner still going (the session stopped early) is ended with its jobs."""
+    """At the session's end: a runner still going (the session stopped early) is ended with its jobs, their
+    launchers and ranks."""
     if runner.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(runner.pid, signal.SIGKILL)
+        kill_tree(runner.pid)
     runner.wait()
 
 
