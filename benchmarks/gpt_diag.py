@@ -13,6 +13,8 @@ timed as the suite times it (CUDA events around each step, the median after warm
   (flash, cudnn, efficient), compiled again;
 - ``cdt``: the minimal step compiled with inductor's coordinate-descent tuning of its generated kernels;
 - ``autotune``: the minimal step compiled with mode max-autotune-no-cudagraphs (matmul templates tried too);
+- ``stream_bf16``: the minimal step with a bf16 residual stream (``GPT.stream_dtype``); ``stream_bf16_cdt`` with
+  coordinate-descent tuning too;
 with ``minimal``, a profile of three steps: CUDA time per step by kernel, and by kind (attention, matmul,
 fused pointwise, optimizer, NCCL). Each variant prints its line as it ends. tokens/s per GPU and MFU with the
 flops of workloads.training._gpt_model (6N + 12 L d T per token) over --peak-tflops (default 989, the H100/H200
@@ -68,20 +70,20 @@ def release() -> None:
 
 def minimal(cfg: gpt.Config, *, clip: bool = True, ddp: bool = False, backend: str | None = None,
             compile_kwargs: dict[str, Any] | None = None, steps: int = 20, warmup: int = 5,
-            profile: bool = False) -> dict[str, Any]:
+            profile: bool = False, stream: torch.dtype | None = None) -> dict[str, Any]:
     """The minimal step's tokens/s (and, with ``profile``, its CUDA time by kernel); device memory given back."""
-    if backend is not None or compile_kwargs is not None:
-        torch._dynamo.reset()  # the backend and the compile options act when the graph is traced: trace again
+    torch._dynamo.reset()  # the backend, compile options and model's dtype act when the graph is traced
     with sdpa_backend(backend):
-        out = _time_minimal(cfg, clip, ddp, compile_kwargs, steps, warmup, profile)
+        out = _time_minimal(cfg, clip, ddp, compile_kwargs, steps, warmup, profile, stream)
     release()
     return out
 
 
 def _time_minimal(cfg: gpt.Config, clip: bool, ddp: bool, compile_kwargs: dict[str, Any] | None, steps: int,
-                  warmup: int, profile: bool) -> dict[str, Any]:
+                  warmup: int, profile: bool, stream: torch.dtype | None) -> dict[str, Any]:
     device = torch.device(cfg.device)
     model = gpt.build(cfg)
+    model.stream_dtype = stream
     module: torch.nn.Module = model
     if compile_kwargs is not None and cfg.compile != "off":
         module = torch.compile(model, **compile_kwargs)  # type: ignore[assignment]
@@ -146,7 +148,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--variants", default="suite,minimal,minimal_noclip,minimal_ddp,attention_cudnn",
                         help="comma-separated: suite, minimal, minimal_noclip, minimal_ddp, attention_<backend> "
-                             f"({', '.join(BACKENDS)}), cdt, autotune")
+                             f"({', '.join(BACKENDS)}), cdt, autotune, stream_bf16, stream_bf16_cdt")
     parser.add_argument("--out", default="gpt_diag.json")
     args = parser.parse_args()
     with distributed() as here:
@@ -172,7 +174,8 @@ def main() -> None:
             rows.append({"variant": name, "tokens_per_s": tps, "mfu": mfu(tps, fpt, args.peak_tflops),
                          "wall_s": time.perf_counter() - t0, **out})
             if here.rank == 0:
-                print(f"done {name}: {tps / 1e3:.1f}k tokens/s MFU {rows[-1]['mfu']:.4f}", flush=True)
+                print(f"done {name}: {tps / 1e3:.1f}k tokens/s MFU {rows[-1]['mfu']:.4f}, first step "
+                      f"{out['first_step_s']:.1f} s, wall {rows[-1]['wall_s']:.1f} s", flush=True)
 
         def suite() -> dict[str, Any]:
             r = gpt.run(cfg)
@@ -186,14 +189,17 @@ def main() -> None:
             "minimal_ddp": lambda: minimal(cfg, ddp=True, steps=steps),
             "cdt": lambda: minimal(cfg, steps=steps, compile_kwargs={"options": {"coordinate_descent_tuning": True}}),
             "autotune": lambda: minimal(cfg, steps=steps, compile_kwargs={"mode": "max-autotune-no-cudagraphs"}),
+            "stream_bf16": lambda: minimal(cfg, steps=steps, stream=torch.bfloat16, profile=True),
+            "stream_bf16_cdt": lambda: minimal(cfg, steps=steps, stream=torch.bfloat16,
+                                               compile_kwargs={"options": {"coordinate_descent_tuning": True}}),
             **{f"attention_{b}": (lambda b=b: minimal(cfg, backend=b, steps=steps))  # type: ignore[misc]
                for b in BACKENDS},
         }
         for name in [v for v in args.variants.split(",") if v]:
             if name not in variants:
                 parser.error(f"unknown variant {name!r}; choose from {', '.join(variants)}")
-            if device.type != "cuda" and name.startswith("attention_"):
-                continue  # the fused attention backends are GPU kernels
+            if device.type != "cuda" and name.startswith(("attention_", "stream_")):
+                continue  # the fused attention backends are GPU kernels; a bf16 stream needs bf16 autocast
             add(name, variants[name])
         everyone = gather_objects({"rank": here.rank, "rows": rows})
         if here.rank == 0:

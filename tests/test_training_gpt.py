@@ -88,6 +88,24 @@ def test_initial_loss_is_near_ln_vocab() -> None:
     assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.5
 
 
+@pytest.mark.parametrize("bf16, stream", [(False, torch.float32), (True, torch.bfloat16)])
+def test_the_residual_stream_is_bf16_under_bf16(bf16: bool, stream: torch.dtype) -> None:
+    # On a GPU the stream between blocks is bf16 (a bf16 residual connection, as Megatron's default): it is
+    # read and written a dozen times per layer and step. Autocast alone would keep it fp32.
+    cfg = gpt.Config(bf16=bf16)
+    model = gpt.build(cfg)
+    seen: list[torch.dtype] = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda _m, args, out: seen.extend([args[0].dtype, out.dtype]))
+    x = torch.randint(cfg.vocab_size, (2, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert seen == [stream] * 2 * cfg.n_layer
+    assert loss.dtype == torch.float32 and abs(loss.item() - math.log(cfg.vocab_size)) < 0.5
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
 def test_scaling_efficiency_is_a_ratio_of_medians() -> None:
     assert scaling.efficiency([90.0, 92.0, 88.0], [100.0, 100.0, 50.0]) == pytest.approx(0.9)
 

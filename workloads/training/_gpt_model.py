@@ -46,8 +46,13 @@ class Head(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer: int, n_head: int, d_model: int, vocab_size: int, seq_len: int) -> None:
+    def __init__(self, n_layer: int, n_head: int, d_model: int, vocab_size: int, seq_len: int,
+                 stream_dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        # The residual stream's dtype. None keeps autocast's: fp32, since the embeddings are fp32. bf16 is
+        # Megatron's default (a bf16 residual connection): the stream is read and written about a dozen times
+        # per layer and step, and in bf16 each costs half the memory traffic.
+        self.stream_dtype = stream_dtype
         self.wte, self.wpe = nn.Embedding(vocab_size, d_model), nn.Embedding(seq_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
         self.head = Head(d_model)
@@ -59,6 +64,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        if self.stream_dtype is not None:
+            x = x.to(self.stream_dtype)
         for block in self.blocks:
             x = block(x)
         return self.head(x, self.wte.weight, targets)

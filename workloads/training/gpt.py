@@ -2,7 +2,8 @@
 
 A minimal decoder built from config (nothing downloaded), the way the fast reference setups
 build it: pre-LayerNorm blocks, ``F.scaled_dot_product_attention(is_causal=True)`` (flash
-attention on H100/H200), bf16 autocast, fused AdamW, tied embeddings, torch.compile. Data are
+attention on H100/H200), bf16 autocast with a bf16 residual stream, fused AdamW, tied embeddings,
+torch.compile. Data are
 random tokens, each rank its own share through DistributedSampler (``workloads.training.sampler``).
 
 Two timed phases, because under DDP every rank waits for the slowest at each all-reduce:
@@ -79,7 +80,7 @@ class Config:
     """off | model (torch.compile of the whole model) | regional (each block and the head: faster to
     compile, a little slower to run). A failed compile falls back to eager on every rank, said in details."""
     bf16: bool = False
-    """bf16 autocast (GPU); fp32 otherwise."""
+    """bf16 autocast and a bf16 residual stream (GPU); fp32 otherwise."""
     warmup: int = 3
     """Untimed steps after the first (compiling) step."""
     steps: int = 10
@@ -132,7 +133,8 @@ def build(cfg: Config, device: torch.device | str | None = None) -> GPT:
     where = torch.device(device or cfg.device)
     with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []), where:
         torch.manual_seed(cfg.seed)
-        return GPT(cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.seq_len)
+        return GPT(cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.seq_len,
+                   stream_dtype=torch.bfloat16 if cfg.bf16 else None)
 
 
 def optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
