@@ -196,6 +196,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = session.config.stash.get(RUN, None)
     if run is None:
         return
+    run.outside.tests_over()
     status = run.decide(int(exitstatus))
     session.exitstatus = status
     session.config.stash[STATUS] = status
