@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
-from waited_out_runs import start_early, stop_runner
+from waited_out_runs import start_early, stop_runner, stop_runners
 
 from workloads.common import ensure_distributed
 
@@ -58,5 +59,11 @@ def waited_out_started_early(request: pytest.FixtureRequest,
     """The waited-out jobs started as the session's first test starts, on whichever worker gets there first."""
     runner = start_early(request.session, tmp_path_factory)
     yield
-    if runner is not None:
+    if runner is not None and not os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist: the controller's end
         stop_runner(runner)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller's end (every worker has ended): the waited-out runners still going are ended."""
+    if session.config.pluginmanager.hasplugin("dsession"):
+        stop_runners(session.config._tmp_path_factory.getbasetemp())  # the workers' shared folder

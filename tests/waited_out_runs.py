@@ -213,16 +213,45 @@ def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subpro
     with open(target / "runner.log", "wb") as log:  # the runner has its own copy of the descriptor
         # A session of its own: a Ctrl-C of the session reaches the runner only through stop_runner, with its
         # process tree still whole.
-        return subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        runner = subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    (target / "runner.pid").write_text(str(runner.pid))  # for the workers that wait on it
+    return runner
+
+
+def _runner_gone(target: Path) -> bool:
+    """The runner has exited (or is a zombie its worker has not reaped yet); False while it runs or before the
+    worker that starts it has written its pid."""
+    try:
+        stat = Path(f"/proc/{int((target / 'runner.pid').read_text())}/stat").read_text()
+    except FileNotFoundError:
+        return (target / "runner.pid").exists()
+    except ValueError:  # the pid half written
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def stop_runner(runner: subprocess.Popen[bytes]) -> None:
-    """At the session's end: a runner still going (the session stopped early) is ended with its jobs, their
-    launchers and ranks."""
+    """At the session's end without xdist: a runner still going (the session stopped early) is ended with its
+    jobs, their launchers and ranks."""
     if runner.poll() is None:
         kill_tree(runner.pid)
     runner.wait()
+
+
+def stop_runners(root: Path) -> None:
+    """At the xdist controller's session end, when no worker can wait on the jobs any more: every runner under
+    ``root`` still going is ended as ``stop_runner`` does. Not at the end of the worker that started it: the
+    worker running the waited-out tests may not have reached them yet, and an xdist worker cannot tell a
+    Ctrl-C of the session from the end of its share."""
+    for pid_file in root.glob("report-run-waited-out-*/runner.pid"):
+        pid = int(pid_file.read_text())
+        try:
+            runs = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if __file__.encode() in runs and not _runner_gone(pid_file.parent):  # not a pid used again since
+            kill_tree(pid)
 
 
 @pytest.fixture(scope="session")
@@ -234,6 +263,9 @@ def waited_out(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     while not (target / "ended.json").exists():
         if (target / "failed.txt").exists():
             pytest.fail(f"the runner of the waited-out jobs failed:\n{(target / 'failed.txt').read_text()}")
+        if _runner_gone(target) and not (target / "ended.json").exists():
+            pytest.fail("the runner of the waited-out jobs exited without their results; it said:\n"
+                        f"{(target / 'runner.log').read_text(errors='replace')[-4000:]}")
         if time.monotonic() > deadline:
             pytest.fail(f"the waited-out jobs did not end within {RUNNER_WAIT_S:.0f} s; the runner said:\n"
                         f"{(target / 'runner.log').read_text(errors='replace')[-4000:]}")
