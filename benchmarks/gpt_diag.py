@@ -13,8 +13,7 @@ timed as the suite times it (CUDA events around each step, the median after warm
   (flash, cudnn, efficient), compiled again;
 - ``cdt``: the minimal step compiled with inductor's coordinate-descent tuning of its generated kernels;
 - ``autotune``: the minimal step compiled with mode max-autotune-no-cudagraphs (matmul templates tried too);
-- ``stream_bf16``: the minimal step with a bf16 residual stream (``GPT.stream_dtype``); ``stream_bf16_cdt`` with
-  coordinate-descent tuning too;
+- ``stream_fp32``: the minimal step with an fp32 residual stream (``GPT.stream_dtype``; the suite's is bf16);
 with ``minimal``, a profile of three steps: CUDA time per step by kernel, and by kind (attention, matmul,
 fused pointwise, optimizer, NCCL). Each variant prints its line as it ends. tokens/s per GPU and MFU with the
 flops of workloads.training._gpt_model (6N + 12 L d T per token) over --peak-tflops (default 989, the H100/H200
@@ -83,7 +82,8 @@ def _time_minimal(cfg: gpt.Config, clip: bool, ddp: bool, compile_kwargs: dict[s
                   warmup: int, profile: bool, stream: torch.dtype | None) -> dict[str, Any]:
     device = torch.device(cfg.device)
     model = gpt.build(cfg)
-    model.stream_dtype = stream
+    if stream is not None:  # None: the stream gpt.build makes (bf16 under bf16 autocast)
+        model.stream_dtype = stream
     module: torch.nn.Module = model
     if compile_kwargs is not None and cfg.compile != "off":
         module = torch.compile(model, **compile_kwargs)  # type: ignore[assignment]
@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--variants", default="suite,minimal,minimal_noclip,minimal_ddp,attention_cudnn",
                         help="comma-separated: suite, minimal, minimal_noclip, minimal_ddp, attention_<backend> "
-                             f"({', '.join(BACKENDS)}), cdt, autotune, stream_bf16, stream_bf16_cdt")
+                             f"({', '.join(BACKENDS)}), cdt, autotune, stream_fp32")
     parser.add_argument("--out", default="gpt_diag.json")
     args = parser.parse_args()
     with distributed() as here:
@@ -189,17 +189,15 @@ def main() -> None:
             "minimal_ddp": lambda: minimal(cfg, ddp=True, steps=steps),
             "cdt": lambda: minimal(cfg, steps=steps, compile_kwargs={"options": {"coordinate_descent_tuning": True}}),
             "autotune": lambda: minimal(cfg, steps=steps, compile_kwargs={"mode": "max-autotune-no-cudagraphs"}),
-            "stream_bf16": lambda: minimal(cfg, steps=steps, stream=torch.bfloat16, profile=True),
-            "stream_bf16_cdt": lambda: minimal(cfg, steps=steps, stream=torch.bfloat16,
-                                               compile_kwargs={"options": {"coordinate_descent_tuning": True}}),
+            "stream_fp32": lambda: minimal(cfg, steps=steps, stream=torch.float32),
             **{f"attention_{b}": (lambda b=b: minimal(cfg, backend=b, steps=steps))  # type: ignore[misc]
                for b in BACKENDS},
         }
         for name in [v for v in args.variants.split(",") if v]:
             if name not in variants:
                 parser.error(f"unknown variant {name!r}; choose from {', '.join(variants)}")
-            if device.type != "cuda" and name.startswith(("attention_", "stream_")):
-                continue  # the fused attention backends are GPU kernels; a bf16 stream needs bf16 autocast
+            if device.type != "cuda" and name.startswith("attention_"):
+                continue  # the fused attention backends are GPU kernels
             add(name, variants[name])
         everyone = gather_objects({"rank": here.rank, "rows": rows})
         if here.rank == 0:

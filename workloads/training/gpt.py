@@ -3,8 +3,8 @@
 A minimal decoder built from config (nothing downloaded), the way the fast reference setups
 build it: pre-LayerNorm blocks, ``F.scaled_dot_product_attention(is_causal=True)`` (flash
 attention on H100/H200), bf16 autocast with a bf16 residual stream, fused AdamW, tied embeddings,
-torch.compile. Data are
-random tokens, each rank its own share through DistributedSampler (``workloads.training.sampler``).
+torch.compile. Data are random tokens, each rank its own share through DistributedSampler
+(``workloads.training.sampler``).
 
 Two timed phases, because under DDP every rank waits for the slowest at each all-reduce:
 - synchronised steps give ``train_tokens_per_s_per_gpu`` and ``train_mfu`` (what training gets);
