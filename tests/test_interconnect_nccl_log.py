@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -209,3 +210,24 @@ def test_capture_with_a_real_libnccl() -> None:
     env.pop("NCCL_DEBUG", None)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert "MODE ours" in out.stdout and "WARN True" in out.stdout, out.stdout + out.stderr
+
+
+def test_log_folders_that_ended_processes_left_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A failed run leaves through os._exit, past the exit handler that removes its folder: the next one removes it.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp_path / f"clustergate-nccl-{gone.pid}-abc"
+    left.mkdir()
+    (left / "nccl-1.log").write_text("NCCL INFO ...")
+    running = tmp_path / f"clustergate-nccl-{os.getppid()}-def"  # a process that still runs
+    running.mkdir()
+    unlike = tmp_path / "clustergate-nccl-x-1"
+    unlike.mkdir()
+    link = tmp_path / f"clustergate-nccl-{gone.pid}-link"
+    link.symlink_to(running)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(nccl_log, "_TMP", [])
+    mine = Path(nccl_log._tmpdir())
+    assert mine.parent == tmp_path and mine.name.startswith(f"clustergate-nccl-{os.getpid()}-")
+    assert not left.exists()
+    assert running.is_dir() and unlike.is_dir() and link.is_symlink()

@@ -241,13 +241,35 @@ def expand_debug_file(pattern: str, host: str, pid: int) -> str:
 
 
 _TMP: list[str] = []
+_TMP_PREFIX = "clustergate-nccl-"
 
 
 def _tmpdir() -> str:
+    """This process's folder for NCCL's log, removed at a normal exit. A run that failed leaves through
+    ``os._exit`` and skips that, so each new folder first removes those that processes gone since left."""
     if not _TMP:
-        _TMP.append(tempfile.mkdtemp(prefix=f"clustergate-nccl-{os.getpid()}-"))
+        _remove_left_behind(tempfile.gettempdir())
+        _TMP.append(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
         atexit.register(shutil.rmtree, _TMP[0], True)
     return _TMP[0]
+
+
+def _remove_left_behind(root: str) -> None:
+    """Removes this user's NCCL log folders under ``root`` whose process no longer runs (the pid in the name);
+    never a link, another user's folder or a running process's."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not entry.name.startswith(_TMP_PREFIX) or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 class Capture:
