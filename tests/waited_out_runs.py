@@ -223,12 +223,9 @@ def _runner_gone(target: Path) -> bool:
     """The runner has exited (or is a zombie its worker has not reaped yet); False while it runs or before the
     worker that starts it has written its pid."""
     try:
-        stat = Path(f"/proc/{int((target / 'runner.pid').read_text())}/stat").read_text()
-    except FileNotFoundError:
-        return (target / "runner.pid").exists()
-    except ValueError:  # the pid half written
+        return not alive(int((target / "runner.pid").read_text()))
+    except (FileNotFoundError, ValueError):  # not written yet, or half written
         return False
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def stop_runner(runner: subprocess.Popen[bytes]) -> None:
@@ -250,7 +247,7 @@ def stop_runners(root: Path) -> None:
             runs = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
-        if __file__.encode() in runs and not _runner_gone(pid_file.parent):  # not a pid used again since
+        if __file__.encode() in runs and alive(pid):  # not a pid used again since, nor a zombie
             kill_tree(pid)
 
 
