@@ -353,3 +353,17 @@ def test_the_installed_plugin_stays_off_without_a_conftest_until_asked(pytester:
     on = runpytest_forked(pytester, "-p", "no:cacheprovider", "--clustergate", *PLANTED_SUITE, "--thresholds",
                                        "thresholds.yaml", "--report-dir", str(pytester.path / "report"))
     assert on.ret == 0, on.stdout.str()
+
+
+def test_the_heap_is_frozen_once_the_tests_are_collected(run, pytester: pytest.Pytester) -> None:
+    """What is alive before the first test (torch, pytest, the suite) is out of the collector's reach, so the
+    workloads' full collections scan only what the tests made (clustergate.run.outside.freeze_heap)."""
+    pytester.makepyfile("""
+import gc
+
+def test_heap_frozen():
+    assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()
+""")
+    result, report = run()
+    assert result.ret == Exit.ACCEPT, result.stdout.str()[-3000:]
+    assert [t["outcome"] for t in results(report)["tests"]] == ["passed"]

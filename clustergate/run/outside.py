@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import os
 import sys
 import threading
@@ -67,6 +68,18 @@ def release_compile_workers() -> threading.Thread | None:
     return thread
 
 
+def freeze_heap() -> None:
+    """Moves every object alive now out of the cyclic garbage collector's reach (``gc.freeze``). Once the tests
+    are collected these are torch's, pytest's and the suite's modules, classes and functions: the bulk of the
+    heap, and none of them garbage a test leaves. A full collection then scans only what the tests made. The
+    workloads make one before giving GPU memory back (``workloads.gpu._hw.release``), 27 times in a quick run on
+    one GPU, and each had scanned the whole heap. Measured on three H100 VMs, base and this alternated on each:
+    quick's tests other than the bf16 sweep (whose warm-up alone varies by 2 s from run to run) took 0.8-1.9 s
+    less. What is frozen is still freed by reference counting; only a reference cycle among these objects that
+    turns into garbage later stays, for the life of a short process."""
+    gc.freeze()
+
+
 def _dump_stacks() -> None:
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
@@ -90,6 +103,8 @@ class Outside:
     exit_handlers: Callable[[], None] = atexit._run_exitfuncs
     """Python's exit handlers, run before an accepted run leaves (``exit`` skips them): pytest unlocks its
     temporary directories, clustergate removes NCCL's log directory. 14 ms of a CPU quick run."""
+    tests_begin: Callable[[], object] = freeze_heap
+    """What is done once, after every rank collected the same tests, before the first test."""
     tests_over: Callable[[], object] = release_compile_workers
     """What may be let go once the last test has ended, before the verdict is shared."""
     park: Callable[[], NoReturn] = _park

@@ -138,6 +138,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         run.fail(broken)
         pytest.exit(broken, returncode=pytest.ExitCode.TESTS_FAILED)
     run.write_results()
+    run.outside.tests_begin()
 
 
 @pytest.fixture
