@@ -86,8 +86,10 @@ def local_gpu_count() -> int:
     NVML's count where CUDA_VISIBLE_DEVICES does not narrow the set: it needs no torch import and no CUDA
     context, seconds the first rank would otherwise wait for. A GPU that NVML lists and CUDA cannot use then
     gets its rank, whose health test names it, rather than the node quietly running the CPU suite.
-    torch's count where CUDA_VISIBLE_DEVICES is set (its rules for that variable are CUDA's) or NVML cannot
-    say (no driver)."""
+    torch's count where CUDA_VISIBLE_DEVICES is set (as Slurm sets it) or NVML cannot say (no driver):
+    ``device_count`` reads that variable by CUDA's rules and counts with NVML too, so this process starts no
+    CUDA either; only where NVML fails does it ask the CUDA runtime. (``is_available`` would always ask it:
+    cuInit here, and the driver's teardown when this process exits.)"""
     if "CUDA_VISIBLE_DEVICES" not in os.environ:
         try:
             import pynvml
@@ -101,7 +103,7 @@ def local_gpu_count() -> int:
             pass
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 def torchrun_args(nproc: int, pytest_args: list[str], log_dir: Path | None = None) -> list[str]:
