@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from clustergate.cli import main
+from clustergate.cli import command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -19,8 +19,11 @@ never 3, which is pytest's internal error.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import clustergate
 
@@ -122,3 +125,18 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def command() -> NoReturn:
+    """The ``clustergate`` command: ``main``'s status is the process's exit status. Where torch was imported
+    (``run``: torchrun runs in this process) the interpreter's own teardown is skipped: Python's exit handlers
+    run and the output is flushed, then the process leaves, without tearing torch's modules down one by one
+    (0.3-0.4 s of every ``clustergate run`` on a 2-core machine)."""
+    status = main()
+    if "torch" not in sys.modules:
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+

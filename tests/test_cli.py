@@ -245,3 +245,20 @@ def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "acceptance/test_world.py::test_world_matches_profile" in listed.stdout.splitlines()
     assert not (tmp_path / "listing").exists()
+
+
+@pytest.mark.parametrize("torch_imported", [False, True])
+def test_the_command_exits_with_mains_status_after_the_exit_handlers(torch_imported: bool) -> None:
+    """Where torch was imported (``run``), the command leaves without the interpreter's teardown: its exit
+    handlers still run, its output is flushed, and the status is main's."""
+    code = ("import atexit, sys\n"
+            + ("import torch\n" if torch_imported else "")
+            + "atexit.register(lambda: print('exit handler ran'))\n"
+            "print('said before', end='')\n"  # unflushed: a bare os._exit would lose it
+            "sys.argv = ['clustergate', 'no-such-command']\n"
+            "from clustergate.cli import command\n"
+            "command()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout.startswith("said before") and "exit handler ran" in proc.stdout
+    assert "no-such-command" in proc.stderr
