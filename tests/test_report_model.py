@@ -96,6 +96,16 @@ def test_figures_follow_the_details_conventions() -> None:
     one_gpu = {**RESULTS, "tests": [{**t, "metrics": [{**m, "per_rank": (m.get("per_rank") or [])[:1]}
                                                       for m in t.get("metrics", [])]} for t in RESULTS["tests"]]}
     assert bars and figures.gpu_bars(one_gpu) == []  # nothing to compare a lone GPU with
+    alike = copy.deepcopy(RESULTS)  # every GPU reads the same and passes: no GPU stands out, no chart
+    for t in alike["tests"]:
+        for m in t.get("metrics", []):
+            for p in m.get("per_rank") or []:
+                p.update(value=m["per_rank"][0]["value"], passed=True)
+    assert figures.gpu_bars(alike) == []
+    failing = copy.deepcopy(alike)  # the same value on every GPU, but failing: charted
+    first = next(m for t in failing["tests"] for m in t.get("metrics", []) if len(m.get("per_rank") or []) > 1)
+    first["per_rank"][0]["passed"] = False
+    assert len(figures.gpu_bars(failing)) == 1
     assert figures.test_figures({"curves": [{"name": "x", "points": [{"step": 1}]}], "m": {"values": "no"}}) == []
 
 
