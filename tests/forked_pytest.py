@@ -44,7 +44,9 @@ for line in requests:
             os.chdir(job["cwd"])
             os.environ.clear()
             os.environ.update(job["env"])
-            sys.path.insert(0, job["cwd"])  # as `python -m pytest` run there puts it first
+            # As `python -m pytest` run there with this environment starts: its directory first, then PYTHONPATH's
+            # (the server's own sys.path comes from whichever test started it, whose PYTHONPATH may have differed)
+            sys.path[:0] = [job["cwd"], *filter(None, job["env"].get("PYTHONPATH", "").split(os.pathsep))]
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
