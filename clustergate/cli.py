@@ -123,10 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def command() -> NoReturn:
     """The ``clustergate`` command: ``main``'s status is the process's exit status. Where torch was imported
     (``run``: torchrun runs in this process) the interpreter's own teardown is skipped: Python's exit handlers
@@ -140,3 +136,6 @@ def command() -> NoReturn:
     sys.stderr.flush()
     os._exit(status)
 
+
+if __name__ == "__main__":
+    command()
