@@ -195,7 +195,9 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
         lines += said
         bad = [f for j in metrics for f in j.failures]
     outcome = "failed" if lines or bad else kinds.pop()
-    message = outcomes[0].message if outcome == "skipped" else "\n".join(lines + ([metric_block(bad)] if bad else []))
+    # A skip says its reason alone: pytest's own text of it is a (path, line, "Skipped: ...") tuple's repr.
+    skipped = outcomes[0].said or outcomes[0].message
+    message = skipped if outcome == "skipped" else "\n".join(lines + ([metric_block(bad)] if bad else []))
     failed_ranks = [o.rank for o in failed]
     if outcome == "failed" and not failed_ranks:
         failed_ranks = sorted(set(record_ranks) | {p["rank"] for j in metrics for p in j.per_rank if not p["passed"]})

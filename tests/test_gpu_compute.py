@@ -16,7 +16,7 @@ from workloads.gpu import _hw as hw
 from workloads.gpu import burn_in, hbm, hostlink, matmul
 from workloads.result import WorkloadError
 
-from torchrun_job import job_env
+from torchrun_job import ROOT, job_env, run_job
 
 CPU = torch.device("cpu")
 
@@ -395,3 +395,21 @@ def test_a_cpu_run_records_both_passes_of_its_best_shapes() -> None:
     assert len(rows) == min(matmul.SECOND_PASS_SHAPES, len(result.details["shapes"]))
     assert result.details["best_tflops"] == max(s["tflops"] for s in result.details["shapes"])
     assert result.details["tables"]["second pass over the best shapes"] == rows
+
+
+@pytest.mark.slow  # two torchrun jobs
+@pytest.mark.parametrize(("nodes", "nproc", "outcome"), [(1, 2, "passed"), (2, 1, "skipped")])
+def test_the_together_host_link_runs_only_where_a_node_has_several_gpus(tmp_path: Path, nodes: int, nproc: int,
+                                                                        outcome: str) -> None:
+    """With one rank per node, every GPU of a node at once is that GPU alone, which test_host_link measured:
+    the together test skips saying so. With two ranks on a node it measures."""
+    r = run_job(tmp_path, [str(ROOT / "acceptance"), "--level", "quick", "-k", "host_link"], nodes=nodes,
+                nproc=nproc, timeout=180)  # a hang guard: CPU ranks start and copy 32 MiB for 0.2 s in 10-30 s
+    tests = {t["nodeid"].split("::")[1]: t for t in r.results["tests"]}
+    assert {name: t["outcome"] for name, t in tests.items()} == {
+        "test_host_link[h2d]": "passed", "test_host_link[d2h]": "passed",
+        "test_host_link_all_gpus[h2d]": outcome, "test_host_link_all_gpus[d2h]": outcome}, r.output[-3000:]
+    if outcome == "skipped":
+        # The reason alone, not pytest's (path, line, "Skipped: ...") tuple.
+        assert all(tests[f"test_host_link_all_gpus[{d}]"]["message"].startswith("one GPU per node: test_host_link")
+                   for d in ("h2d", "d2h"))
