@@ -358,17 +358,22 @@ with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
 """
 
 
+def _two_cpu_ranks(job: str, tmp_path: Path) -> list[dict]:
+    """``job`` under torchrun on two CPU ranks; what each rank wrote to ``rank<N>.json`` in ``tmp_path``.
+    Bound: two CPU ranks start and take their turns in about 10 s idle; 240 s leaves room for a busy machine."""
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script), str(tmp_path)], env=job_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 def test_host_link_turns_run_one_gpu_at_a_time_and_an_error_waits_for_the_last_turn(tmp_path: Path) -> None:
     """Two CPU ranks under torchrun: each turn's window must not overlap the other's; a rank that fails
     its turn raises only after both turns, so its peer is not left waiting; the node figure is the
     slowest rank's."""
-    script = tmp_path / "job.py"
-    script.write_text(TURNS_JOB)
-    # Bound: two CPU ranks start and take two 0.3 s turns in about 10 s idle; 240 s leaves room for a busy machine.
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script), str(tmp_path)], env=job_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = _two_cpu_ranks(TURNS_JOB, tmp_path)
     (a0, a1), (b0, b1) = ranks[0]["spans"]
     assert a1 <= b0 or b1 <= a0, ranks[0]["spans"]  # one GPU at a time
     assert [r["planted"] for r in ranks] == ["ok", "planted"]
@@ -413,3 +418,62 @@ def test_the_together_host_link_runs_only_where_a_node_has_several_gpus(tmp_path
         # The reason alone, not pytest's (path, line, "Skipped: ...") tuple.
         assert all(tests[f"test_host_link_all_gpus[{d}]"]["message"].startswith("one GPU per node: test_host_link")
                    for d in ("h2d", "d2h"))
+
+
+ALONE_JOB = """
+import json, os, sys, time
+import torch.distributed as dist
+from workloads.common import distributed
+from workloads.gpu import hostlink
+
+spans = []
+def spanned(name, fn):
+    def wrapped(*args, **kwargs):
+        start = time.time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spans.append((name, args[0].size if name != "prepare" else args[0], start, time.time()))
+    return wrapped
+
+def planted(real):
+    def prepare(size, *args):
+        if dist.get_rank() == 1 and size == 1 << 20:
+            raise RuntimeError("planted")
+        return real(size, *args)
+    return prepare
+
+real_prepare = hostlink.prepare
+for name in ("prepare", "time_copies", "figures"):
+    setattr(hostlink, name, spanned(name, getattr(hostlink, name)))
+cfg = hostlink.Config(direction="d2h", mode="alone", sizes=(1 << 20, 1 << 21), seconds_per_size=0.2)
+with distributed() as here:
+    result = hostlink.run(cfg)
+    hostlink.prepare = spanned("prepare", planted(real_prepare))
+    try:
+        hostlink.run(cfg)
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    out = {"spans": spans, "sizes": [s["bytes"] for s in result.details["sizes"]], "error": error}
+with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_only_the_timed_host_link_copies_take_turns(tmp_path: Path) -> None:
+    """Two CPU ranks, each GPU alone, two sizes: for each size every rank has its buffers before the first turn,
+    the timed copies never overlap, and each rank checks its copies after the last turn. A rank that cannot
+    make its buffers walks every turn and raises after the last: its peer finishes, nobody waits."""
+    ranks = _two_cpu_ranks(ALONE_JOB, tmp_path)
+    assert ranks[0]["sizes"] == ranks[1]["sizes"] == [1 << 20, 1 << 21]
+    spans = [tuple(s) for r in ranks for s in r["spans"][:6]]  # the first run: 3 steps x 2 sizes per rank
+    for size in (1 << 20, 1 << 21):
+        made, copied, checked = ([(a, b) for name, sz, a, b in spans if name == step and sz == size]
+                                 for step in ("prepare", "time_copies", "figures"))
+        assert len(made) == len(copied) == len(checked) == 2
+        assert max(end for _, end in made) <= min(start for start, _ in copied)  # buffers first, on every rank
+        (a0, a1), (b0, b1) = copied
+        assert a1 <= b0 or b1 <= a0, copied  # one GPU at a time
+        assert max(end for _, end in copied) <= min(start for start, _ in checked)  # checked after the last turn
+    assert [r["error"] for r in ranks] == [None, "planted"]
