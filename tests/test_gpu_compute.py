@@ -421,7 +421,7 @@ def test_the_together_host_link_runs_only_where_a_node_has_several_gpus(tmp_path
 
 
 ALONE_JOB = """
-import json, os, sys, time
+import json, os, sys, time, weakref
 import torch.distributed as dist
 from workloads.common import distributed
 from workloads.gpu import hostlink
@@ -443,7 +443,23 @@ def planted(real):
         return real(size, *args)
     return prepare
 
+alive_at_release = []  # how many of the buffers made so far are still alive each time memory is given back
+made = []
+real_release = hostlink.hw.release
+def release(device):
+    alive_at_release.append(sum(ref() is not None for ref in made))
+    real_release(device)
+hostlink.hw.release = release
+
+def kept(prepare):
+    def wrapped(*args):
+        copies = prepare(*args)
+        made.extend(weakref.ref(t) for t in (copies.src, copies.dst, copies.want))
+        return copies
+    return wrapped
+
 real_prepare = hostlink.prepare
+hostlink.prepare = kept(real_prepare)
 for name in ("prepare", "time_copies", "figures"):
     setattr(hostlink, name, spanned(name, getattr(hostlink, name)))
 cfg = hostlink.Config(direction="d2h", mode="alone", sizes=(1 << 20, 1 << 21), seconds_per_size=0.2)
@@ -455,7 +471,8 @@ with distributed() as here:
         error = None
     except RuntimeError as exc:
         error = str(exc)
-    out = {"spans": spans, "sizes": [s["bytes"] for s in result.details["sizes"]], "error": error}
+    out = {"spans": spans, "sizes": [s["bytes"] for s in result.details["sizes"]], "error": error,
+           "alive_at_release": alive_at_release}
 with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
     json.dump(out, f)
 """
@@ -464,7 +481,8 @@ with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
 def test_only_the_timed_host_link_copies_take_turns(tmp_path: Path) -> None:
     """Two CPU ranks, each GPU alone, two sizes: for each size every rank has its buffers before the first turn,
     the timed copies never overlap, and each rank checks its copies after the last turn. A rank that cannot
-    make its buffers walks every turn and raises after the last: its peer finishes, nobody waits."""
+    make its buffers walks every turn and raises after the last: its peer finishes, nobody waits. Each size's
+    buffers are gone when memory is given back after it."""
     ranks = _two_cpu_ranks(ALONE_JOB, tmp_path)
     assert ranks[0]["sizes"] == ranks[1]["sizes"] == [1 << 20, 1 << 21]
     spans = [tuple(s) for r in ranks for s in r["spans"][:6]]  # the first run: 3 steps x 2 sizes per rank
@@ -477,3 +495,5 @@ def test_only_the_timed_host_link_copies_take_turns(tmp_path: Path) -> None:
         assert a1 <= b0 or b1 <= a0, copied  # one GPU at a time
         assert max(end for _, end in copied) <= min(start for start, _ in checked)  # checked after the last turn
     assert [r["error"] for r in ranks] == [None, "planted"]
+    # Memory is given back once a size is done, with that size's buffers gone: one size's at a time.
+    assert all(r["alive_at_release"] and not any(r["alive_at_release"]) for r in ranks), ranks

@@ -143,6 +143,35 @@ def measure_size(size: int, cfg: Config, device: torch.device, gen: torch.Genera
     return figures(copies, time_copies(copies, cfg, device), cfg, device)
 
 
+def size_alone(size: int, cfg: Config, device: torch.device, gen: torch.Generator, make: bool
+               ) -> tuple[dict[str, Any] | None, dict[str, Any], Exception | None]:
+    """One size: its buffers made (where ``make``), its copies timed in this rank's turn, checked after the last
+    turn. (figures, clocks during the turn, this rank's error): the error is returned, not raised, so the caller
+    walks every size's turns. The buffers are gone when this returns."""
+    copies: Copies | None = None
+    error: Exception | None = None
+    if make:
+        try:
+            copies = prepare(size, cfg, device, gen)
+        except Exception as exc:  # returned after the turns
+            error = exc
+
+    def turn() -> tuple[list[float], dict[str, Any]] | None:
+        if copies is None:
+            return None
+        with ClockSampler(device) as sampler:
+            times = time_copies(copies, cfg, device)
+        return times, sampler.summary()
+
+    try:
+        timed = hw.in_turns(turn)  # this rank's own error from its turn is raised after the last turn
+        if copies is not None and timed is not None:
+            return figures(copies, timed[0], cfg, device), timed[1], None
+    except Exception as exc:
+        error = exc
+    return None, {}, error
+
+
 def alone(cfg: Config, device: torch.device) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each size on one GPU of each node at a time. Only the timed copies take turns: every rank makes its
     buffers before the turns and checks and frees them after, all at once (on 2 H200s a turn was 0.65 s, of
@@ -152,34 +181,16 @@ def alone(cfg: Config, device: torch.device) -> tuple[list[dict[str, Any]], dict
     sizes: list[dict[str, Any]] = []
     clocks: dict[str, Any] = {}
     error: Exception | None = None
-    try:
-        for size in cfg.sizes:
-            copies: Copies | None = None
-            if error is None:
-                try:
-                    copies = prepare(size, cfg, device, gen)
-                except Exception as exc:  # raised after the turns
-                    error = exc
-
-            def turn(copies: Copies | None = copies) -> tuple[list[float], dict[str, Any]] | None:
-                if copies is None:
-                    return None
-                with ClockSampler(device) as sampler:
-                    times = time_copies(copies, cfg, device)
-                return times, sampler.summary()
-
-            try:
-                timed = hw.in_turns(turn)
-                if copies is not None and timed is not None and error is None:
-                    sizes.append(figures(copies, timed[0], cfg, device))
-                    if sizes[-1]["gbps"] >= max(s["gbps"] for s in sizes):
-                        clocks = timed[1]  # the clocks of the size that counts
-            except Exception as exc:
-                error = error or exc
-            del copies
-            hw.release(device)  # one size's buffers at a time, as before the turns were split
-    finally:
-        hw.release(device)
+    for size in cfg.sizes:
+        try:
+            figure, sampled, failed = size_alone(size, cfg, device, gen, make=error is None)
+        finally:
+            hw.release(device)  # this size's buffers are gone: one size's at a time, as before the turns were split
+        error = error or failed
+        if figure is not None:
+            sizes.append(figure)
+            if figure["gbps"] >= max(s["gbps"] for s in sizes):
+                clocks = sampled  # the clocks of the size that counts
     if error is not None:
         raise error
     return sizes, clocks
