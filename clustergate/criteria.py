@@ -8,9 +8,14 @@ judging (judge.py) and describing (the terminal summary and the report) all go t
 
 A new kind of bound is one ``Bound`` subclass added to ``BOUNDS``, and its tests.
 
-Every criterion also says where it comes from (``source``: spec, measured or estimate; see
-``clustergate.sources``) and what a miss weighs (``severity``): ``fail`` (the default) fails the
+Every criterion also says where it comes from (``source``: spec, measured, published, peers or estimate;
+see ``clustergate.sources``) and what a miss weighs (``severity``): ``fail`` (the default) fails the
 test; ``warn`` lists the miss among the run's warnings and never turns accept into reject.
+
+The peer bounds (``outlier_fraction``, ``outlier_multiple``) judge a part against the median of its peers: a
+per-GPU figure against its node's GPUs and, in a run of several nodes, every GPU; a per-node figure against
+every node of the run; and at merge every part against the fleet (``clustergate.cluster.fleet``), by the same
+bounds and the same words.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ TEXT_KEYS = {
 SEVERITIES = ("fail", "warn")
 WEIGHT_KEYS = {
     "severity": "fail (default): a miss fails the test; warn: a miss is listed as a warning, the verdict stands",
-    "source": "where the figures come from: spec, estimate, or {kind: measured, tool, machine, date, n}",
+    "source": "where the figures come from: spec, estimate, peers, {kind: published, note} or "
+              "{kind: measured, tool, machine, date, n}",
 }
 
 
@@ -84,6 +90,10 @@ class Bound:
         """The lowest figure this bound passes, given its peers' median (None: it sets no floor)."""
         return None
 
+    def limit(self, median: float | None) -> float | None:
+        """The highest figure this bound passes, given its peers' median (None: it sets no limit)."""
+        return None
+
 
 class Min(Bound):
     key, help, better, worst = "min", "fail below this value", "up", "low"
@@ -107,6 +117,9 @@ class Max(Bound):
     def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
         return [f"expected <= {number(self.value)}"] if figure > self.value else []
 
+    def limit(self, median: float | None) -> float | None:
+        return self.value
+
     def text(self) -> str:
         return f"<= {number(self.value)}"
 
@@ -129,8 +142,8 @@ class Ceiling(Bound):
 
 class OutlierFraction(Bound):
     key, better, worst, peers = "outlier_fraction", "up", "low", True
-    help = ("fail a GPU whose value is below this fraction of the median of its peers (on its node, and "
-            "across the cluster); only for gpu-scope metrics where higher is better")
+    help = ("fail a part whose value is below this fraction of the median of its peers (a GPU: its node's GPUs and "
+            "every GPU of the run; a node: every node of the run; at merge: the fleet); higher is better")
 
     def check(self) -> str | None:
         return None if 0 < self.value <= 1 else f"must lie in (0, 1], got {number(self.value)}"
@@ -146,10 +159,31 @@ class OutlierFraction(Bound):
         return f">= {percent(self.value)} of peers' median"
 
 
-BOUNDS: dict[str, type[Bound]] = {b.key: b for b in (Min, Max, Ceiling, OutlierFraction)}
+class OutlierMultiple(Bound):
+    key, better, worst, peers = "outlier_multiple", "down", "high", True
+    help = ("fail a part whose value is above this multiple of the median of its peers (lower is better: latency); "
+            "peers as for outlier_fraction")
+
+    def check(self) -> str | None:
+        return None if 1 < self.value <= 100 else f"must lie in (1, 100], got {number(self.value)}"
+
+    def missed(self, figure: float, medians: Mapping[str, float]) -> list[str]:
+        return [f"above {number(self.value)}x the {peers} median {number(median)}"
+                for peers, median in medians.items() if figure > self.value * median]
+
+    def limit(self, median: float | None) -> float | None:
+        return None if median is None else self.value * median
+
+    def text(self) -> str:
+        return f"<= {number(self.value)}x peers' median"
+
+
+BOUNDS: dict[str, type[Bound]] = {b.key: b for b in (Min, Max, Ceiling, OutlierFraction, OutlierMultiple)}
 """Every kind of bound, in the order a criterion lists them."""
 
 ORDER = (("min", "max"), ("min", "ceiling"))
+ABSOLUTE = ("min", "max")
+"""The bounds that hold a figure to a number of its own: what a source must cite."""
 """(low, high) pairs whose values must not cross: a criterion no figure can meet is a typo."""
 
 KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS, **WEIGHT_KEYS}
@@ -202,6 +236,13 @@ class Criterion:
             source = Source.parse(raw["source"]) if "source" in raw else None
         except SourceError as exc:
             raise CriterionError(f"{where}.source", str(exc)) from None
+        if source is not None and source.kind == "peers" and (absolute := [b.key for b in bounds if b.key in ABSOLUTE]):
+            raise CriterionError(f"{where}.source", f"peers judges against the part's peers only, but the criterion "
+                                                    f"sets {', '.join(absolute)}: cite where that comes from (spec, "
+                                                    "measured, published) or leave it out")
+        if source is not None and source.kind == "peers" and not any(b.peers for b in bounds):
+            raise CriterionError(f"{where}.source", "peers, but the criterion has no outlier_fraction or "
+                                                    "outlier_multiple to judge a part against its peers by")
         return cls(bounds=bounds, unit=raw.get("unit"), description=raw.get("description", ""), severity=severity,
                    source=source)
 
@@ -254,8 +295,23 @@ class Criterion:
 
     def peer_floor(self, median: float) -> float | None:
         """Below this a part is an outlier among peers whose median is ``median`` (the peer bounds alone:
-        ``outlier_fraction``); None where the criterion does not compare with peers. The fleet view's rule."""
+        ``outlier_fraction``); None where the criterion sets no floor by its peers."""
         return max((f for b in self.bounds if b.peers and (f := b.floor(median)) is not None), default=None)
+
+    def peer_limit(self, median: float) -> float | None:
+        """Above this a part is an outlier among peers whose median is ``median`` (``outlier_multiple``); None where
+        the criterion sets no limit by its peers."""
+        return min((f for b in self.bounds if b.peers and (f := b.limit(median)) is not None), default=None)
+
+    @property
+    def judges_peers(self) -> bool:
+        """The criterion compares a part with its peers (``outlier_fraction``, ``outlier_multiple``)."""
+        return any(b.peers for b in self.bounds)
+
+    def peer_misses(self, figure: float, median: float, peers: str) -> list[str]:
+        """How ``figure`` falls behind ``peers`` whose median is ``median`` (the peer bounds alone, in the words the
+        run uses: "below 90% of the fleet median 760"); empty where it does not. The fleet view's rule."""
+        return [p for b in self.bounds if b.peers for p in b.missed(figure, {peers: median})]
 
     def stand_in(self, values: Sequence[float]) -> float:
         """The figure that stands for the metric: the worst against the criterion, else the median."""
@@ -266,9 +322,10 @@ class Criterion:
         """Why each figure misses the criterion (one list per figure, empty where it passes).
 
         Per-GPU figures are also judged against the medians of their node's and the cluster's GPUs
-        (a node's median only with two or more GPUs on it; the cluster's with two or more nodes).
+        (a node's median only with two or more GPUs on it; the cluster's with two or more nodes), per-node
+        figures against the median of every node (two or more nodes).
         """
-        peered = scope == "gpu" and any(b.peers for b in self.bounds)
+        peered = scope in ("gpu", "node") and self.judges_peers
         by_node: dict[int, list[float]] = {}
         for f in figures:
             by_node.setdefault(f.node, []).append(f.value)
@@ -278,7 +335,7 @@ class Criterion:
                 out.append([f"recorded in {f.unit!r}, the profile expects {self.unit!r}"])
                 continue
             medians: dict[str, float] = {}
-            if peered and len(by_node[f.node]) > 1:
+            if peered and scope == "gpu" and len(by_node[f.node]) > 1:
                 medians["node"] = statistics.median(by_node[f.node])
             if peered and len(by_node) > 1:
                 medians["cluster"] = statistics.median(x.value for x in figures)

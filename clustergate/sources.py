@@ -1,9 +1,15 @@
 """Where a criterion's figures come from (``source:`` in thresholds.yaml), so a reader can weigh a miss.
 
-- ``spec``: a datasheet or the original acceptance criteria (optionally with a ``note`` naming which);
+- ``spec``: a datasheet, a standard (PCIe, InfiniBand: a link's rate with the fraction the bound takes of it), or
+  the original acceptance criteria (optionally with a ``note`` naming which);
 - ``measured``: derived from runs on real machines: ``tool``, ``machine``, ``date`` and sample size ``n``
   are required (``runs`` and ``note`` optional), e.g. what ``clustergate.calibrate`` writes;
-- ``estimate``: a reasoned guess, not yet measured. Shipped estimates carry ``severity: warn``.
+- ``published``: a figure or a rule its vendor or a public benchmark published (NCCL's maintainers on what a
+  link reaches, DCGM's health rules); ``note`` is required and says where;
+- ``peers``: no absolute figure can be cited yet: the part is judged against its peers only (its node's GPUs in
+  the run, the fleet at merge), so the criterion may bound nothing but ``outlier_fraction``/``outlier_multiple``;
+- ``estimate``: a reasoned guess, not yet measured. Shipped estimates carry ``severity: warn`` and never appear
+  in a sign-off profile.
 
 In thresholds.yaml: ``source: spec`` (a word), or a mapping
 ``source: {kind: measured, tool: nccl-tests, machine: "2x H200 NV18", date: 2026-01-10, n: 16}``.
@@ -17,9 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("spec", "measured", "estimate")
-REQUIRED = {"measured": ("tool", "machine", "date", "n")}
-"""Detail a kind must give: a measured figure says by what, on what, when and from how many samples."""
+KINDS = ("spec", "measured", "published", "peers", "estimate")
+REQUIRED = {"measured": ("tool", "machine", "date", "n"), "published": ("note",)}
+"""Detail a kind must give: a measured figure says by what, on what, when and from how many samples; a published
+one where it was published."""
+CITED = ("spec", "measured", "published")
+"""The kinds that cite where an absolute bound (min, max) comes from: what a sign-off profile's bounds rest on."""
 DETAIL = ("tool", "machine", "date", "n", "runs", "note")
 
 

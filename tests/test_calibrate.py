@@ -251,7 +251,8 @@ def test_the_written_thresholds_must_load(tmp_path: Path, base: Path, monkeypatc
 def test_shipped_thresholds_accept_source_and_severity_and_refuse_others(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(BASE.replace("source: estimate,\n", "source: guess,\n"))
-    with pytest.raises(ThresholdsError, match="fp16_tflops.source: kind must be one of spec, measured, estimate"):
+    with pytest.raises(ThresholdsError, match="fp16_tflops.source: kind must be one of spec, measured, published, "
+                                              "peers, estimate"):
         load(path)
     path.write_text(BASE.replace("severity: warn}", "severity: maybe}", 1))
     with pytest.raises(ThresholdsError, match="severity: must be fail or warn, got 'maybe'"):

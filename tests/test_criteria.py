@@ -29,8 +29,41 @@ def test_outlier_fraction_judges_a_gpu_against_its_node_and_the_cluster() -> Non
     assert problems[3] == ["below 90% of the node median 799.5"]
     assert problems[4] == ["below 90% of the cluster median 575"]  # a whole slow node shows against the cluster
     assert problems[0] == []
-    assert c.judge(figures(800, 650), "node") == [[], []]  # only per-GPU figures have peers
     assert c.judge(figures(650), "gpu") == [[]]  # alone: no peers, nothing to compare
+
+
+def test_a_node_figure_is_judged_against_every_node_of_the_run() -> None:
+    c = Criterion.of(outlier_fraction=0.9)
+    nodes = [Figure(370, "GB/s", 0), Figure(368, "GB/s", 1), Figure(222, "GB/s", 2)]
+    assert c.judge(nodes, "node") == [[], [], ["below 90% of the cluster median 368"]]
+    assert c.judge(nodes[:1], "node") == [[]]  # one node: no peers
+    assert c.judge(nodes, "world") == [[], [], []]  # the job's one figure has none
+
+
+def test_outlier_multiple_judges_a_lower_is_better_figure_against_its_peers() -> None:
+    c = Criterion.of(outlier_multiple=1.5, unit="us")
+    nodes = [Figure(9.0, "us", 0), Figure(9.5, "us", 1), Figure(20.0, "us", 2)]
+    assert c.judge(nodes, "node") == [[], [], ["above 1.5x the cluster median 9.5"]]
+    assert c.text() == "<= 1.5x peers' median" and c.higher_is_better is False
+    assert (c.peer_floor(10.0), c.peer_limit(10.0)) == (None, 15.0)
+    assert c.peer_misses(16.0, 10.0, "fleet") == ["above 1.5x the fleet median 10"]
+    assert Criterion.of(outlier_fraction=0.9).peer_misses(8.0, 10.0, "fleet") == ["below 90% of the fleet median 10"]
+    assert Criterion.of(min=5).peer_misses(1.0, 10.0, "fleet") == []  # an absolute bound is not a peer bound
+
+
+def test_a_peers_source_bounds_nothing_but_peers() -> None:
+    c = Criterion.of(outlier_fraction=0.9, ceiling=480, source="peers")
+    assert c.source is not None and c.source.kind == "peers" and c.judges_peers
+    for raw, message in (
+        ({"min": 250, "outlier_fraction": 0.9, "source": "peers"},
+         "c.source: peers judges against the part's peers only, but the criterion sets min"),
+        ({"ceiling": 480, "source": "peers"}, "c.source: peers, but the criterion has no outlier_fraction or "
+                                               "outlier_multiple"),
+        ({"min": 1, "source": "published"}, "c.source: published needs note"),
+    ):
+        with pytest.raises(CriterionError) as err:
+            Criterion.parse(raw, "c")
+        assert str(err.value).startswith(message), (raw, str(err.value))
 
 
 def test_parse_refuses_what_no_figure_can_meet() -> None:
@@ -39,6 +72,7 @@ def test_parse_refuses_what_no_figure_can_meet() -> None:
         ({"min": 700, "ceiling": 600}, "c: min 700 is above ceiling 600"),
         ({"outlier_fraction": 0}, "c.outlier_fraction: must lie in (0, 1], got 0"),
         ({"outlier_fraction": 1.2}, "c.outlier_fraction: must lie in (0, 1], got 1.2"),
+        ({"outlier_multiple": 1}, "c.outlier_multiple: must lie in (1, 100], got 1"),
         ({"min": float("inf")}, "c.min: must be a finite number, got inf"),
         ({"min": True}, "c.min: must be a finite number, got True"),
         ({"minimum": 1}, "c.minimum: unknown key; a criterion takes min, max, ceiling"),
@@ -82,7 +116,7 @@ def test_results_json_round_trip() -> None:
 
 
 def test_every_bound_documents_its_key() -> None:
-    assert list(BOUNDS) == ["min", "max", "ceiling", "outlier_fraction"]
+    assert list(BOUNDS) == ["min", "max", "ceiling", "outlier_fraction", "outlier_multiple"]
     assert all(KEYS[k] for k in BOUNDS)
 
 
@@ -106,7 +140,8 @@ def test_severity_and_source_are_parsed_and_carried() -> None:
     assert Criterion.of(min=1).source_text() == "" and "source" not in Criterion.of(min=1).as_json()
     for raw, message in (
         ({"min": 1, "severity": "fatal"}, "c.severity: must be fail or warn, got 'fatal'"),
-        ({"min": 1, "source": "guess"}, "c.source: kind must be one of spec, measured, estimate, got 'guess'"),
+        ({"min": 1, "source": "guess"}, "c.source: kind must be one of spec, measured, published, peers, estimate, "
+                                        "got 'guess'"),
         ({"min": 1, "source": "measured"}, "c.source: measured needs tool, machine, date, n: write source: "
                                            "{kind: measured, tool: ..., machine: ..., date: ..., n: ...}"),
         ({"min": 1, "source": {"kind": "spec", "page": 3}}, "c.source: unknown key 'page'"),
