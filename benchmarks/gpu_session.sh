@@ -102,7 +102,7 @@ say "GPUs: $NGPU x $GPU_NAME; profile $PROFILE; mamf-finder: ${MAMF_FINDER:-none
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   git -C "$ROOT" log -1 --oneline 2>/dev/null; env | grep -E '^(NCCL|TORCH|CUDA)_' | sort; } >"$S/environment.txt" 2>&1
 
-# 1. The suite, with a profile for this node shape (the shipped one extended: gpus_per_node, gpu_count).
+# 1. The suite under the shipped profile for this node's shape (session_tools.py profile: the one the run chooses).
 step suite/run 400 140 torchrun --standalone --nproc-per-node="$NPROC" -m pytest acceptance --level "$LEVEL" \
   --thresholds "$S/thresholds.yaml" --profile "$PROFILE" --report-dir "$S/suite"
 

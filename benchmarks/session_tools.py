@@ -41,11 +41,15 @@ _MAMF_ROW_V4 = re.compile(r"^\s*\d+\s+(\d+x\d+x\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d
 
 
 def session_profile(shipped: Path, gpus: int, gpu_name: str) -> tuple[str, str]:
-    """(name, thresholds text): the shipped file with a first profile that extends the one matching
-    ``gpu_name`` for ``gpus`` GPUs a node (gpu_count and gpus_per_node; everything else inherited)."""
+    """(name, thresholds text) for a node of ``gpus`` GPUs named ``gpu_name``: the shipped profile the run itself
+    chooses for that model and shape (``Thresholds.select``), the shipped file as it is; where the file has no
+    profile of that shape (3 GPUs), a first profile that extends the model's for ``gpus`` GPUs a node (gpu_count
+    and gpus_per_node; everything else inherited)."""
+    chosen = load(shipped).select(gpu_name, gpu_node=True, gpus=gpus)
+    if chosen.settings.get("gpus_per_node") == gpus:
+        return chosen.name, shipped.read_text()
     data = yaml.safe_load(shipped.read_text())
-    base = next((name for name, p in data["profiles"].items()
-                 if any(m.lower() in gpu_name.lower() for m in p.get("match") or [])), data["fallback_profile"])
+    base = chosen.name
     name = f"{base}-{gpus}gpu"
     mine = {"description": f"{base} for a node of {gpus} GPU(s) (GPU session)", "extends": base,
             "match": data["profiles"][base].get("match") or [],

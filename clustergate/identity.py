@@ -88,6 +88,12 @@ def gpu_model(found: NvidiaDevices) -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def visible_gpus() -> int:
+    """The CUDA GPUs this process may use (CUDA_VISIBLE_DEVICES honoured; counted through NVML where torch can, so
+    no CUDA context is made): the count a run's profile shape is chosen by (``NvidiaDevices.shape_gpus``)."""
+    return torch.cuda.device_count()
+
+
 def gpu_node_problem(found: NvidiaDevices, device: torch.device) -> str | None:
     """Why a run on a GPU node cannot be judged: an NVIDIA device exists, or the site expects GPUs
     (``found``, workloads.node.gpu_presence), but this rank's torch sees no CUDA device; None otherwise."""

@@ -104,16 +104,21 @@ class Thresholds:
             )
         return self.profiles[name]
 
-    def select(self, gpu_name: str | None, *, gpu_node: bool = False) -> Profile:
-        """The profile for a GPU model (as NVML names it); the fallback profile for a GPU node whose model cannot
-        be read (``gpu_node``: an NVIDIA device exists or the site expects GPUs, workloads.node.gpu_presence);
-        the CPU profile only where neither says there is a GPU."""
+    def select(self, gpu_name: str | None, *, gpu_node: bool = False, gpus: int | None = None) -> Profile:
+        """The profile for a GPU model (as NVML names it) and a node shape; the fallback profile for a GPU node
+        whose model cannot be read (``gpu_node``: an NVIDIA device exists or the site expects GPUs,
+        workloads.node.gpu_presence); the CPU profile only where neither says there is a GPU.
+
+        The shape rule: of the profiles whose ``match`` names the model, in the file's order, the first whose
+        ``settings.gpus_per_node`` is ``gpus`` (the node's GPU count, ``NvidiaDevices.shape_gpus``); where none
+        is, the model's first profile, whose ``gpu_count`` criterion then says how many GPUs it expects."""
         if gpu_name is None:
             return self.profile(self.fallback_profile if gpu_node else self.cpu_profile)
-        for profile in self.profiles.values():
-            if any(pattern.lower() in gpu_name.lower() for pattern in profile.match):
-                return profile
-        return self.profile(self.fallback_profile)
+        models = [p for p in self.profiles.values()
+                  if any(pattern.lower() in gpu_name.lower() for pattern in p.match)]
+        if not models:
+            return self.profile(self.fallback_profile)
+        return next((p for p in models if gpus is not None and p.settings.get("gpus_per_node") == gpus), models[0])
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"

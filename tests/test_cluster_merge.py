@@ -2,7 +2,7 @@
 
 Each node's results.json has the shape a real 8-GPU node writes; faults are planted in the figures.
 Checked: a node's own failure excludes it with the failing figure named; a node that accepted itself
-but whose GPUs fall below the fleet's median is excluded (severity warn: a warning); expected hosts
+but whose GPUs fall below the fleet's median is excluded (tests/test_fleet_outliers.py: every scope); expected hosts
 with no directory, directories without results, and runs still "running" are excluded as missing;
 the host lists in both forms; bad input exits 2 naming the path; and the cluster results.json matches
 clustergate/cluster/cluster.schema.json.
@@ -101,20 +101,20 @@ def test_merge_excludes_failed_outlying_and_missing_nodes(fleet: Path, tmp_path:
     assert "excluded: gpu02 (retest): fleet outlier: matmul_tf32_tflops" in proc.stdout
 
 
-def test_warn_severity_outlier_is_a_warning(tmp_path: Path) -> None:
+def test_an_outlier_of_a_criterion_judged_by_its_peers_alone_excludes_its_node(tmp_path: Path) -> None:
     nodes = tmp_path / "nodes"
     for i in range(1, 5):
-        # n1's GPUs all train 23% slower alone (a warn criterion, outlier_fraction only): alike on the node, so it
+        # n1's GPUs all train 23% slower alone (outlier_fraction only, source peers): alike on the node, so it
         # accepted itself, and below the fleet's floor.
         res = node_results(f"n{i}", i, {("train_local_tokens_per_s_per_gpu", None): 0.77} if i == 1 else {})
         write_node(nodes, f"n{i}", res)
     cluster = merge(sorted(nodes.iterdir()), tmp_path / "run")
-    assert cluster["verdict"] == "accept" and cluster["accepted"] == ["n1", "n2", "n3", "n4"]
+    assert cluster["verdict"] == "reject" and cluster["accepted"] == ["n2", "n3", "n4"]
     [node] = [n for n in cluster["nodes"] if n["host"] == "n1"]
-    assert node["status"] == "accepted"
-    assert node["warnings"][0].startswith("fleet outlier: train_local_tokens_per_s_per_gpu=")
+    assert node["verdict"] == "accept" and node["status"] == "excluded" and node["warnings"] == []
+    assert node["reasons"][0].startswith("fleet outlier: train_local_tokens_per_s_per_gpu=")
     local = next(f for f in cluster["fleet"] if f["metric"] == "train_local_tokens_per_s_per_gpu")
-    assert [(o["host"], o["gpu_index"], o["severity"]) for o in local["outliers"]] == [("n1", g, "warn")
+    assert [(o["host"], o["gpu_index"], o["severity"]) for o in local["outliers"]] == [("n1", g, "fail")
                                                                                        for g in range(8)]
 
 

@@ -82,14 +82,17 @@ def test_nccl_tests_lines_read_back() -> None:
         {"bytes": 8, "time_us": 18.31, "busbw_gbps": 0.0, "inplace_time_us": 17.95, "inplace_busbw_gbps": 0.0}]
 
 
-@pytest.mark.parametrize(("name", "gpus", "profile"), [("NVIDIA H100 80GB HBM3", 1, "h100-sxm-80gb-1gpu"),
-                                                      ("NVIDIA H200", 2, "h200-2gpu")])
-def test_the_session_profile_extends_the_shipped_one_for_the_node(tmp_path: Path, name: str, gpus: int,
-                                                                   profile: str) -> None:
+@pytest.mark.parametrize(("name", "gpus", "profile", "shipped"), [
+    ("NVIDIA H100 80GB HBM3", 1, "h100-sxm-80gb-1gpu", True), ("NVIDIA H200", 2, "h200-2gpu", True),
+    ("NVIDIA H200", 3, "h200-3gpu", False)])
+def test_the_session_profile_is_the_shipped_one_for_the_node_shape(tmp_path: Path, name: str, gpus: int,
+                                                                   profile: str, shipped: bool) -> None:
+    """The profile the run itself chooses for the node's shape; a shape the file has none for gets one made."""
     chosen, text = session_tools.session_profile(ROOT / "thresholds.yaml", gpus, name)
+    assert (text == (ROOT / "thresholds.yaml").read_text()) == shipped
     (tmp_path / "t.yaml").write_text(text)
     th = load(tmp_path / "t.yaml")
-    p = th.select(name)
+    p = th.select(name, gpus=gpus)
     assert chosen == profile == p.name and p.settings["gpus_per_node"] == gpus
     assert p.criterion("gpu_count").get("min") == p.criterion("gpu_count").get("max") == gpus
     assert p.criterion("matmul_bf16_tflops").get("min") == 700 and p.setting("peak_bf16_tflops") == 989

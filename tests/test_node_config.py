@@ -184,6 +184,8 @@ def test_shipped_profiles_expect_and_error_criteria() -> None:
     assert h200.expect["driver"].text == ">=550.54.14" and h200.expect["acs"].value is False
     for name in ("h100-sxm-80gb", "h200", "cpu"):
         c = th.profile(name).metrics["ecc_uncorrected_delta"]
-        assert (c.get("max"), c.severity, c.source and c.source.kind) == (0, "fail", "spec")
+        assert (c.get("max"), c.severity, c.source and c.source.kind) == (0, "fail", "published")
+        assert "DCGM" in c.source_text()
         estimates = [m for m, c in th.profile(name).metrics.items() if c.source and c.source.kind == "estimate"]
-        assert estimates and all(th.profile(name).metrics[m].severity == "warn" for m in estimates)
+        assert all(th.profile(name).metrics[m].severity == "warn" for m in estimates)
+        assert bool(estimates) == (name == "cpu")  # a sign-off profile has none

@@ -105,7 +105,7 @@ def check_node(args: argparse.Namespace) -> tuple[Exit, dict[str, Any], dict[str
         presence = gpu_presence.find(root, nvml, nvml_error)
         try:
             profile = thresholds.profile(args.profile) if args.profile else \
-                thresholds.select(presence.model, gpu_node=presence.present)
+                thresholds.select(presence.model, gpu_node=presence.present, gpus=presence.shape_gpus())
         except ThresholdsError as exc:
             raise Unusable(str(exc)) from None
         gpus = expects_gpus(profile.setting("gpus_per_node", None))

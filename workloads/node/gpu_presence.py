@@ -53,6 +53,18 @@ class NvidiaDevices:
         """An NVIDIA device exists here, or the site expects GPUs: never a node for the CPU profile."""
         return bool(self.nvml_gpus or self.device_files or self.pci_gpus or self.pci_other or (self.expected or 0) > 0)
 
+    def shape_gpus(self, visible: int | None = None) -> int | None:
+        """The GPU count a profile's node shape is chosen by (``clustergate.thresholds``'s ``select``): the site's
+        ``CLUSTERGATE_GPUS_PER_NODE`` where set, so that a node that lost GPUs is judged as the shape the site
+        bought and fails its GPU count, never passes as a smaller shape; else the GPUs this process may use
+        (``visible``: CUDA's count, which honours CUDA_VISIBLE_DEVICES), else the GPUs NVML lists; None where no
+        GPU is seen."""
+        if self.expected:
+            return self.expected
+        if visible:
+            return visible
+        return len(self.nvml_gpus) or None
+
     @property
     def model(self) -> str | None:
         """The GPU model as NVML names it (its first GPU), for the profile's ``match``; None where unknown."""
