@@ -133,20 +133,26 @@ FABRIC_TESTS: dict[str, dict[str, tuple[float, str, str]]] = {  # every multinod
 }
 
 
-def fabric_results(hosts: list[str], run_id: str, seed: int = 0, gpus: int = 8) -> dict[str, Any]:
+def fabric_results(hosts: list[str], run_id: str, seed: int = 0, gpus: int = 8,
+                   faults: dict[tuple[str, str, int], float] | None = None) -> dict[str, Any]:
     """A complete fabric run's results.json on ``hosts`` (``gpus`` ranks each) of run ``run_id``, started now,
-    judged under the shipped h100-sxm-80gb profile (its fabric criteria only warn)."""
+    judged under the shipped h100-sxm-80gb profile; ``faults[(metric, host, gpu)]`` multiplies that GPU's figure."""
     rng = random.Random(seed)
     wheres = [Where(rank=n * gpus + g, host=h, node_rank=n, gpu_index=g, gpu_serial=f"1654{seed:03d}{n:02d}{g}",
                     gpu_uuid=f"GPU-{h}-{g}") for n, h in enumerate(hosts) for g in range(gpus)]
     tests = []
     for nodeid, metrics in FABRIC_TESTS.items():
-        records = [Record(name, typical * rng.uniform(0.99, 1.01), unit, scope, "", w)
-                   for name, (typical, unit, scope) in metrics.items() for w in wheres]
-        tests.append({"nodeid": nodeid, "outcome": "passed", "duration_s": 2.0, "failed_ranks": [], "message": "",
-                      "problems": [], "metrics": [j.as_json() for j in judge(records, PROFILE)], "details": {}})
+        records = [Record(name, typical * rng.uniform(0.99, 1.01) * (faults or {}).get((name, w.host, w.gpu_index), 1),
+                          unit, scope, "", w) for name, (typical, unit, scope) in metrics.items() for w in wheres]
+        judged = judge(records, PROFILE)
+        failed = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})
+        message = "".join(f"  {f}\n" for j in judged for f in j.failures)
+        tests.append({"nodeid": nodeid, "outcome": "failed" if failed else "passed", "duration_s": 2.0,
+                      "failed_ranks": failed, "message": f"[call] metric checks failed:\n{message}" if failed else "",
+                      "problems": [], "metrics": [j.as_json() for j in judged], "details": {}})
     return complete({
-        "schema": 1, "verdict": "accept", "profile": PROFILE.name, "sign_off": True, "level": "standard",
+        "schema": 1, "verdict": "reject" if any(t["outcome"] == "failed" for t in tests) else "accept",
+        "profile": PROFILE.name, "sign_off": True, "level": "standard",
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": run_id, "duration_s": 90.0,
         "world_size": len(wheres), "error": None,
         "selection": {"k": None, "m": "multinode", "level": "standard", "selected": len(tests), "deselected": 89,

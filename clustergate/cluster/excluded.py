@@ -26,13 +26,14 @@ EVIDENCE = "evidence"
 
 
 def outlier_steps(host: str, fleet: list[FleetMetric]) -> list[actions.Step]:
-    """A step for each metric on which one of ``host``'s GPUs fell behind the fleet (severity fail)."""
+    """A step for each metric on which one of ``host``'s parts (a GPU, or the node's own figure) fell behind the
+    fleet (severity fail)."""
     out = []
     for fm in fleet:
         low = [o for o in fm.outliers if o["host"] == host and o["severity"] != "warn"]
         if low:
-            gpus = ", ".join(f"gpu {o['gpu_index']}" + (f" serial {o['gpu_serial']}" if o.get("gpu_serial") else "")
-                             for o in low)
+            gpus = ", ".join("the node" if o["gpu_index"] is None else f"gpu {o['gpu_index']}"
+                             + (f" serial {o['gpu_serial']}" if o.get("gpu_serial") else "") for o in low)
             out.append(actions.step(actions.category_of_metric(fm.name), fm.nodeid,
                                     f"{host} {gpus}: fleet outlier"))
     return out

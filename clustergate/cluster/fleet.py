@@ -1,22 +1,28 @@
-"""The fleet view: every node's figures side by side, and the GPUs that fall behind the fleet.
+"""The fleet view: every node's figures side by side, and the parts that fall behind the fleet.
 
-Each node judged its GPUs against its own median; here every GPU of every node is set against the
-fleet's median for the same metric and profile. A GPU below the criterion's ``outlier_fraction`` of
-the fleet median fails even where its own node accepted it, and its node is excluded, unless the
-criterion's ``severity`` is ``warn``, where it is a warning. Per-node figures (``node``/``world``
-scope, one value a node in the node phase) are gathered too, for the distributions; ``outlier_fraction``
-is only for per-GPU metrics, as in the run itself.
+Each node judged its GPUs against its own median; here every part is set against the fleet's median for the
+same metric, test and profile (a profile is one GPU model and one node shape, so a node of 2 GPUs is never
+held to nodes of 8): every GPU of a per-GPU metric, every node of a per-node one (in the node phase a
+whole-job figure is the node's too). A part outside the criterion's peer bounds at the fleet median
+(``outlier_fraction``: below that fraction of it; ``outlier_multiple``: above that multiple) is a fleet
+outlier: it fails whatever the severity of the criterion's absolute bounds, its node is excluded, and the
+reason names the part (host, GPU index and serial, or the node). The fleet is the reference where no absolute
+figure can be cited (``source: peers``) and the finer check where one can.
+
+The fleet also holds each node to its model's shape: a node whose run saw fewer GPUs than most of the fleet's
+nodes of the same GPU model is excluded (a node that lost GPUs would otherwise pass as a smaller shape).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.criteria import Criterion
-from clustergate.numbers import number, percent
+from clustergate.numbers import number
 from clustergate.results import short_test_name
 
 
@@ -29,6 +35,12 @@ class Sample:
     rank: int | None = None
     passed: bool = True
     """As the node's own run judged it."""
+
+    def part(self) -> str:
+        """The part the figure belongs to, as a reason names it: ``gpu 3 (serial 1652...)``, or ``the node``."""
+        if self.gpu_index is not None:
+            return f"gpu {self.gpu_index}" + (f" (serial {self.gpu_serial})" if self.gpu_serial else "")
+        return "the node" if self.rank is None else f"rank {self.rank}"
 
 
 @dataclass(slots=True)
@@ -52,13 +64,27 @@ class FleetMetric:
         return f"{self.name} ({short_test_name(self.nodeid)})"
 
     @property
-    def floor(self) -> float | None:
-        """Below this a GPU is a fleet outlier: the criterion's peer floor at the fleet median (gpu scope only)."""
-        return None if self.scope != "gpu" else Criterion.from_json(self.criterion).peer_floor(self.median)
+    def rule(self) -> Criterion:
+        return Criterion.from_json(self.criterion)
 
     @property
-    def severity(self) -> str:
-        return str(self.criterion.get("severity", "fail"))
+    def floor(self) -> float | None:
+        """Below this a part is a fleet outlier: the criterion's peer floor at the fleet median."""
+        return self.rule.peer_floor(self.median)
+
+    @property
+    def limit(self) -> float | None:
+        """Above this a part is a fleet outlier: the criterion's peer limit at the fleet median."""
+        return self.rule.peer_limit(self.median)
+
+    @property
+    def parts(self) -> str:
+        return "GPUs" if self.scope == "gpu" else "nodes"
+
+    def misses(self, sample: Sample) -> list[str]:
+        """How a part falls behind the fleet (empty where it does not, and where there is no fleet to compare
+        with: fewer than two parts)."""
+        return self.rule.peer_misses(sample.value, self.median, "fleet") if len(self.samples) > 1 else []
 
     def stats(self) -> dict[str, Any]:
         values = sorted(s.value for s in self.samples)
@@ -68,12 +94,11 @@ class FleetMetric:
             return values[min(n - 1, max(0, round(p * (n - 1))))]
 
         return {"count": n, "min": values[0], "p05": q(0.05), "median": self.median, "p95": q(0.95),
-                "max": values[-1], "floor": self.floor}
+                "max": values[-1], "floor": self.floor, "limit": self.limit}
 
     def failing(self) -> list[float]:
-        """The figures of the parts that fail: by their node's own run, or below the fleet floor."""
-        floor = self.floor
-        return [s.value for s in self.samples if not s.passed or (floor is not None and s.value < floor)]
+        """The figures of the parts that fail: by their node's own run, or against the fleet."""
+        return [s.value for s in self.samples if not s.passed or self.misses(s)]
 
     def as_json(self) -> dict[str, Any]:
         return {"metric": self.name, "test": self.nodeid, "profile": self.profile, "unit": self.unit,
@@ -115,32 +140,51 @@ def collect(runs: list[NodeRun]) -> list[FleetMetric]:
 
 
 def judge_outliers(fleet: list[FleetMetric], runs: list[NodeRun]) -> int:
-    """Mark GPUs below the fleet floor and give their node one line per metric: a reason (severity
-    fail, the node is excluded) or a warning (warn). Returns the number of outlying GPUs."""
+    """Mark every part outside its criterion's peer bounds at the fleet median and give its node one reason per
+    metric (the node is excluded). Returns the number of outlying parts (GPUs and nodes)."""
     by_host = {r.host: r for r in runs}
     count = 0
     for fm in fleet:
-        floor = fm.floor
-        if floor is None or len(fm.samples) < 2:
-            continue
-        low: dict[str, list[Sample]] = {}
+        low: dict[str, list[tuple[Sample, list[str]]]] = {}
         for s in fm.samples:
-            if s.value < floor:
-                low.setdefault(s.host, []).append(s)
+            if missed := fm.misses(s):
+                low.setdefault(s.host, []).append((s, missed))
                 fm.outliers.append({"host": s.host, "gpu_index": s.gpu_index, "gpu_serial": s.gpu_serial,
-                                    "rank": s.rank, "value": s.value, "severity": fm.severity})
-        for host, samples in low.items():
-            count += len(samples)
-            gpus = ", ".join(f"gpu {s.gpu_index}" + (f" (serial {s.gpu_serial})" if s.gpu_serial else "")
-                             if s.gpu_index is not None else f"rank {s.rank}" for s in samples)
-            values = sorted(s.value for s in samples)
+                                    "rank": s.rank, "part": s.part(), "value": s.value, "severity": "fail"})
+        for host, found in low.items():
+            count += len(found)
+            values = sorted(s.value for s, _ in found)
             shown = number(values[0], fm.unit) if len(values) == 1 else \
                 f"{number(values[0])}..{number(values[-1], fm.unit)}"
-            text = (f"fleet outlier: {fm.name}={shown} on {gpus}, below {percent(fm.criterion['outlier_fraction'])} of "
-                    f"the fleet median {number(fm.median, fm.unit)} ({len(fm.samples)} GPUs)")
-            run = by_host[host]
-            (run.warnings if fm.severity == "warn" else run.reasons).append(text)
+            parts = ", ".join(s.part() for s, _ in found)
+            by_host[host].reasons.append(f"fleet outlier: {fm.name}={shown} on {parts}, {found[0][1][0]} "
+                                         f"{fm.unit} ({len(fm.samples)} {fm.parts} of {fm.profile})")
     return count
+
+
+def node_shape(run: NodeRun) -> tuple[str, int] | None:
+    """(GPU model, GPUs) of a node run's one node, as its record lists them; None without GPUs or results."""
+    nodes = (run.results or {}).get("nodes") or []
+    gpus = [g for n in nodes[:1] for g in n.get("gpus") or []]
+    return (str(gpus[0].get("name")), len(gpus)) if gpus else None
+
+
+def judge_shapes(runs: list[NodeRun]) -> None:
+    """Exclude a node that saw fewer GPUs than most of the fleet's nodes of its GPU model (more than half of
+    them agree on a count): it lost GPUs, whatever profile its own count chose."""
+    shapes = {r.host: shape for r in runs if r.verdict != "unbound" and (shape := node_shape(r)) is not None}
+    by_model: dict[str, Counter[int]] = {}
+    for model, gpus in shapes.values():
+        by_model.setdefault(model, Counter())[gpus] += 1
+    for run in runs:
+        if run.host not in shapes:
+            continue
+        model, gpus = shapes[run.host]
+        usual, nodes = by_model[model].most_common(1)[0]
+        if gpus < usual and nodes * 2 > sum(by_model[model].values()):
+            run.reasons.append(f"fleet shape: {gpus} GPUs on this node (profile {run.results.get('profile')}, "
+                               f"where {nodes} of the fleet's {sum(by_model[model].values())} nodes of {model} have "
+                               f"{usual}): GPUs missing from the node (off the bus, not visible to the job)")
 
 
 def worst_figures(run: NodeRun, fleet: list[FleetMetric]) -> dict[str, dict[str, Any]]:
@@ -150,9 +194,8 @@ def worst_figures(run: NodeRun, fleet: list[FleetMetric]) -> dict[str, dict[str,
         mine = fm.by_host.get(run.host)
         if not mine:
             continue
-        up = Criterion.from_json(fm.criterion).higher_is_better
+        up = fm.rule.higher_is_better
         worst = min(mine, key=lambda s: s.value) if up in (True, None) else max(mine, key=lambda s: s.value)
-        floor = fm.floor
-        state = "fail" if not all(s.passed for s in mine) or (floor is not None and worst.value < floor) else ""
+        state = "fail" if any(not s.passed or fm.misses(s) for s in mine) else ""
         out[fm.title] = {"value": worst.value, "unit": fm.unit, "gpu_index": worst.gpu_index, "state": state}
     return out

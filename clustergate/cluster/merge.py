@@ -9,7 +9,7 @@ Writes into the output directory:
   ``clustergate/cluster/cluster.schema.json``);
 - ``report.html``: self-contained, opens offline: the verdict, the hosts in both forms, the excluded
   nodes with their reasons, a table of nodes (verdict, failed tests, worst figure per metric), the
-  fleet's distribution of every per-GPU (and per-node) metric, and the fleet outliers;
+  fleet's distribution of every per-GPU and per-node metric with its outliers marked, and the fleet outliers;
 - ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason<TAB>ACTION``,
   ACTION one of isolate, reset, config, retest, vendor: ``clustergate.actions``), ``accepted-hostlist.txt`` and
   ``excluded-hostlist.txt`` (one Slurm hostlist, ``gpu[001-007,009]``);
@@ -22,11 +22,13 @@ With a results store (``--store``, else ``$CLUSTERGATE_STORE``) every finished n
 then the cluster results.json; what cannot be recorded is a warning, never a change of verdict.
 
 A node is accepted when its own run accepted it as a complete node run at ``--level`` or more (default
-standard: a run that ran less, by any option, is partial and excluded, saying what it left out) and no GPU
-of it is a fleet outlier (below the criterion's ``outlier_fraction`` of the fleet median; a ``severity:
-warn`` criterion only warns). Each node's results.json is checked against the schema and its verdict
-computed again from its records and the suite's manifest (``clustergate.verdict.of_record``): a stored
-"accept" the records do not support is excluded, saying "records contradict the stored verdict". Every run
+standard: a run that ran less, by any option, is partial and excluded, saying what it left out), no part
+of it (a GPU, or the node's own figure) is a fleet outlier (outside the criterion's ``outlier_fraction`` or
+``outlier_multiple`` of the fleet median for its profile, whatever the criterion's severity:
+``clustergate.cluster.fleet``), and it has the GPUs most nodes of its model have. Each node's results.json is
+checked against the schema and its verdict computed again from its records and the suite's manifest
+(``clustergate.verdict.of_record``): a stored "accept" the records do not support is excluded, saying "records
+contradict the stored verdict". Every run
 is held to ``--thresholds`` (default the shipped file, ``clustergate.cluster.judged_by``): its profile must be
 there, its recorded digest that profile's and each stored criterion the profile's. The host the file names
 must be its directory's name. Each node file must be this cluster run's (``clustergate.cluster.binding``):
@@ -63,9 +65,9 @@ Cluster results.json (schema 1)::
                 "drift": [{"metric", "where", "unit", "first", "now", "fraction", "limit", "severity", "criterion"}],
                 "worst": {metric title: {"value", "unit", "gpu_index", "state": "fail" | ""}}}],
      "fleet": [{"metric", "test", "profile", "unit", "scope": "gpu" | "node" | "world", "criterion",
-                "count", "min", "p05", "median", "p95", "max", "floor": float | null,
-                "outliers": [{"host", "gpu_index", "gpu_serial", "rank", "value", "severity"}],
-                "failing": [value] (the parts that fail, by their node's run or below the floor),
+                "count", "min", "p05", "median", "p95", "max", "floor": float | null, "limit": float | null,
+                "outliers": [{"host", "gpu_index", "gpu_serial", "rank", "part", "value", "severity"}],
+                "failing": [value] (the parts that fail, by their node's run or against the fleet),
                 "samples": [[host, gpu_index | null, value]]}]}
 """
 
@@ -208,6 +210,7 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc))
     fleet = fleet_mod.collect(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
+    fleet_mod.judge_shapes(runs)
     return Judged(runs, fleet, outliers, warnings, window)
 
 
@@ -366,7 +369,7 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     c = cluster["counts"]
     print(f"{cluster['verdict'].upper()}: {c['accepted']} of {c['accepted'] + c['excluded']} nodes accepted, "
-          f"{c['excluded']} excluded ({c['missing']} without a result, {c['fleet_outliers']} fleet-outlier GPUs); "
+          f"{c['excluded']} excluded ({c['missing']} without a result, {c['fleet_outliers']} fleet outliers); "
           f"merged in {time.perf_counter() - t0:.1f} s")
     print(f"accepted: {cluster['accepted_hostlist'] or '(none)'}")
     for e in cluster["excluded"][:20]:

@@ -2,9 +2,10 @@
 from the cluster results' ``fleet`` section as merge decided it (its median, floor and failing parts).
 
 A histogram stays readable at 8,000 GPUs where bars per GPU do not. Lines mark the fleet median, the
-outlier floor (outlier_fraction x median) and the profile's min/max; GPUs below the floor are drawn
-as red ticks under the axis, so a single bad GPU among thousands is still seen. Drawn on matplotlib's
-Agg canvas as ``clustergate.report.plots`` draws (no pyplot, no global backend).
+outlier bounds (outlier_fraction x median below, outlier_multiple x median above) and the profile's min/max;
+the fleet outliers are drawn as red triangles under the axis and every other failing part as a red tick, so a
+single bad GPU among thousands is still seen. Drawn on matplotlib's Agg canvas as
+``clustergate.report.plots`` draws (no pyplot, no global backend).
 """
 
 from __future__ import annotations
@@ -31,19 +32,29 @@ def histogram_png(fm: dict[str, Any]) -> str:
     span = hi - lo if hi > lo else (abs(hi) or 1.0) * 0.01
     bins = min(BINS, max(5, int(math.sqrt(len(values)))))
     ax.hist(values, bins=bins, range=(lo - span * 0.02, hi + span * 0.02), color=STATE_COLOURS["ok"])
-    median, floor, criterion = fm["median"], fm["floor"], fm["criterion"]
+    median, criterion = fm["median"], fm["criterion"]
     ax.axvline(median, color="#222222", linestyle="-", linewidth=1, label=f"median {number(median)}")
-    if floor is not None:
-        ax.axvline(floor, color=STATE_COLOURS["fail"], linestyle="--", linewidth=1,
-                   label=f"{percent(criterion['outlier_fraction'])} of median {number(floor)}")
+    if fm.get("floor") is not None:
+        ax.axvline(fm["floor"], color=STATE_COLOURS["fail"], linestyle="--", linewidth=1,
+                   label=f"{percent(criterion['outlier_fraction'])} of median {number(fm['floor'])}")
+    if fm.get("limit") is not None:
+        ax.axvline(fm["limit"], color=STATE_COLOURS["fail"], linestyle="--", linewidth=1,
+                   label=f"{number(criterion['outlier_multiple'])}x median {number(fm['limit'])}")
     for key, style in (("min", ":"), ("max", "-.")):
         if key in criterion:
             ax.axvline(float(criterion[key]), color="#555555", linestyle=style, linewidth=1,
                        label=f"{key} {number(float(criterion[key]))}")
-    bad = fm.get("failing") or []
+    outliers = [o["value"] for o in fm.get("outliers") or []]
+    if outliers:
+        ax.plot(outliers, [0] * len(outliers), marker="^", markersize=8, linestyle="none",
+                color=STATE_COLOURS["fail"], label=f"{len(outliers)} fleet outliers", clip_on=False)
+    bad = list(fm.get("failing") or [])
+    for value in outliers:  # the rest of the failing parts: their own run failed them
+        if value in bad:
+            bad.remove(value)
     if bad:
         ax.plot(bad, [0] * len(bad), marker="|", markersize=14, linestyle="none", color=STATE_COLOURS["fail"],
-                label=f"{len(bad)} failing", clip_on=False)
+                label=f"{len(bad)} failing their own run", clip_on=False)
     part = "GPUs" if fm["scope"] == "gpu" else "nodes"
     ax.set_xlabel(f"{fm['metric']} ({fm['unit']})" if fm["unit"] else fm["metric"], fontsize=8)
     ax.set_ylabel(part, fontsize=8)

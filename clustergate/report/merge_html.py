@@ -28,8 +28,8 @@ body { font-family: Helvetica, Arial, sans-serif; font-size: 13px; margin: 16px;
 """
 
 
-NODES_LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed: the node\'s own criterion, or below the fleet\'s '
-                'outlier floor</span> each figure is the node\'s worst GPU (or its one figure), with the GPU index</p>')
+NODES_LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed: the node\'s own criterion, or a fleet '
+                'outlier</span> each figure is the node\'s worst GPU (or its one figure), with the GPU index</p>')
 
 
 def page(title: str, body: list[str]) -> str:
@@ -133,33 +133,42 @@ def fleet_title(fm: dict[str, Any]) -> str:
     return f"{fm['metric']} ({short_test_name(fm['test'])})"
 
 
+def outlier_bound(fm: dict[str, Any]) -> str:
+    """Where a part becomes a fleet outlier: ``< 684 TFLOPS`` (the floor), ``> 13.5 us`` (the limit), or empty."""
+    return " ".join(f"{sign} {number(fm[key], fm['unit'])}" for sign, key in (("<", "floor"), (">", "limit"))
+                    if fm.get(key) is not None)
+
+
 def fleet_section(fleet: list[dict[str, Any]]) -> str:
     """The cluster results' ``fleet`` section: a table of each metric's distribution, and its histogram."""
     if not fleet:
-        return '<p class="cg-muted">No node recorded a per-GPU figure.</p>'
+        return '<p class="cg-muted">No node recorded a per-GPU or per-node figure.</p>'
     from clustergate.report.fleet_plots import histogram_png
 
     figs, rows = [], []
     for fm in fleet:
         unit = fm["unit"]
         figs.append(_figure(histogram_png(fm), f"{fleet_title(fm)} [{fm['profile']}], {fm['scope']} scope"))
-        rows.append([Cell(fm["metric"]), Cell(short_test_name(fm["test"])), Cell(fm["scope"]), Cell(str(fm["count"])),
-                     *(Cell(number(fm[key], unit)) for key in ("min", "p05", "median", "p95", "max", "floor")),
-                     Cell(str(len(fm["outliers"])), "fail" if fm["outliers"] else "")])
-    stats = Table(["metric", "test", "scope", "count", "min", "p05", "median", "p95", "max", "outlier floor",
-                   "outliers"], rows)
+        rows.append([Cell(fm["metric"]), Cell(short_test_name(fm["test"])), Cell(fm["profile"]), Cell(fm["scope"]),
+                     Cell(str(fm["count"])),
+                     *(Cell(number(fm[key], unit)) for key in ("min", "p05", "median", "p95", "max")),
+                     Cell(outlier_bound(fm)), Cell(str(len(fm["outliers"])), "fail" if fm["outliers"] else "")])
+    stats = Table(["metric", "test", "profile", "scope", "count", "min", "p05", "median", "p95", "max",
+                   "outlier below / above", "outliers"], rows)
     return html.grid_table(stats) + '<div class="cg-figures">' + "".join(figs) + "</div>"
 
 
 def outliers_table(fleet: list[dict[str, Any]]) -> str:
+    """Every fleet outlier: the part (host, GPU index and serial, or the node), its figure, the bound it is outside
+    of and the fleet median of its profile."""
     rows = [[Cell(o["host"], "fail" if o["severity"] != "warn" else "outlier"), Cell(fleet_title(fm)),
-             Cell("" if o["gpu_index"] is None else str(o["gpu_index"])), Cell(o.get("gpu_serial") or ""),
-             Cell(number(o["value"], fm["unit"])), Cell(number(fm["floor"], fm["unit"])),
+             Cell(fm["profile"]), Cell("the node" if o["gpu_index"] is None else f"gpu {o['gpu_index']}"),
+             Cell(o.get("gpu_serial") or ""), Cell(number(o["value"], fm["unit"])), Cell(outlier_bound(fm)),
              Cell(number(fm["median"], fm["unit"])), Cell(o["severity"])] for fm in fleet for o in fm["outliers"]]
     if not rows:
-        return '<p class="cg-muted">No GPU below its criterion\'s outlier fraction of the fleet median.</p>'
-    return html.grid_table(Table(["host", "metric", "gpu", "serial", "value", "floor", "fleet median", "severity"],
-                                 rows))
+        return '<p class="cg-muted">No GPU or node outside its criterion\'s bounds at the fleet median.</p>'
+    return html.grid_table(Table(["host", "metric", "profile", "part", "serial", "value", "outlier below / above",
+                                  "fleet median", "severity"], rows))
 
 
 def cluster_page(cluster: dict[str, Any]) -> str:
@@ -169,7 +178,7 @@ def cluster_page(cluster: dict[str, Any]) -> str:
     c = cluster["counts"]
     total = c["accepted"] + c["excluded"]
     why = [f"{c['accepted']} of {total} nodes accepted; {c['excluded']} excluded "
-           f"({c['missing']} without a result, {c['fleet_outliers']} fleet-outlier GPUs)"]
+           f"({c['missing']} without a result, {c['fleet_outliers']} fleet outliers)"]
     if not cluster["sign_off"]:
         why.insert(0, "NOT A SIGN-OFF: a profile without sign-off criteria; figures are measured, not judged")
     gpus = sum(n["gpus"] for n in cluster["nodes"])
