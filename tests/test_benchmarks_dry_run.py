@@ -121,6 +121,15 @@ def dry_gpu_contender(tmp: Path) -> None:
     assert "bf16 256^3 matmuls on cpu" in out and "products, done" in out
 
 
+def dry_hostlink_contender(tmp: Path) -> None:
+    out = ok(script("hostlink_contender.py", "--seconds", "0.5", "--device", "cpu", cwd=tmp))
+    assert "1 MiB pinned copies h2d+d2h on cpu" in out and "done" in out
+    said = out.splitlines()[-1]
+    assert said.startswith("hostlink_contender pid ") and " h2d " in said and " d2h " in said and "GB/s" in said
+    one = ok(script("hostlink_contender.py", "--seconds", "0.2", "--device", "cpu", "--direction", "h2d", cwd=tmp))
+    assert "copies h2d on cpu" in one and " d2h " not in one.splitlines()[-1]
+
+
 def dry_health_time(tmp: Path) -> None:
     out = ok(script("health_time.py", "--fake-gpus", "8", "--repeats", "2", "--out", str(tmp / "h.json"), cwd=tmp))
     figures = json.loads((tmp / "h.json").read_text())
@@ -133,6 +142,7 @@ def dry_health_time(tmp: Path) -> None:
 
 
 DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "health_time.py": dry_health_time,
+            "hostlink_contender.py": dry_hostlink_contender,
             "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
             "plugin_overhead.py": dry_plugin_overhead, "session_tools.py": dry_session_tools}
 
