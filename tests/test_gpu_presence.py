@@ -81,6 +81,24 @@ def test_nvml_names_the_model_the_profile_is_chosen_by(tmp_path: Path) -> None:
     assert SHIPPED.select(None).name == "cpu"  # callers that know of no GPU node: as before
 
 
+def test_the_node_shape_is_the_sites_count_else_the_usable_gpus_else_nvmls(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count a profile's shape is chosen by: the site's word wins, so a node of 8 that lost GPUs is judged as a
+    node of 8 (and fails its GPU count) rather than passing as a smaller shape."""
+    gpus = [FakeNvml(), FakeNvml()]
+    for g in gpus:
+        g.answers["nvmlDeviceGetName"] = "NVIDIA H200"
+    found = find(tmp_path, FakeNode(gpus))
+    assert found.shape_gpus() == 2 and found.shape_gpus(visible=1) == 1  # CUDA_VISIBLE_DEVICES narrowed it
+    assert SHIPPED.select(found.model, gpu_node=True, gpus=found.shape_gpus()).name == "h200-2gpu"
+    monkeypatch.setenv(gpu_presence.EXPECTED_GPUS_ENV, "8")
+    found = find(tmp_path, FakeNode(gpus))
+    assert found.shape_gpus(visible=2) == 8
+    assert SHIPPED.select(found.model, gpu_node=True, gpus=found.shape_gpus(visible=2)).name == "h200"
+    monkeypatch.delenv(gpu_presence.EXPECTED_GPUS_ENV)
+    assert find(tmp_path / "none").shape_gpus() is None  # no GPU seen: no shape
+
+
 def test_a_run_takes_cudas_model_name_where_nvml_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev/nvidia0").write_text("")

@@ -36,6 +36,13 @@ def lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return out[:-1]
 
 
+def test_a_healthy_node_of_two_gpus_passes_under_its_shape_s_profile(tmp_path: Path) -> None:
+    """The shipped profile of the node's own shape judges it (h100-sxm-80gb-2gpu: two GPUs), not the 8-GPU one."""
+    proc = GpuNode(tmp_path / "host", gpus=2).run()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"clustergate health: {HOST} healthy") and "profile h100-sxm-80gb-2gpu" in proc.stdout
+
+
 def test_a_healthy_gpu_node_passes_under_the_profile_nvml_names(node: GpuNode) -> None:
     before = files(node.root)
     proc = node.run()
