@@ -257,14 +257,24 @@ def _escaped(text: str) -> set[str]:
             html.escape(text)}
 
 
+ARMOR_LINE = re.compile(r"-{4,5} ?(BEGIN|END) [^\n]*-{4,5}|(Proc-Type|DEK-Info): [^\n]*")
+"""A key's armor (``-----BEGIN PRIVATE KEY-----``) and headers (``Proc-Type: 4,ENCRYPTED``): every key has the
+same; as a known secret they would be taken from another key and leave its body without its bounds."""
+
+
+def _own_line(line: str) -> bool:
+    """A line of a secret of several lines that is its own: not its armor, not punctuation (``==``), which a page
+    has too."""
+    return len(line) >= 4 and any(c.isalnum() for c in line) and not ARMOR_LINE.fullmatch(line)
+
+
 def variants(secret: str) -> list[str]:
     """``secret`` and the forms it takes in an output: each line of a value of several lines (pytest's assertion
     diff shows a PEM key line by line), and the value as ``repr``, JSON and HTML escape it, up to ``ESCAPE_DEPTH``
     times over."""
     forms = [secret]
-    if "\n" in secret or "\r" in secret:  # a line of no letter or digit ("==") is a page's own punctuation
-        forms += [line.strip() for line in secret.splitlines()
-                  if len(line.strip()) >= 4 and any(c.isalnum() for c in line)]
+    if "\n" in secret or "\r" in secret:
+        forms += [line.strip() for line in secret.splitlines() if _own_line(line.strip())]
     level = {secret}
     for _ in range(ESCAPE_DEPTH):
         level = {escaped for form in level for escaped in _escaped(form)} - {secret}

@@ -55,8 +55,9 @@ def test_every_secret_goes_from_text_in_every_form(name: str) -> None:
 def test_every_token_format_goes_from_a_page(name: str) -> None:
     """A page (report.html, junit.xml) as written: the token as text, HTML-escaped, in a JSON attribute."""
     planted = PLANTED[name]
-    page = (f"<td>{html.escape(planted.text)}</td><div data-jsonblob=\"{html.escape(json.dumps({'m': planted.text}))}\">"
-            f"</div><failure message=\"{html.escape(planted.text).replace(chr(10), '&#10;')}\"/>")
+    blob = html.escape(json.dumps({"m": planted.text}))
+    page = (f"<td>{html.escape(planted.text)}</td><div data-jsonblob=\"{blob}\"></div>"
+            f"<failure message=\"{html.escape(planted.text).replace(chr(10), '&#10;')}\"/>")
     assert not leaks(SCRUB.in_markup(page), {name: planted}), SCRUB.in_markup(page)
 
 
@@ -78,6 +79,15 @@ def test_a_private_key_goes_whole_whatever_its_lines_look_like() -> None:
     assert SCRUB(f"before {key.text} after") == f"before {REDACTED} after"
 
 
+def test_a_key_in_the_environment_leaves_another_keys_block_whole() -> None:
+    """Every key has the same BEGIN and END lines: known from one key, they must not cut another's block into
+    lines its body then hides among."""
+    known, said = tokens("environment")["private key"], PLANTED["private key"]
+    scrub = Scrubber.from_environment({"TLS_KEY": known.text})
+    for text in (f"workload log:\n  {said.text}\n", json.dumps(said.text), f"{known.text} and {said.text}"):
+        assert not leaks(scrub(text), {"known": known, "said": said}), scrub(text)
+
+
 def test_what_names_a_secret_keeps_its_name() -> None:
     """Only the secret goes: the option, the key, the URL's host stay, so a message still says what it was."""
     said = {name: SCRUB(p.text) for name, p in in_context("unit").items()}
@@ -87,7 +97,8 @@ def test_what_names_a_secret_keeps_its_name() -> None:
     assert said["user:password@"] == f"https://{REDACTED}@store.example/bucket"
     assert json.loads(json.loads(said["JSON in a JSON string"])["config"]) == {"secret": REDACTED}
     assert said["-Dpassword=X"] == f"java -Dpassword={REDACTED} -jar tool.jar"
-    assert SCRUB("--key-file /etc/clustergate/site.key --level quick") == "--key-file /etc/clustergate/site.key --level quick"
+    options = "--key-file /etc/clustergate/site.key --level quick"
+    assert SCRUB(options) == options
 
 
 READABLE = [
@@ -137,7 +148,7 @@ def test_the_formats_are_the_librarys_and_read_offline(tmp_path: Path) -> None:
         "def refuse(*a, **k):\n    raise OSError('no network')\n"
         "socket.socket.connect = refuse\nsocket.create_connection = refuse\n"
         "from clustergate import secret_formats\n"
-        f"print(secret_formats.find(sys.argv[1]), len(secret_formats.formats()))\n")
+        "print(secret_formats.find(sys.argv[1]), len(secret_formats.formats()))\n")
     token = tokens("offline")["Slack token"].text
     out = subprocess.run([sys.executable, str(script), f"x {token} y"], env=job_env(), cwd=ROOT, text=True,
                          capture_output=True, timeout=60)
