@@ -371,22 +371,6 @@ def formats_in(text: str) -> tuple[str, ...]:
     return _cached_formats(text) if len(text) <= 1 << 16 else tuple(secret_formats.find(text))
 
 
-def strings_in(obj: Any) -> Iterator[str]:
-    """Every string in ``obj``: mapping keys and values, sequences and sets, dataclass fields."""
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from strings_in(k)
-            yield from strings_in(v)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from strings_in(v)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from strings_in(getattr(obj, f.name, None))
-
-
 class Scrubber:
     """Removes known secret values, secrets of a known format (``secret_formats``), URL credentials and secret
     ``Name=value`` pairs from free text."""
@@ -427,10 +411,10 @@ class Scrubber:
         found += _secret_values(extra)
         return cls(found)
 
-    def knowing(self, strings: Iterable[str]) -> Scrubber:
-        """This scrubber, with the secrets of a known format that any of ``strings`` holds known as secrets: a
-        token one string quotes whole goes from another that shows it cut short (``'eyJhbGci...'``)."""
-        found = tuple(sorted({f for text in strings for f in formats_in(text)} - set(self.given)))
+    def knowing(self, secrets: Iterable[str]) -> Scrubber:
+        """This scrubber, with ``secrets`` (of a known format, found in a record) known too: a token one string
+        of a record quotes whole goes from another that shows it cut short (``'eyJhbGci...'``)."""
+        found = tuple(sorted(set(secrets) - set(self.given)))
         if not found:
             return self
         if found not in self._knowing:  # the same record written again: the same scrubber, and what it remembers
@@ -448,12 +432,16 @@ class Scrubber:
 
     def __call__(self, text: str) -> str:
         """Every rule: a text that is one message, log or value (not a page of markup and script)."""
-        return self._around_kept(text, self._text)
+        done = self._done.get(text)
+        if done is None:
+            done = self._around_kept(text, self._text)
+            if len(text) <= MEMO_TEXT:
+                if len(self._done) >= MEMO_TEXTS:
+                    self._done.clear()
+                self._done[text] = done
+        return done
 
     def _text(self, text: str) -> str:
-        done = self._done.get(text)
-        if done is not None:
-            return done
         # A value the text names as a secret goes wherever the same text shows it: quoted again, cut short.
         may_name = MAY_NAME_A_SECRET.search(text) is not None
         named = tuple(sorted({v for v in named_secrets(text) if len(v) >= SHORT})) if may_name else ()
@@ -462,13 +450,7 @@ class Scrubber:
             clean = _scrubber_of(named)._known(clean)
         if self.standalone is not None:
             clean = self.standalone.sub(REDACTED, clean)
-        if may_name:
-            clean = _pairs(clean)
-        if len(text) <= MEMO_TEXT:
-            if len(self._done) >= MEMO_TEXTS:
-                self._done.clear()
-            self._done[text] = clean
-        return clean
+        return _pairs(clean) if may_name else clean
 
     def in_markup(self, text: str) -> str:
         """What is safe on a whole written page (HTML with its script, XML): the long secret values, their cut
@@ -514,19 +496,29 @@ def redact(data: Any, scrub: Scrubber | None = None) -> Any:
 
     Numbers stay whatever their key (``tokens_per_s`` is a figure, not a token).
     """
-    scrub = (Scrubber.from_environment() if scrub is None else scrub).knowing(strings_in(data))
+    scrub = Scrubber.from_environment() if scrub is None else scrub
+    found: set[str] = set()
 
     def walk(value: Any, secret: bool) -> Any:
         if isinstance(value, Mapping):
-            return {scrub(k) if isinstance(k, str) else k: walk(v, secret or is_secret_name(str(k)))
+            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or is_secret_name(str(k)))
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [walk(v, secret) for v in value]
         if isinstance(value, str):
-            return REDACTED if secret else scrub(value)
+            return text(value, secret)
         return value
 
-    return walk(data, False)
+    def text(value: str, secret: bool) -> str:
+        found.update(formats_in(value))
+        return REDACTED if secret else scrub(value)
+
+    out = walk(data, False)
+    # A token a string holds goes from every other string too, cut short or quoted (once more, knowing it).
+    if (knowing := scrub.knowing(found)) is not scrub:
+        scrub = knowing
+        out = walk(data, False)
+    return out
 
 
 def outgoing(obj: Any) -> Any:
@@ -540,10 +532,11 @@ def scrub_strings(obj: Any, scrub: Scrubber) -> Any:
     Unlike ``redact``, no key hides its value: shapes, types and numbers are kept for the logic that reads them;
     what cannot be copied stays as it is."""
     seen: dict[int, Any] = {}
-    scrub = scrub.knowing(strings_in(obj))
+    found: set[str] = set()
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
+            found.update(formats_in(value))
             return scrub(value)
         if value is None or isinstance(value, (int, float, bytes, bool)):
             return value
@@ -567,7 +560,12 @@ def scrub_strings(obj: Any, scrub: Scrubber) -> Any:
         seen[id(value)] = out
         return out
 
-    return walk(obj)
+    out = walk(obj)
+    if (knowing := scrub.knowing(found)) is not scrub:  # as ``redact`` does
+        scrub = knowing
+        seen.clear()
+        out = walk(obj)
+    return out
 
 
 def redact_mapping(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -141,10 +141,15 @@ def windows(text: str) -> Iterator[tuple[int, int]]:
 _FLAGS = ((re.IGNORECASE, "i"), (re.MULTILINE, "m"), (re.DOTALL, "s"), (re.VERBOSE, "x"))
 
 
+PREFILTER_MAX = 4096
+"""Texts up to this long are first searched for any format at once (``_any_format``); a longer one (a page) is
+searched format by format, which is then cheaper: each pattern on its own skips ahead to its first letters."""
+
+
 @lru_cache(maxsize=1)
 def _any_format() -> re.Pattern[str]:
-    """One pattern of every format: a text none of them matches (nearly every text) costs one search, not one
-    per format."""
+    """One pattern of every format: a short text none of them matches (nearly every one) costs one search, not
+    one per format."""
     return re.compile("|".join(f"(?{''.join(c for flag, c in _FLAGS if f.pattern.flags & flag)}:{f.pattern.pattern})"
                                if any(f.pattern.flags & flag for flag, _ in _FLAGS) else f"(?:{f.pattern.pattern})"
                                for f in formats()))
@@ -152,7 +157,8 @@ def _any_format() -> re.Pattern[str]:
 
 def spans(text: str) -> Iterator[tuple[int, int, str]]:
     """``(start, end, format)`` of every secret of a known format in ``text``, in no particular order."""
-    found = [(begin, end) for begin, end in windows(text) if _any_format().search(text, begin, end)]
+    found = [(begin, end) for begin, end in windows(text)
+             if end - begin > PREFILTER_MAX or _any_format().search(text, begin, end)]
     for fmt in formats() if found else ():
         for begin, end in found:
             for m in fmt.pattern.finditer(text, begin, end):
