@@ -1,21 +1,27 @@
-"""The one redaction: no secret reaches any output (results.json, progress.jsonl, junit.xml,
-report.html, the terminal), from any rank.
+r"""The one redaction: no secret reaches any output (results.json, progress.jsonl, junit.xml,
+report.html, metrics.prom, the terminal, the merged and sign-off records), the results store
+(``redact_by_value``) or an evidence bundle (``scrub_output``), from any rank.
 
 A secret is
 - the value of an environment variable whose name looks secret (``is_secret_name``: TOKEN, KEY, SECRET,
   PASSWORD, CREDENTIAL, AUTH, *PASS, *PW, *CREDS, *DSN, *CONNECTION_STRING, *WEBHOOK*, ... in any case)
   or is named in the site's own list ``CLUSTERGATE_REDACT_VARS`` (comma-separated names or patterns);
+- a value of a known format, whatever its name (``clustergate.secret_formats``: detect-secrets' token
+  formats, a private key's block, ...);
 - the userinfo of a URL (``https://user:password@host``, ``https://TOKEN@host``, ``http://:pw@host``);
-- the value of a ``Name=value`` or ``Name: value`` pair inside a text whose name looks secret
-  (``AccountKey=...;``, ``password=...``, ``?sig=...&``, ``password: ...``, ``Authorization: Basic ...``)
-  and the credential after ``Bearer``; such a value found inside any environment variable's value or any
-  ``--metadata`` value is a known secret from then on, wherever it appears.
+- the value of a ``Name=value``, ``Name: value`` or ``"name": "value"`` pair (at any depth of escaping) or of a
+  ``--name value`` option inside a text whose name looks secret (``AccountKey=...;``, ``password=...``,
+  ``?sig=...&``, ``password: ...``, ``Authorization: Basic ...``, ``{\"password\": \"...\"}``,
+  ``--token ...``) and the credential after ``Bearer``; the text loses it wherever else it shows it, and
+  such a value, or one of a known format, found inside any environment variable's value or any
+  ``--metadata`` value is a known secret from then on, wherever it appears (one of a known format in a
+  record, in every string of the record).
 Structured data (JSON, mappings) loses the string values under such names; every text loses the
 known secret values wherever they appear, so a message or a captured log that quotes a token is
 scrubbed too, and so are the 8+ character heads and tails that pytest leaves of a long value it
 shortens (``'AKIAIOSF...AMPLEKEY'``), every line of a secret of several lines (a PEM key: pytest's
-assertion diff shows it line by line), and a secret as ``repr`` or JSON escapes it (a backslash, a tab).
-Over-redacting a harmless variable costs nothing; a leak does.
+assertion diff shows it line by line), and a secret as ``repr``, JSON or HTML escapes it, up to three times
+over. Over-redacting a harmless variable costs nothing; a leak does.
 
 Names the run itself chose (its report directory, its run id, the paths a command was given) are kept
 whole (``keep``): a short secret that happens to be a part of them (``BMC_PASSWORD=2026``) must not move
