@@ -17,8 +17,8 @@
 #   NCCL_TESTS   an nccl-tests checkout built on the device (default .peers/nccl-tests), e.g.
 #                ln -s libnccl.so.2 <torch's nvidia/nccl>/lib/libnccl.so
 #                make -C .peers/nccl-tests MPI=0 NCCL_HOME=<torch's nvidia/nccl>
-#   WHEELS       wheels the device lacks (default .whl: pytest-html, pytest-metadata, jsonschema-rs), installed into a
-#                private directory (mktemp -d under $TMPDIR) removed at the end
+#   WHEELS       wheels the device lacks (default .whl: pytest-html, pytest-metadata, jsonschema-rs, detect-secrets),
+#                installed into a private directory (mktemp -d under $TMPDIR) removed at the end
 #   OUT          where the session goes (the device tool sets it; default reports/gpu-session-<time>)
 #   SESSION_LEVEL  the suite's level (default standard)
 #   SESSION_DIAGS  none: skip the diagnostics after the peers (step 4), for a caller that runs its own
@@ -71,7 +71,7 @@ step() {
 # fixed /tmp path: whatever another user put there first would be imported by every rank.
 SITE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-session-site.XXXXXX") || { echo "gpu_session: mktemp -d failed" >&2; exit 2; }
 trap 'rm -rf "$SITE"' EXIT
-if [ -d "$WHEELS" ] && ! python3 -c "import pytest_html, pytest_metadata, jsonschema_rs" 2>/dev/null; then
+if [ -d "$WHEELS" ] && ! python3 -c "import pytest_html, pytest_metadata, jsonschema_rs, detect_secrets" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl >>"$LOG" 2>&1 \
     && export PYTHONPATH="$PYTHONPATH:$SITE"
 fi

@@ -4,8 +4,10 @@
 
 The archive holds one folder named after the host:
 
-- ``results.json``, ``report.html``, ``progress.jsonl`` and ``junit.xml`` of its node run, as they are;
-- ``nvidia-smi-q.txt``, where the node's directory has one (``nvidia-smi -q`` captured on the node);
+- ``results.json``, ``report.html``, ``progress.jsonl`` and ``junit.xml`` of its node run, as they are but for
+  any secret in them (``clustergate.redact.scrub_output``: a bundle leaves the site, and a node's files may be
+  older than the redaction that writes them now);
+- ``nvidia-smi-q.txt``, where the node's directory has one (``nvidia-smi -q`` captured on the node), scrubbed too;
 - ``xid-lines.txt``: the XID lines the run recorded (the kernel log's before the run; the kernel log's and
   NVML's during it, per GPU), or why there are none;
 - ``profile.json``: the profile the run was judged by, resolved from the thresholds file (criteria,
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import actions
+from clustergate.redact import Scrubber, scrub_output
 from clustergate.reportdir import atomic_file
 from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
 from workloads.node.name import problem as name_problem
@@ -164,13 +167,14 @@ def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host
         raise BundleError(f"{node_dir}: not a node's report directory ({what})") from None
     files: dict[str, bytes] = {}
     absent: list[dict[str, str]] = []
+    scrub = Scrubber.from_environment()
     try:
         for name in (*NODE_FILES, NVIDIA_SMI):
             data, why = _read_regular(dir_fd, name)
             if data is None:
                 absent.append({"name": name, "why": str(why)})
             else:
-                files[name] = data
+                files[name] = scrub_output(name, data, scrub)  # what the summary and the profile read, too
     finally:
         os.close(dir_fd)
     results: dict[str, Any] | None = None

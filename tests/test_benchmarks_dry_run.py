@@ -141,10 +141,25 @@ def dry_health_time(tmp: Path) -> None:
     assert "profile cpu, 0 GPUs, healthy (exit 0)" in cpu
 
 
+def dry_redaction_cost(tmp: Path) -> None:
+    node = tmp / "gpu-node-07"
+    node.mkdir()
+    (node / "results.json").write_text((ROOT / "tests" / "data" / "fleet" / "node-run.json").read_text())
+    (node / "report.html").write_text("<html><pre>NCCL_DEBUG=WARN</pre></html>\n")
+    (node / "junit.xml").write_text("<testsuite/>\n")
+    (node / "progress.jsonl").write_text('{"event": "session_start", "time": 1.0}\n')
+    out = ok(script("redaction_cost.py", str(node), "--repeats", "1", "--json", str(tmp / "cost.json"), cwd=tmp))
+    [figures] = json.loads((tmp / "cost.json").read_text())
+    assert {"results.json first s", "results.json again s", "store record s", "report.html s", "junit.xml s",
+            "progress.jsonl s", "evidence bundle s", "end of run s"} <= set(figures), figures
+    assert all(v >= 0 for k, v in figures.items() if k.endswith(" s")) and "end of run s" in out
+
+
 DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "health_time.py": dry_health_time,
             "hostlink_contender.py": dry_hostlink_contender,
             "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
-            "plugin_overhead.py": dry_plugin_overhead, "session_tools.py": dry_session_tools}
+            "plugin_overhead.py": dry_plugin_overhead, "redaction_cost.py": dry_redaction_cost,
+            "session_tools.py": dry_session_tools}
 
 
 def test_every_benchmark_script_has_a_dry_run() -> None:

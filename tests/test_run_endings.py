@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Any
 
 import pytest
 from report_runs import schema_errors
+from secret_samples import everything, leaks
 from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fixture)
 
 from clustergate.exit_codes import Exit
+from clustergate.redact import REDACTED
 
 from torchrun_job import ROOT, JobResult, foreground_signals, job_env, plant, run_job, start_job, wait_for
 
@@ -111,22 +114,54 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
 
 
 def test_no_secret_reaches_any_output(tmp_path: Path) -> None:
+    """Secrets by name (NCCL_IB_AUTH_TOKEN, SITE_PASSWORD) and by value: a secret of every format in NCCL_* values
+    (the report's environment table shows them) and, in no variable, in what the test says (its assertion message,
+    its log, its details). None reaches an output of the run, the results store, the merge and the sign-off of its
+    cluster run (made where none of the secrets is in the environment), or the merge's evidence bundle; what failed
+    still reads."""
     token, password = "tok-planted-8c41f0e2a9", "pa55-planted-w0rd"
-    r = run_job(tmp_path, plant(tmp_path, "leaks_secrets"), timeout=180,
-                env={"NCCL_IB_AUTH_TOKEN": token, "SITE_PASSWORD": password})
-    said = next(line for line in r.results["tests"][0]["message"].splitlines()
-                if line.startswith("E ") and "planted failure" in line)
-    note("token in the environment", r, r.seconds, r.results, said.strip())
+    in_env, said = everything("environment"), everything("message")
+    (tmp_path / "planted-messages.json").write_text(json.dumps([p.text for p in said.values()]))
+    run_dir, store = tmp_path / "reports" / "run-secrets", tmp_path / "store.db"
+    env = {"NCCL_IB_AUTH_TOKEN": token, "SITE_PASSWORD": password, "CLUSTERGATE_RUN_ID": run_dir.name,
+           "CLUSTERGATE_NODE_NAME": "cg-leak", "CLUSTERGATE_STORE": str(store),
+           **{f"NCCL_PLANTED_{i}": p.text for i, p in enumerate(in_env.values())}}
+    r = run_job(tmp_path, plant(tmp_path, "leaks_secrets"), timeout=180, env=env,
+                report_dir=run_dir / "nodes" / "cg-leak")
+    said_line = next(line for line in r.results["tests"][0]["message"].splitlines()
+                     if line.startswith("E ") and "planted failure" in line)
+    note("token in the environment", r, r.seconds, r.results, said_line.strip())
     assert r.codes == [1], r.output
-    report = r.report_dir
-    outputs = {name: (report / name).read_text() for name in
-               ("results.json", "junit.xml", "progress.jsonl", "report.html")}
-    outputs["terminal"] = r.output
-    for name, text in outputs.items():
+    cluster = [[sys.executable, "-m", "clustergate", "merge", str(r.report_dir), "-o", str(run_dir)],
+               [sys.executable, "-m", "clustergate", "signoff", str(run_dir)]]
+    merged, signed = (subprocess.run(argv, cwd=ROOT, env=job_env({"CLUSTERGATE_STORE": str(store)}), text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120) for argv in cluster)
+    bundle = run_dir / "evidence" / "evidence-cg-leak.tar.gz"
+    assert merged.returncode == 1 and bundle.is_file(), merged.stdout  # the node excluded, its evidence bundled
+    assert signed.returncode == 1 and (run_dir / "signoff.json").is_file(), signed.stdout
+    written = {str(p.relative_to(run_dir)): p.read_bytes().decode("utf-8", "replace")
+               for p in run_dir.rglob("*") if p.is_file() and p != bundle}
+    node_outputs = {f"nodes/cg-leak/{n}" for n in ("results.json", "report.html", "junit.xml", "progress.jsonl",
+                                                   "metrics.prom")}
+    assert node_outputs | {"results.json", "report.html", "metrics.prom", "excluded-hosts.txt", "signoff.json",
+                           "signoff.html", "signoff-metrics.prom"} <= set(written), sorted(written)
+    with tarfile.open(bundle) as tar:
+        written |= {f"bundle: {m.name}": tar.extractfile(m).read().decode("utf-8", "replace")  # type: ignore[union-attr]
+                    for m in tar.getmembers() if m.isfile()}
+    written |= {"terminal": r.output, "merge's terminal": merged.stdout, "signoff's terminal": signed.stdout,
+                "the store": store.read_bytes().decode("utf-8", "replace")}
+    planted = {**{f"{k} in NCCL_*": v for k, v in in_env.items()}, **{f"{k} said": v for k, v in said.items()}}
+    shown = {name: leaks(text, planted) for name, text in written.items()}
+    assert not any(shown.values()), {name: found for name, found in shown.items() if found}
+    for name, text in written.items():
         assert token not in text and password not in text, name
-    assert "planted failure quoting [redacted] and https://[redacted]@example.org/x" in r.results["tests"][0]["message"]
-    assert r.results["tests"][0]["details"]["nccl_env"] == {"NCCL_IB_AUTH_TOKEN": "[redacted]", "NCCL_DEBUG": "WARN"}
-    assert "connecting with [redacted]" in outputs["report.html"]  # captured output kept, scrubbed
+    message = r.results["tests"][0]["message"]
+    assert "planted failure quoting [redacted] and https://[redacted]@example.org/x" in message
+    assert f"--password={REDACTED}" in message and '{"password": "[redacted]"}' in message  # only the secret goes
+    assert r.results["tests"][0]["details"]["nccl_env"] == {"NCCL_IB_AUTH_TOKEN": REDACTED, "NCCL_DEBUG": "WARN"}
+    report = written["nodes/cg-leak/report.html"]
+    assert "connecting with [redacted]" in report  # captured output kept, scrubbed
+    assert "NCCL_PLANTED_0&#34;: &#34;[redacted]&#34;" in report  # the environment table names it, without its value
     assert "planted failure quoting [redacted]" in r.output  # the terminal says what failed, without the token
 
 

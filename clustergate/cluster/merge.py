@@ -92,7 +92,7 @@ from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, mi
 from clustergate.evidence_bundle import BundleError
 from clustergate.manifest import LEVELS
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
-from clustergate.redact import keep
+from clustergate.redact import keep, redact
 from clustergate.results import encode
 from clustergate.store import Store, store_path
 from clustergate.store.command import add_store_options
@@ -326,6 +326,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     add_evidence(cluster, judged.runs, output, site.path)
     cluster["warnings"] += remember.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
                                                           if r.directory and r.verdict not in excluded_mod.NO_RESULT])
+    cluster = redact(cluster)  # every output below shows it: metrics.prom and the lists as results.json does
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
     write_text(output / "results.json", encode(cluster))
     write_lists(output, cluster)

@@ -57,7 +57,7 @@ from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_sum
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
-from clustergate.redact import keep
+from clustergate.redact import keep, redact
 from clustergate.rejudge import problems_of
 from clustergate.results import encode, short_test_name
 from clustergate.store import Store, store_path
@@ -320,6 +320,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     }
     warnings += remember.record_inputs(store, [run_dir / "results.json",
                                                *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
+    out = redact(out)  # every output below shows it: the metrics and the lists as signoff.json does
     write_text(run_dir / "signoff.json", encode(out))
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")

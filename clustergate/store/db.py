@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import clustergate
 from clustergate import resultsfile
+from clustergate.redact import redact_by_value
 from clustergate.store import rows as rows_mod
 from clustergate.store.lock import DocumentError, LockNotWritable, StoreError, StoreLock
 from clustergate.store.schema import MIGRATIONS, Migration, check_kind, check_version, migrate
@@ -227,10 +228,12 @@ class Store:
     def record(self, document: Mapping[str, Any], kind: str | None = None,
                path: str | Path | None = None) -> Recorded:
         """Store a run's results.json, a merge's cluster results.json or a signoff.json (``kind``: run, cluster,
-        signoff; default what the document says). Idempotent: the same document again returns its first
+        signoff; default what the document says), redacted (``redact_by_value``: any secret in it is found by
+        its value or its name, whichever host records it). Idempotent: the same document again returns its first
         record. A document that still says "running" is refused (it is not a finished run), as is one that
         breaks its schema, and another document of a run already stored (a re-judged or edited file)."""
         where = str(path) if path is not None else "the document"
+        document = redact_by_value(document)  # a file written before a rule existed, or edited, keeps no secret here
         try:
             found = rows_mod.kind_of(document)
         except ValueError as exc:
