@@ -67,6 +67,8 @@ def test_the_daemonset_runs_health_on_every_selected_node_with_the_hosts_view() 
     assert mounts == {"health": {"state", "host-proc", "host-sys", "host-dev"}, "label-node": {"state", "api-token"}}
     assert label["command"][:3] == ["python3", "launch/k8s/health_taint.py", "/state/health.json"]
     assert label["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert label["securityContext"]["runAsNonRoot"] is True  # the image's own user: it only reads and calls the API
+    assert health["securityContext"]["runAsUser"] == 0  # the kernel log is root's to read
 
 
 def _run_health(node: GpuNode, state: Path) -> None:
