@@ -22,6 +22,7 @@ import pytest
 from clustergate import baseline as baseline_file
 from clustergate import reportdir
 from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity
+from clustergate.profile_choice import choose_profile
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
 from clustergate.run import control, memory, outcome
@@ -85,8 +86,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     found = gpu_presence.find(host_root())
     try:
         thresholds = load(options.thresholds)
-        profile = thresholds.profile(options.profile) if options.profile else \
-            thresholds.select(gpu_model(found), gpu_node=found.present)
+        profile = choose_profile(thresholds, options.profile, found, model_of=gpu_model)
         device = rank_device(launch.local_rank, want_cuda=profile.name != thresholds.cpu_profile)
         host = node_name()
     except (ThresholdsError, PlacementError, NodeNameError) as exc:
