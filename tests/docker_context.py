@@ -7,6 +7,7 @@ pattern that matches a directory decides for everything under it.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -24,7 +25,11 @@ def _regex(pattern: str) -> re.Pattern[str]:
 def rules(root: Path = ROOT) -> list[tuple[bool, re.Pattern[str]]]:
     """(lets through, pattern) per line of ``root``'s .dockerignore."""
     lines = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()]
-    return [(line.startswith("!"), _regex(line.lstrip("!"))) for line in lines if line and not line.startswith("#")]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if nested := [line for line in lines if line.startswith("!") and "/" in line.strip("/")]:
+        raise ValueError(f".dockerignore: {nested[0]}: copy_context prunes a directory kept out, so a '!' line may "
+                         "name only a top-level path")
+    return [(line.startswith("!"), _regex(line.lstrip("!"))) for line in lines]
 
 
 def sent(rel: str, ruled: list[tuple[bool, re.Pattern[str]]]) -> bool:
@@ -38,16 +43,22 @@ def sent(rel: str, ruled: list[tuple[bool, re.Pattern[str]]]) -> bool:
 
 
 def copy_context(dest: Path, root: Path = ROOT) -> Path:
-    """The build context of ``root`` copied to ``dest`` (links kept as links, as Docker sends them)."""
+    """The build context of ``root`` copied to ``dest`` (links kept as links, as Docker sends them). A directory
+    kept out is not walked (a virtual environment in the checkout holds thousands of files): no line of the file
+    lets a path under one through again."""
     ruled = rules(root)
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if rel.split("/")[0] == ".git" or path.is_dir() and not path.is_symlink() or not sent(rel, ruled):
-            continue
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            target.symlink_to(path.readlink())
-        else:
-            shutil.copy2(path, target)
+    for top, dirs, files in os.walk(root):
+        here = Path(top).relative_to(root).as_posix()
+        dirs[:] = [d for d in dirs if sent(f"{d}" if here == "." else f"{here}/{d}", ruled)]
+        for name in files:
+            path = Path(top) / name
+            rel = path.relative_to(root).as_posix()
+            if not sent(rel, ruled):
+                continue
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink():
+                target.symlink_to(path.readlink())
+            else:
+                shutil.copy2(path, target)
     return dest
