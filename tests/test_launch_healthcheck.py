@@ -179,8 +179,11 @@ def nobody_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py")
-"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only)."""
+NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py",
+                "conftest.py", "acceptance/conftest.py")
+"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only), in a
+checkout's layout (conftest.py and acceptance/ beside launch/: node.sh runs the checkout's suite, not an
+installed one)."""
 
 
 def readable_copy(into: Path) -> Path:
