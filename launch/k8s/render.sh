@@ -33,8 +33,9 @@
 #   CG_GPUS_PER_NODE   nvidia.com/gpu per pod, and torchrun ranks per pod [8]
 #   CG_REGISTRY        the registry the image was pushed to (README, "Container image"), e.g. ghcr.io/owner: the
 #                      image is then CG_REGISTRY/clustergate:VERSION, this checkout's version (launch/image.sh) []
-#   CG_IMAGE           the image: clustergate installed, launch/ at CG_WORKDIR (the Dockerfile's)
-#                      [CG_REGISTRY/clustergate:VERSION; one of the two is required]
+#   CG_IMAGE           the image: clustergate installed, launch/ at CG_WORKDIR, a user that is not root for the
+#                      containers that only read (the Dockerfile's) [CG_REGISTRY/clustergate:VERSION; one of the
+#                      two is required]
 #   CG_WORKDIR         launch/'s parent inside the image [/opt/clustergate]
 #   CG_PYTEST_ARGS     pytest arguments, plain words only [acceptance; fabric: acceptance -m multinode]
 #   CG_RDMA_RESOURCE   RDMA device resource, e.g. rdma/ib or rdma/rdma_shared_device_a; empty: none []
