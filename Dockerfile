@@ -44,6 +44,7 @@ COPY launch/ launch/
 # A user of its own, by number: Kubernetes' runAsNonRoot can check only a numeric user. The Kubernetes GPU pods
 # run as root instead (launch/k8s: IPC_LOCK takes effect for root only), and so do the pods that write the
 # reports volume they share; everything else runs as this user.
-RUN useradd --create-home --no-log-init --uid 10001 --user-group clustergate
+RUN groupadd --gid 10001 clustergate \
+    && useradd --create-home --no-log-init --uid 10001 --gid 10001 clustergate
 USER 10001:10001
 CMD ["clustergate", "--help"]
