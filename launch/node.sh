@@ -148,7 +148,7 @@ if [[ ! -d acceptance || ! -f conftest.py ]]; then
 print(*[f"{k}={v}" for k, v in RUN_ENV.items()], "--", "-c", RUN_INI, "--rootdir", acceptance_dir().parent,
       *[a for p in RUN_PLUGINS for a in ("-p", p)], "--pyargs", sep="\n")'
     said=$("$py" -c "$installed" 2>&1) \
-        || fail "no acceptance/ beside launch/ and no installed clustergate in $py to run instead: $said"
+        || fail "no acceptance/ beside launch/, and $py has no clustergate installed to run instead (${said##*$'\n'})"
     mapfile -t lines <<< "$said"
     for line in "${lines[@]}"; do
         if ((${#suite[@]})) || [[ $line == -- ]]; then
