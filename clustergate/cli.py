@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import clustergate
+from clustergate.exit_codes import Exit
 
 PROG = "clustergate"
 
@@ -82,9 +83,26 @@ def _record(argv: list[str]) -> int:
     return int(record_main(argv))
 
 
+def torch_problem() -> str | None:
+    """Why torch cannot be imported here, in one line; None where it can. ``run`` imports it anyway to start
+    torchrun in this process, so asking first costs a run nothing."""
+    try:
+        import torch  # noqa: F401
+    except Exception as exc:  # missing, or installed and broken (a CUDA library it cannot load): say which
+        said = str(exc).strip().splitlines()
+        return (f"torch cannot be imported in this Python ({sys.executable}: {type(exc).__name__}: "
+                f"{said[0] if said else 'no message'}); install it there first (README, 'Set-up: two commands')")
+    return None
+
+
 def _run(argv: list[str]) -> int:
     from clustergate.run.command import main as run_main
+    from clustergate.run.command import split_args
 
+    own, _ = split_args(argv)
+    if not {"-h", "--help", "--print-command"} & set(own) and (problem := torch_problem()):
+        print(f"{PROG} run: {problem}", file=sys.stderr)
+        return int(Exit.COULD_NOT_RUN)
     return run_main(argv)
 
 

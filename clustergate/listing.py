@@ -1,13 +1,14 @@
 """``clustergate list``: what a profile judges at a level, before anything runs.
 
-    clustergate list                                  the first profile of the shipped thresholds, level standard
+    clustergate list                                  this node's profile of the shipped thresholds, level standard
     clustergate list --profile h200 --level quick
     clustergate list --profile h200 --json            the same as one JSON document
 
 The tests a complete node run and a complete fabric run contain (the suite's manifest, clustergate/manifest.json),
 the tests the level leaves out by design, and each metric's criterion under the profile (thresholds.yaml): its
 bounds, unit, severity, source and description, described as the report's criteria table describes them
-(``clustergate.criteria.Criterion.describe``). Reads no GPU and starts no torch. Exit status: 0, or 2 when the
+(``clustergate.criteria.Criterion.describe``). The profile is chosen as ``run`` and ``health`` choose it
+(``clustergate.profile_choice``): asking NVML which GPU this node has, never torch. Exit status: 0, or 2 when the
 thresholds file, the profile or the level cannot be used.
 """
 
@@ -23,7 +24,10 @@ from clustergate.criteria import Criterion
 from clustergate.exit_codes import Exit
 from clustergate.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
 from clustergate.outputs import Parser, main_guarded
+from clustergate.profile_choice import choose_profile
 from clustergate.thresholds import Profile, ThresholdsError, load, shipped_thresholds
+from workloads.node import gpu_presence
+from workloads.node.discovery import host_root
 
 PROG = "clustergate list"
 DEFAULT_LEVEL = "standard"
@@ -36,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--thresholds", type=Path, default=None, metavar="FILE",
                    help="thresholds file whose criteria are listed (default: the shipped thresholds.yaml)")
-    p.add_argument("--profile", default=None, help="profile of the thresholds file (default: its first)")
+    p.add_argument("--profile", default=None, help="profile of the thresholds file (default: this node's, chosen as "
+                   "run and health choose it: from the GPU model NVML reports; 'cpu' where no NVIDIA device exists)")
     p.add_argument("--level", default=DEFAULT_LEVEL, choices=LEVELS, help=f"level of the run (default {DEFAULT_LEVEL})")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     return p
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         thresholds = load(args.thresholds or shipped_thresholds())
-        profile = thresholds.profile(args.profile or next(iter(thresholds.profiles)))
+        profile = choose_profile(thresholds, args.profile, gpu_presence.find(host_root()))
         listed = listing(shipped(), profile, args.level)
     except (ThresholdsError, ManifestError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

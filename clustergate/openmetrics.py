@@ -24,6 +24,9 @@ A merge's cluster document: its verdict, time, node counts, each node's status
 each node's own metrics.prom carries them, and the same figure under two exporters would count twice in
 every sum and average. A sign-off's document gives its verdict, time and each host's status.
 
+A family is declared once (``FAMILIES``: its HELP text and label names), whichever document writes it: node_exporter's
+textfile collector reads every file of its directory into one exposition and refuses a family whose HELP differs
+between files (it then drops that family's series of every file but the first, and logs an error at every scrape).
 Every family that a node's, a merge's and a sign-off's file all have carries ``kind`` (run, cluster, signoff):
 one collector may read all three files without two series of the same name and labels.
 
@@ -33,6 +36,7 @@ Label values are escaped as both formats require (backslash, double quote, newli
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from clustergate import __version__
@@ -49,6 +53,44 @@ Labels = Mapping[str, str]
 Sample = tuple[Labels, float]
 
 
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric family as every document writes it."""
+
+    help: str
+    """Its HELP text: one text for the family, whichever document (run, merge, sign-off) writes it."""
+    labels: tuple[str, ...]
+    """Its label names, in order; a sample that lacks one has it empty (which Prometheus reads as absent)."""
+
+
+PART = ("host", "gpu", "serial", "metric", "unit")
+"""The labels naming one part's figure of one metric (``gpu`` is ``rank N`` on a node without GPUs)."""
+
+FAMILIES: dict[str, Family] = {
+    "clustergate_run_info": Family("what was run, merged or signed off (kind: run, cluster or signoff); always 1",
+                                   ("kind", "profile", "level", "version")),
+    "clustergate_verdict": Family("1 for the verdict of the run, merge or sign-off (kind), 0 for each other verdict",
+                                  ("kind", "verdict")),
+    "clustergate_run_timestamp_seconds": Family("when the run, merge or sign-off (kind) started, seconds since the "
+                                                "epoch", ("kind",)),
+    "clustergate_run_duration_seconds": Family("how long the run took, seconds", ("kind",)),
+    "clustergate_metric_value": Family("a part's figure of one metric (a GPU's, a node's, or the whole job's); its "
+                                       "unit in the unit label", PART),
+    "clustergate_metric_verdict": Family("the figure against its criterion: 0 pass, 1 warn (missed a severity-warn "
+                                         "criterion), 2 fail; absent where the metric is not judged", PART),
+    "clustergate_metric_drift_fraction": Family("how far the figure fell below its own first accepted figure, where "
+                                                "that is more than the profile allows", PART),
+    "clustergate_cluster_nodes": Family("nodes of the merge by status (expected, results, accepted, excluded, "
+                                        "missing, fleet_outliers)", ("status",)),
+    "clustergate_node_accepted": Family("1 for a host the merge or sign-off (kind) accepted, 0 for one it excluded",
+                                        ("kind", "host")),
+    "clustergate_fleet_metric": Family("the fleet's distribution of a metric over every GPU (or node): count, min, "
+                                       "p05, median, p95, max, and the outlier floor", ("metric", "unit", "stat")),
+    "clustergate_fleet_outlier_value": Family("a GPU's figure below the fleet's floor for that metric",
+                                              (*PART, "severity")),
+}
+
+
 def escape(value: str) -> str:
     """A label value as both text formats write it."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -60,11 +102,17 @@ def number(value: float) -> str:
     return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
 
 
-def family(name: str, help_text: str, samples: Iterable[Sample]) -> list[str]:
-    """One gauge family: its HELP and TYPE lines and a line per sample (none at all without samples)."""
-    lines = [f"{name}{{{','.join(f'{k}={chr(34)}{escape(v)}{chr(34)}' for k, v in labels.items())}}} {number(v)}"
-             if labels else f"{name} {number(v)}" for labels, v in samples]
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *lines] if lines else []
+def family(name: str, samples: Iterable[Sample]) -> list[str]:
+    """One gauge family as ``FAMILIES`` declares it: its HELP and TYPE lines and a line per sample, each with the
+    family's labels in their order (none at all without samples). ValueError for a label the family lacks."""
+    declared = FAMILIES[name]
+    lines = []
+    for labels, value in samples:
+        if unknown := set(labels) - set(declared.labels):
+            raise ValueError(f"{name} has no label {sorted(unknown)[0]!r}; its labels are {declared.labels}")
+        pairs = ",".join(f'{k}="{escape(labels.get(k, ""))}"' for k in declared.labels)
+        lines.append(f"{name}{{{pairs}}} {number(value)}" if pairs else f"{name} {number(value)}")
+    return [f"# HELP {name} {declared.help}", f"# TYPE {name} gauge", *lines] if lines else []
 
 
 def _text(value: Any) -> str:
@@ -75,14 +123,20 @@ def _enum(kind: str, values: tuple[str, ...], current: Any) -> list[Sample]:
     return [({"kind": kind, "verdict": v}, 1.0 if v == current else 0.0) for v in values]
 
 
-def _time(families: list[list[str]], kind: str, when: Any, duration: Any = None) -> None:
+def _head(results: Mapping[str, Any], verdicts: tuple[str, ...], when: Any, duration: Any = None) -> list[list[str]]:
+    """The families every document starts with, alike for a run, a merge and a sign-off: what it was, its verdict,
+    when it started and (a run) how long it took."""
+    kind = kind_of(results)
+    version = (results.get("clustergate") or {}).get("version") or __version__
+    out = [family("clustergate_run_info", [({"kind": kind, "profile": _text(results.get("profile")),
+                                             "level": _text(results.get("level")), "version": _text(version)}, 1.0)]),
+           family("clustergate_verdict", _enum(kind, verdicts, results.get("verdict")))]
     t = seconds(_text(when) or None)
     if t is not None:
-        families.append(family("clustergate_run_timestamp_seconds", "when the run (or merge, or sign-off) started, "
-                               "seconds since the epoch", [({"kind": kind}, t)]))
+        out.append(family("clustergate_run_timestamp_seconds", [({"kind": kind}, t)]))
     if isinstance(duration, (int, float)) and not isinstance(duration, bool):
-        families.append(family("clustergate_run_duration_seconds", "how long the run took",
-                               [({"kind": kind}, float(duration))]))
+        out.append(family("clustergate_run_duration_seconds", [({"kind": kind}, float(duration))]))
+    return out
 
 
 def _part_labels(metric: Mapping[str, Any], part: Mapping[str, Any], only_host: str | None) -> dict[str, str]:
@@ -129,23 +183,9 @@ def _run(results: Mapping[str, Any]) -> list[list[str]]:
                  "serial": _text(d.get("serial")), "metric": str(d.get("metric")), "unit": _text(d.get("unit"))},
                 float(d.get("fraction", 0)))
                for d in (results.get("drift") or {}).get("findings") or []]
-    out = [
-        family("clustergate_run_info", "what was run (always 1)",
-               [({"kind": "run", "profile": _text(results.get("profile")), "level": _text(results.get("level")),
-                  "version": _text((results.get("clustergate") or {}).get("version") or __version__)}, 1.0)]),
-        family("clustergate_verdict", "1 for the run's verdict, 0 for the others",
-               _enum("run", RUN_VERDICTS, results.get("verdict"))),
-    ]
-    _time(out, "run", results.get("started"), results.get("duration_s"))
-    out += [
-        family("clustergate_metric_value", "a part's figure of one metric (a GPU's, a node's, or the whole job's); "
-               "its unit in the unit label", values),
-        family("clustergate_metric_verdict", "the figure against its criterion: 0 pass, 1 warn (missed a "
-               "severity-warn criterion), 2 fail; absent where the metric is not judged", verdicts),
-        family("clustergate_metric_drift_fraction", "how far the figure fell below its own first accepted "
-               "figure, where that is more than the profile allows", drifted),
-    ]
-    return out
+    return [*_head(results, RUN_VERDICTS, results.get("started"), results.get("duration_s")),
+            family("clustergate_metric_value", values), family("clustergate_metric_verdict", verdicts),
+            family("clustergate_metric_drift_fraction", drifted)]
 
 
 def _decided(results: Mapping[str, Any]) -> list[Sample]:
@@ -160,7 +200,6 @@ def _decided(results: Mapping[str, Any]) -> list[Sample]:
 
 
 def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
-    kind = kind_of(results)
     counts = [({"status": k}, float(v)) for k, v in (results.get("counts") or {}).items() if isinstance(v, int)]
     stats: list[Sample] = []
     outliers: list[Sample] = []
@@ -174,21 +213,9 @@ def _cluster(results: Mapping[str, Any]) -> list[list[str]]:
                               "serial": _text(o.get("gpu_serial")), "metric": str(f["metric"]),
                               "unit": _text(f.get("unit")), "severity": _text(o.get("severity"))},
                              float(o["value"])))
-    out = [
-        family("clustergate_run_info", "what was run (always 1)", [({"kind": kind, "version": __version__}, 1.0)]),
-        family("clustergate_verdict", f"1 for the {'sign-off' if kind == 'signoff' else 'merge'}'s verdict, 0 for "
-               "the other", _enum(kind, CLUSTER_VERDICTS, results.get("verdict"))),
-    ]
-    _time(out, kind, results.get("created"))
-    out += [
-        family("clustergate_cluster_nodes", "nodes of the merge by status (expected, results, accepted, excluded, "
-               "missing, fleet_outliers)", counts),
-        family("clustergate_node_accepted", "1 for a host accepted, 0 for one excluded", _decided(results)),
-        family("clustergate_fleet_metric", "the fleet's distribution of a metric over every GPU (or node): count, "
-               "min, p05, median, p95, max, and the outlier floor", stats),
-        family("clustergate_fleet_outlier_value", "a GPU's figure below the fleet's floor for that metric", outliers),
-    ]
-    return out
+    return [*_head(results, CLUSTER_VERDICTS, results.get("created")),
+            family("clustergate_cluster_nodes", counts), family("clustergate_node_accepted", _decided(results)),
+            family("clustergate_fleet_metric", stats), family("clustergate_fleet_outlier_value", outliers)]
 
 
 def render(results: Mapping[str, Any]) -> str:

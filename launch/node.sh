@@ -26,14 +26,16 @@
 #                               REPORTS/RUN_ID/nodes/{node} or REPORTS/RUN_ID/fabric, else this variable, else
 #                               the report directory's name
 #
-# Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`.
+# Arguments go to pytest (default: acceptance), e.g. `-m multinode --level quick`. The suite is the checkout's where
+# acceptance/ and conftest.py are beside launch/; else (the container image: launch/ alone beside an installed
+# clustergate) the installed one, run as `clustergate run` runs it, and `acceptance` names that package.
 # A preflight or torchrun that ends non-zero leaves REPORT_DIR/node-exits/NODE.json (node, node_index,
 # stage, status, time): launch/first_failure.py names the node that failed first from these. On a GPU node
 # `nvidia-smi -q` is captured into REPORT_DIR/nvidia-smi-q.txt after the run (for an evidence bundle).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here/.."  # the checkout (or the image's copy of it): pytest finds conftest.py and thresholds.yaml here
+cd "$here/.."  # the checkout, or launch/'s parent in the container image (/opt/clustergate)
 py=${CLUSTERGATE_PYTHON:-python3}
 # One naming rule for every report, message and directory (several Slurm nodes may share a host name).
 node=$("$py" -c 'from workloads.node.name import node_name; print(node_name())' 2>/dev/null || true)
@@ -137,9 +139,29 @@ fi
 if (($# == 0)); then
     set -- acceptance
 fi
+suite=()
+if [[ ! -d acceptance || ! -f conftest.py ]]; then
+    # The installed suite with clustergate run's pytest settings, plugins and environment (clustergate.run.command);
+    # --pyargs: "acceptance" among the arguments names the installed package.
+    # shellcheck disable=SC2016  # Python, not shell
+    installed='from clustergate.run.command import RUN_ENV, RUN_INI, RUN_PLUGINS, acceptance_dir
+print(*[f"{k}={v}" for k, v in RUN_ENV.items()], "--", "-c", RUN_INI, "--rootdir", acceptance_dir().parent,
+      *[a for p in RUN_PLUGINS for a in ("-p", p)], "--pyargs", sep="\n")'
+    said=$("$py" -c "$installed" 2>&1) \
+        || fail "no acceptance/ beside launch/, and $py has no clustergate installed to run instead (${said##*$'\n'})"
+    mapfile -t lines <<< "$said"
+    for line in "${lines[@]}"; do
+        if ((${#suite[@]})) || [[ $line == -- ]]; then
+            suite+=("$line")
+        else
+            export "${line?}"
+        fi
+    done
+    suite=("${suite[@]:1}")
+fi
 status=0
 "${launcher[@]}" "${rendezvous[@]}" --nproc-per-node="$nproc" --max-restarts=0 \
-    -m pytest --report-dir "$report_dir" "$@" || status=$?
+    -m pytest "${suite[@]}" --report-dir "$report_dir" "$@" || status=$?
 
 # nvidia-smi -q as the run left the GPUs: what a vendor ticket asks for first (merge puts it in an excluded node's
 # evidence bundle). After the run, so that its next run moves it aside with the rest of this run's outputs; whole or

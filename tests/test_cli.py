@@ -262,3 +262,20 @@ def test_the_command_exits_with_mains_status_after_the_exit_handlers(torch_impor
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout.startswith("said before") and "exit handler ran" in proc.stdout
     assert "no-such-command" in proc.stderr
+
+
+def test_a_run_writes_its_reports_under_the_current_directory(tmp_path: Path) -> None:
+    """Without --report-dir the outputs go to reports/<UTC time>/ where the command was started, never into the
+    directory clustergate is installed or checked out in (the checkout's suite, started from elsewhere)."""
+    from forked_pytest import pytest_forked
+
+    here = tmp_path / "here"
+    here.mkdir()
+    own = tmp_path / "own"
+    own.mkdir()
+    suite = str(ROOT / "acceptance" / "test_world.py")
+    run = pytest_forked(here, job_env(), [suite, "-k", "test_world_matches_profile", "--level", "quick"], own)
+    [report] = (here / "reports").iterdir()
+    results = json.loads((report / "results.json").read_text())
+    assert [t["outcome"] for t in results["tests"]] == ["passed"], "\n".join(run.outlines[-40:] + run.errlines[-40:])
+    assert str(report) in "\n".join(run.outlines)  # the run's header names where its outputs go

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -178,8 +179,11 @@ def nobody_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py")
-"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only)."""
+NOBODY_NEEDS = ("launch", "workloads/__init__.py", "workloads/node/__init__.py", "workloads/node/name.py",
+                "conftest.py", "acceptance/conftest.py")
+"""What the check reads as another user: the launch scripts and the node's naming rule (stdlib only), in a
+checkout's layout (conftest.py and acceptance/ beside launch/: node.sh runs the checkout's suite, not an
+installed one)."""
 
 
 def readable_copy(into: Path) -> Path:
@@ -312,6 +316,16 @@ def test_the_default_tier_is_clustergate_health(node: Node, tmp_path: Path) -> N
     assert json.loads((run / "health.json").read_text())["status"] == "healthy"
     assert f"{NODE} passed in" in proc.stdout and node.scontrol_updates() == []
     assert not (health / NODE / "inductor-cache").exists()  # no torch, no compile cache
+
+
+def test_launch_readme_gives_the_default_tier_and_limits_the_script_has() -> None:
+    """launch/README.md says what healthcheck.sh does: its default tier, and each tier's time limit."""
+    script = HEALTHCHECK.read_text()
+    tier = re.search(r"tier=\$\{CLUSTERGATE_HEALTH_TIER:-(\w+)\}", script)
+    health_s, quick_s = re.findall(r"limit=\$\{CLUSTERGATE_HEALTH_TIMEOUT:-(\d+)\}", script)  # the health branch first
+    readme = " ".join((ROOT / "launch" / "README.md").read_text().split())
+    assert tier and tier[1] == "health" and "(`CLUSTERGATE_HEALTH_TIER`): `health` (the default)" in readme
+    assert f"({health_s} s at the health tier, {quick_s} s at the quick tier)" in readme
 
 
 def test_a_failing_gpu_is_drained_with_the_first_failure_naming_it(node: Node, tmp_path: Path) -> None:

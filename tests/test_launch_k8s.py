@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+import clustergate
+
 ROOT = Path(__file__).resolve().parent.parent
 RENDER = ROOT / "launch" / "k8s" / "render.sh"
 
@@ -100,7 +102,8 @@ def test_nccl_settings_from_an_optional_configmap() -> None:
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ({"CG_IMAGE": ""}, "set CG_IMAGE"),
+    ({"CG_IMAGE": ""}, "set CG_REGISTRY to the registry the clustergate image was pushed to"),
+    ({"CG_IMAGE": "", "CG_REGISTRY": "https://acme"}, "CG_REGISTRY='https://acme' is not a registry path"),
     ({"CG_IMAGE": "x", "CG_NODES": "two"}, "CG_NODES='two' is not a whole number"),
 ])
 def test_render_refuses_bad_parameters(params: dict[str, str], message: str) -> None:
@@ -183,6 +186,26 @@ def test_pods_run_with_no_api_token_no_escalation_and_only_ipc_lock() -> None:
             assert sc["capabilities"]["drop"] == ["ALL"], (manifest, c["name"])
             gpu = "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
             assert sc["capabilities"].get("add", []) == (["IPC_LOCK"] if gpu else []), (manifest, c["name"])
+            # root only where it must be: IPC_LOCK takes effect for root alone, and whoever writes the reports
+            # volume writes as the GPU pods that made its directories; a container that only reads runs as the
+            # image's own user (the Dockerfile's USER 10001)
+            writes = any(not m.get("readOnly") for m in c.get("volumeMounts", []) if m["name"] == "reports")
+            assert (sc.get("runAsUser"), sc.get("runAsNonRoot")) == ((0, None) if gpu or writes else (None, True)), \
+                (manifest, c["name"])
+
+
+def test_the_image_is_the_registrys_clustergate_at_this_checkouts_version() -> None:
+    """CG_REGISTRY names where the image was pushed; the name and tag are the Dockerfile's, as launch/image.sh
+    makes them (the README's build and push commands), in every manifest and container."""
+    version = clustergate.__version__  # pyproject.toml's, which launch/image.sh reads
+    params = {k: v for k, v in PARAMS.items() if k != "CG_IMAGE"}
+    images = {c["image"] for _, pod in _pods(**params, CG_IMAGE="", CG_REGISTRY="ghcr.io/acme")
+              for c in pod.get("initContainers", []) + pod["containers"]}
+    assert images == {f"ghcr.io/acme/clustergate:{version}"}
+    built = subprocess.run(["bash", str(ROOT / "launch" / "image.sh"), "ghcr.io/acme"], capture_output=True, text=True)
+    assert built.stdout == f"ghcr.io/acme/clustergate:{version}\n"
+    assert {c["image"] for _, pod in _pods(CG_REGISTRY="ghcr.io/acme") for c in pod["containers"]} == \
+        {"registry.example/cg:1"}  # CG_IMAGE, where given, is the image
 
 
 def test_network_policy_admits_only_the_jobs_own_pods() -> None:

@@ -171,7 +171,7 @@ def test_every_phase_takes_the_results_store() -> None:
     ({"CG_PHASE": "fabric", "CG_HOSTS": "gpu[1-4]"}, "'gpu[1-4]' is not a Kubernetes node name"),
     ({"CG_PHASE": "node", "CG_HOSTS": "a"}, "CG_HOSTS is for CG_PHASE=fabric"),
     ({"CG_PHASE": "merge", "CG_EXPECT_HOSTS": "a;rm -rf /"}, "give a hostlist"),
-    ({"CG_PHASE": "signoff", "CG_IMAGE": ""}, "set CG_IMAGE"),
+    ({"CG_PHASE": "signoff", "CG_IMAGE": ""}, "set CG_REGISTRY"),
     ({"CG_PHASE": "merge", "CG_LABEL_NODES": "1"}, "CG_LABEL_NODES=1 needs CG_NAMESPACE"),
     ({"CG_PHASE": "node", "CG_LABEL_NODES": "1", "CG_NAMESPACE": "gpu"}, "CG_LABEL_NODES=1 is for CG_PHASE=merge"),
     ({"CG_PHASE": "node", "CG_STORE": "/tmp/fleet.db"}, "a file on the reports volume"),

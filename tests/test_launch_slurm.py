@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+import clustergate
+
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "launch" / "slurm" / "clustergate.sbatch"
 NODE = ROOT / "launch" / "node.sh"
-SCRIPTS = [*sorted((ROOT / "launch" / "slurm").glob("*.s*")), NODE, ROOT / "launch" / "k8s" / "render.sh"]
+SCRIPTS = [*sorted((ROOT / "launch" / "slurm").glob("*.s*")), NODE, ROOT / "launch" / "k8s" / "render.sh",
+           ROOT / "launch" / "image.sh"]
 
 sys.path.insert(0, str(ROOT / "launch"))
 import first_failure  # noqa: E402
@@ -102,6 +105,21 @@ def test_sbatch_in_a_pyxis_container(tmp_path: Path) -> None:
     assert f"--container-mounts={ROOT}:{ROOT},{reports}:{reports},{nccl}:{nccl}" in args
     assert f"--container-workdir={ROOT}" in args
     assert env["CLUSTERGATE_RDZV_ENDPOINT"] == "gpu-a07:29600" and env["CLUSTERGATE_NCCL_ENV"] == str(nccl)
+
+
+def test_sbatch_in_the_clustergate_image_from_a_registry(tmp_path: Path) -> None:
+    """CLUSTERGATE_REGISTRY: the Dockerfile's image, named as launch/image.sh names it, in pyxis' form."""
+    for name in ("pushed", "named", "bad"):
+        (tmp_path / name).mkdir()
+    proc, log = _slurm(tmp_path / "pushed", CLUSTERGATE_REGISTRY="registry.example:5000/gpu-team")
+    assert proc.returncode == 0, proc.stderr
+    args, _ = _read(log)
+    assert f"--container-image=registry.example:5000#gpu-team/clustergate:{clustergate.__version__}" in args
+    assert f"--container-workdir={ROOT}" in args
+    proc, log = _slurm(tmp_path / "named", CLUSTERGATE_REGISTRY="ghcr.io/acme", CLUSTERGATE_CONTAINER_IMAGE="/i.sqsh")
+    assert "--container-image=/i.sqsh" in _read(log)[0]  # an image named outright wins
+    proc, log = _slurm(tmp_path / "bad", CLUSTERGATE_REGISTRY="docker://ghcr.io/acme")
+    assert proc.returncode == 2 and proc.stderr.startswith("clustergate: CLUSTERGATE_REGISTRY='docker://ghcr.io/acme'")
 
 
 @pytest.mark.parametrize(("unset", "message"), [

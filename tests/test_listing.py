@@ -115,4 +115,4 @@ def test_the_command_lists_without_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=job_env(), text=True, capture_output=True,
                           timeout=120)
     assert proc.stderr.strip() == "0 False", proc.stderr
-    assert json.loads(proc.stdout)["profile"] == "h100-sxm-80gb"  # the file's first profile
+    assert json.loads(proc.stdout)["profile"] in load(shipped_thresholds()).profiles  # this node's: test_profile_choice

@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as prometheus_text
 from trust_runs import node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate.openmetrics import render
+from clustergate.openmetrics import FAMILIES, render
 from clustergate.store.rows import seconds
 
 
@@ -136,3 +136,18 @@ def test_a_signoff(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert got["clustergate_node_accepted"] == [({"kind": "signoff", "host": "solo"}, 1.0)]
     assert ({"kind": "signoff", "verdict": "accept"}, 1.0) in got["clustergate_verdict"]
     assert got["clustergate_run_info"][0][0]["kind"] == "signoff"
+
+
+def test_a_family_is_written_alike_by_a_run_a_merge_and_a_signoff(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """node_exporter reads every file of its directory as one exposition: a family with two HELP texts (or TYPEs)
+    loses its series of every file but one (tests/test_openmetrics_node_exporter.py runs it)."""
+    cluster, signoff, _ = merged_docs(tmp_path_factory)
+    heads: dict[str, set[str]] = {}
+    for text in (render(real_run()), render(cluster), render(signoff)):
+        for line in text.splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                heads.setdefault(line.split()[2], set()).add(line)
+        for name, got in samples(text).items():
+            assert {tuple(labels) for labels, _ in got} == {FAMILIES[name].labels}, name
+    assert {name: len(lines) for name, lines in heads.items()} == {name: 2 for name in heads}
+    assert {"clustergate_verdict", "clustergate_run_info", "clustergate_node_accepted"} <= set(heads)

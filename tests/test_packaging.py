@@ -10,19 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from torchrun_job import ROOT
+from docker_context import copy_context
 
 pytestmark = pytest.mark.slow  # builds a wheel and two virtual environments
-
-SKIP = shutil.ignore_patterns(".git", "tests", "reports", "build", "dist", "*.egg-info", "__pycache__", ".venv",
-                              ".peers", ".whl", "benchmarks", "launch")
-
 
 def _env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: no PYTHONPATH to the checkout, no pytest settings of ours."""
@@ -42,27 +38,42 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of the checkout (a build writes build/ and *.egg-info where it runs)."""
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Dockerfile's build context (.dockerignore's rules): the wheel is built from it, as the image builds it,
+    and its launch/ is the image's."""
+    return copy_context(tmp_path_factory.mktemp("context") / "src")
+
+
+@pytest.fixture(scope="module")
+def wheel(context: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the build context (a build writes build/ and *.egg-info where it runs)."""
     work = tmp_path_factory.mktemp("build")
     src = work / "src"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=SKIP)
+    shutil.copytree(context, src, symlinks=True)
     _ok(_sh([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist"),
              str(src)], work))
     [built] = (work / "dist").glob("clustergate-*.whl")
     return built
 
 
-def _venv(where: Path, *, system: bool) -> Path:
-    _ok(_sh([sys.executable, "-m", "venv", *(["--system-site-packages"] if system else []), str(where)], where.parent))
+def _venv(where: Path) -> Path:
+    _ok(_sh([sys.executable, "-m", "venv", str(where)], where.parent))
     return where / "bin"
+
+
+def _outer_site_dirs() -> list[str]:
+    """Where this interpreter's packages are (torch and the rest): its site directories, a virtual environment's
+    own included. ``venv --system-site-packages`` would see only the base interpreter's, never an outer virtual
+    environment's, where the README's commands install torch."""
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    return [d for d in dict.fromkeys([*site.getsitepackages(), *user]) if Path(d).is_dir()]
 
 
 @pytest.fixture(scope="module")
 def bare_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtual environment of its own: pytest, pytest-xdist and the wheel (without its dependencies: the
     plugin's torch is never imported where it is not asked for)."""
-    bin_dir = _venv(tmp_path_factory.mktemp("bare") / "venv", system=False)
+    bin_dir = _venv(tmp_path_factory.mktemp("bare") / "venv")
     _ok(_sh([str(bin_dir / "pip"), "install", "-q", "pytest", "pytest-xdist"], bin_dir))
     _ok(_sh([str(bin_dir / "pip"), "install", "-q", "--no-deps", str(wheel)], bin_dir))
     return bin_dir
@@ -70,9 +81,12 @@ def bare_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def full_env(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel over this interpreter's packages (torch and the rest): the wheel's own files come first."""
-    bin_dir = _venv(tmp_path_factory.mktemp("full") / "venv", system=True)
+    """The wheel over this interpreter's packages (torch and the rest, seen through a .pth file: no second torch
+    installed): the wheel's own files come first, as the environment's own site directory precedes the lines of
+    its .pth files on sys.path."""
+    bin_dir = _venv(tmp_path_factory.mktemp("full") / "venv")
     _ok(_sh([str(bin_dir / "pip"), "install", "-q", "--no-deps", "--no-index", str(wheel)], bin_dir))
+    (_purelib(bin_dir) / "outer-packages.pth").write_text("".join(f"{d}\n" for d in _outer_site_dirs()))
     return bin_dir
 
 
@@ -98,11 +112,29 @@ def test_an_unrelated_project_never_sees_the_plugin(bare_env: Path, tmp_path: Pa
     assert "--clustergate" in listed and "--thresholds" not in listed  # the switch, and none of the plugin's options
 
 
+def _purelib(bin_dir: Path) -> Path:
+    """The site directory of the environment ``bin_dir`` belongs to."""
+    return Path(_ok(_sh([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        bin_dir)).stdout.strip())
+
+
+def test_run_without_torch_says_so_in_one_line(bare_env: Path, tmp_path: Path) -> None:
+    """Where torch cannot be imported, ``clustergate run`` says so and why in one line, and could not run (4);
+    its --help needs no torch."""
+    cli = str(bare_env / "clustergate")
+    proc = _sh([cli, "run", "--level", "quick"], tmp_path, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"clustergate run: torch cannot be imported in this Python ({bare_env / 'python'}")
+    assert "ModuleNotFoundError: No module named 'torch'" in proc.stderr and "install it there" in proc.stderr
+    assert "--print-command" in _ok(_sh([cli, "run", "--help"], tmp_path)).stdout
+    assert _left(tmp_path) == set()  # nothing written: no reports/
+
+
 def _plant_plugin(bin_dir: Path, mark: Path) -> list[Path]:
     """A pytest plugin installed in the environment, as another package brings one: it writes ``mark`` when
     pytest loads it. Returns what to remove."""
-    purelib = Path(_ok(_sh([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                           bin_dir)).stdout.strip())
+    purelib = _purelib(bin_dir)
     module = purelib / "cg_planted_plugin.py"
     module.write_text(f"def pytest_configure(config):\n    open({str(mark)!r}, 'w').write('loaded')\n")
     info = purelib / "cg_planted-1.0.dist-info"
@@ -151,3 +183,25 @@ def _ran_the_packaged_suite(full_env: Path, tmp_path: Path, elsewhere: Path) -> 
         in results["reason"]
     assert (report / "report.html").stat().st_size > 0  # pytest-html, named with -p: autoload is off
     assert not (elsewhere / "reports").exists()  # --report-dir given: nothing of ours where it ran
+
+
+def test_node_sh_beside_an_installed_clustergate_runs_the_installed_suite(full_env: Path, context: Path,
+                                                                          tmp_path: Path) -> None:
+    """The container image's layout (the Dockerfile): launch/ alone in its directory, clustergate installed from the
+    wheel. node.sh there runs the installed suite as ``clustergate run`` does: its tests are named
+    ``acceptance/...`` as in a checkout, "acceptance" among the arguments names the installed package."""
+    image = tmp_path / "opt" / "clustergate"
+    shutil.copytree(context / "launch", image / "launch")
+    report = tmp_path / "report"
+    env = _env(CLUSTERGATE_NNODES="1", CLUSTERGATE_GPUS_PER_NODE="0", CLUSTERGATE_NPROC_PER_NODE="1",
+               CLUSTERGATE_REPORT_DIR=str(report), CLUSTERGATE_PYTHON=str(full_env / "python"),
+               CLUSTERGATE_NODE_NAME="image-node")
+    proc = subprocess.run(["bash", "launch/node.sh", "acceptance", "-k", "test_world_matches_profile", "--level",
+                           "quick"], cwd=image, env=env, capture_output=True, text=True, timeout=300)
+    results = json.loads((report / "results.json").read_text())
+    assert [(t["nodeid"], t["outcome"]) for t in results["tests"]] == [
+        ("acceptance/test_world.py::test_world_matches_profile", "passed")], proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the wheel's suite: one test of its manifest is a partial run, exit 1 (the launcher passes torchrun's status on)
+    assert proc.returncode == 1 and results["verdict"] == "partial" and results["selection"]["suite"] == "acceptance"
+    assert (report / "report.html").stat().st_size > 0  # pytest-html, named with -p: autoload is off
+    assert _left(image) == {"launch", *(f"launch/{p}" for p in _left(context / "launch"))}  # no reports/ written

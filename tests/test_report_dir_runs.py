@@ -21,7 +21,7 @@ from forked_pytest import runpytest_forked
 
 from clustergate.exit_codes import Exit
 
-from torchrun_job import PLANTED_SUITE, ROOT, job_env, plant, run_job, start_job, wait_for
+from torchrun_job import PLANTED_SUITE, ROOT, frames_of_ours, job_env, plant, run_job, start_job, wait_for
 
 EARLIER = {"schema": 1, "verdict": "accept", "started": "2026-01-01T00:00:00+00:00", "tests": []}
 STALE = "results.json (verdict 'accept', started 2026-01-01T00:00:00+00:00) is an earlier run's, NOT the result of " \
@@ -154,7 +154,7 @@ def test_progress_jsonl_as_a_link_is_refused_with_one_clear_error(tmp_path: Path
                "there; clustergate writes no output through a link (it could overwrite another file): remove the link")
     assert r.codes == [1], r.output
     assert r.output.count(message) == 2, r.output  # every rank, the same words, and nothing else went wrong
-    assert "INTERNALERROR" not in r.output and "_pytest" not in r.output and "clustergate/" not in r.output
+    assert "INTERNALERROR" not in r.output and not frames_of_ours(r.output), r.output
     assert victim.read_text() == "not clustergate's\n"
     assert (tmp_path / "report" / "progress.jsonl").is_symlink() and not (tmp_path / "report" / "earlier").exists()
 

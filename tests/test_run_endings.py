@@ -30,7 +30,17 @@ from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fi
 from clustergate.exit_codes import Exit
 from clustergate.redact import REDACTED
 
-from torchrun_job import ROOT, JobResult, foreground_signals, job_env, plant, run_job, start_job, wait_for
+from torchrun_job import (
+    ROOT,
+    JobResult,
+    foreground_signals,
+    frames_of_ours,
+    job_env,
+    plant,
+    run_job,
+    start_job,
+    wait_for,
+)
 
 HOST = socket.gethostname()
 LEFT_WITHIN_S = 60.0
@@ -182,7 +192,7 @@ def test_read_only_report_dir_is_one_usage_error_naming_it(tmp_path: Path) -> No
     note("read-only report dir", r, r.seconds, None, said)
     assert r.codes == [1], r.output  # pytest's 4 (usage error) on each rank; torchrun reports 1
     assert r.output.count(message) == 2, r.output  # once per rank, the same words
-    assert "INTERNALERROR" not in r.output and "_pytest" not in r.output and "clustergate/" not in r.output
+    assert "INTERNALERROR" not in r.output and not frames_of_ours(r.output), r.output
     assert not (report / "results.json").exists()
 
 

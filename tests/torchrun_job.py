@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import _pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "faults"
@@ -49,6 +52,17 @@ def plant(cwd: Path, fault: str, hooks: str | None = None) -> list[str]:
     if hooks is not None:
         shutil.copy(FAULTS / f"{hooks}.py", cwd / "conftest.py")
     return ["--thresholds", str(ROOT / "thresholds.yaml"), "-p", "planted_suite", "test_fault.py"]
+
+
+def frames_of_ours(output: str) -> list[str]:
+    """The lines of ``output`` that show a traceback through clustergate's own code or pytest's (a frame's file, in
+    Python's form or pytest's ``path.py:N``): a usage error is one line, never such a traceback. torchrun's own
+    traceback of a failed child names only the interpreter's files, which may lie under a directory named
+    clustergate (a virtual environment in the checkout): those are not ours."""
+    ours = re.compile("|".join([re.escape(str(ROOT / "clustergate") + os.sep),
+                                re.escape(str(Path(_pytest.__file__).resolve().parent) + os.sep),
+                                r"(?<![\w./-])(?:clustergate|_pytest)/[\w/]+\.py"]))
+    return [line for line in output.splitlines() if ours.search(line)]
 
 
 def free_port() -> int:

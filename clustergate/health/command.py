@@ -28,6 +28,7 @@ from clustergate import reportdir
 from clustergate.exit_codes import Exit
 from clustergate.health.checks import CHECKS, Finding, judge_node
 from clustergate.health.read import mark, read_node
+from clustergate.profile_choice import choose_profile
 from clustergate.thresholds import ThresholdsError, expects_gpus, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import HOST_ROOT_ENV, host_root
@@ -104,8 +105,7 @@ def check_node(args: argparse.Namespace) -> tuple[Exit, dict[str, Any], dict[str
     try:
         presence = gpu_presence.find(root, nvml, nvml_error)
         try:
-            profile = thresholds.profile(args.profile) if args.profile else \
-                thresholds.select(presence.model, gpu_node=presence.present, gpus=presence.shape_gpus())
+            profile = choose_profile(thresholds, args.profile, presence)
         except ThresholdsError as exc:
             raise Unusable(str(exc)) from None
         gpus = expects_gpus(profile.setting("gpus_per_node", None))

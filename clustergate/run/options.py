@@ -52,7 +52,7 @@ def add_options(parser: pytest.Parser) -> None:
                          "reports; 'cpu' only where the node has no NVIDIA device)")
     group.addoption("--report-dir", default=None, metavar="DIR",
                     help="where results.json, report.html, junit.xml and progress.jsonl go "
-                         "(default: reports/<UTC time>/ in the checkout, else in the current directory)")
+                         "(default: reports/<UTC time>/ under the current directory)")
     # No argparse choices: a wrong level is refused in pytest_configure, after the report directory is claimed.
     group.addoption("--level", default=None, metavar="|".join(LEVELS),
                     help="how long and how large workloads run: quick (about a minute a node), "

@@ -22,6 +22,7 @@ import pytest
 from clustergate import baseline as baseline_file
 from clustergate import reportdir
 from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity, visible_gpus
+from clustergate.profile_choice import choose_profile
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
 from clustergate.run import control, memory, outcome
@@ -57,9 +58,6 @@ GPU_NODE_PROBLEM = pytest.StashKey[str]()
 the run's record exists."""
 REAL_STDOUT = pytest.StashKey[Any]()
 """A rank other than 0: its own stdout, while pytest's terminal reporter writes to a sink."""
-ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT = ROOT if (ROOT / "pyproject.toml").is_file() else None
-"""The source checkout this module runs from; None when installed from a wheel."""
 
 
 class CouldNotRun(pytest.UsageError):
@@ -85,8 +83,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     found = gpu_presence.find(host_root())
     try:
         thresholds = load(options.thresholds)
-        profile = thresholds.profile(options.profile) if options.profile else \
-            thresholds.select(gpu_model(found), gpu_node=found.present, gpus=found.shape_gpus(visible_gpus()))
+        profile = choose_profile(thresholds, options.profile, found, model_of=gpu_model, visible=visible_gpus())
         device = rank_device(launch.local_rank, want_cuda=profile.name != thresholds.cpu_profile)
         host = node_name()
     except (ThresholdsError, PlacementError, NodeNameError) as exc:
@@ -108,9 +105,9 @@ def open_run(config: pytest.Config, options: Options) -> Run:
                        control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S)
     # The report directory is named by the run, never scrubbed: a secret that is a part of its path (a PIN that
     # is a year) must not move the outputs to "[redacted]/". Kept on every rank before rank 0 shares the name.
-    keep(options.report_dir, str((CHECKOUT or Path.cwd()) / "reports"))
+    keep(options.report_dir, str(Path.cwd() / "reports"))
     # A listing (--collect-only) writes no outputs: no report directory is made, none is held.
-    report_dir = None if options.collect_only else prepare_report_dir(config, world, CHECKOUT or Path.cwd())
+    report_dir = None if options.collect_only else prepare_report_dir(config, world, Path.cwd())
     if report_dir is not None:
         keep(str(report_dir), str(report_dir.resolve()))
     # Read after the report directory is prepared: a --baseline among the earlier outputs it moved aside now
@@ -150,7 +147,7 @@ def read_baseline(world: World, path: str | None) -> dict[str, Any] | None:
 def record_refusal(config: pytest.Config, options: Options, profile: Profile, error: str, culprits: list[int]) -> None:
     """Rank 0, where the run could not start: results.json says why and names the ranks (no other rank can be
     asked where the outputs go: rank 0 alone chooses, as it always does)."""
-    path = Path(options.report_dir) if options.report_dir else default_report_dir(CHECKOUT or Path.cwd())
+    path = Path(options.report_dir) if options.report_dir else default_report_dir(Path.cwd())
     if reportdir.problem(path) is not None or hold(config, path) is not None:
         return  # nowhere to write: the error says it all
     outcome.tell(report_dir=path)

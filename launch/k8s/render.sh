@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Fill in the ${CG_...} placeholders of a clustergate manifest and print it, ready for kubectl:
 #
-#   CG_NODES=2 CG_GPUS_PER_NODE=8 CG_IMAGE=registry.example/clustergate:1 \
+#   CG_NODES=2 CG_GPUS_PER_NODE=8 CG_REGISTRY=ghcr.io/owner \
 #       launch/k8s/render.sh [clustergate.yaml|reports-pvc.yaml] | kubectl apply -f -
 #
 # A cluster signed off in phases (launch/README.md, "Signing off a cluster"): one command per phase,
 # all under /reports/<CG_RUN_ID>/ on the reports volume:
-#   CG_PHASE=node    CG_RUN_ID=r0412 CG_NODES=16 CG_IMAGE=... render.sh | kubectl apply -f -   # node-phase.yaml
-#   CG_PHASE=merge   CG_RUN_ID=r0412 CG_IMAGE=... render.sh | kubectl apply -f -               # merge-phase.yaml
-#   CG_PHASE=fabric  CG_RUN_ID=r0412 CG_IMAGE=... CG_HOSTS="$(kubectl logs job/cg-r0412-merge -c accepted-hosts)" \
+#   CG_PHASE=node    CG_RUN_ID=r0412 CG_NODES=16 CG_REGISTRY=... render.sh | kubectl apply -f -   # node-phase.yaml
+#   CG_PHASE=merge   CG_RUN_ID=r0412 CG_REGISTRY=... render.sh | kubectl apply -f -               # merge-phase.yaml
+#   CG_PHASE=fabric  CG_RUN_ID=r0412 CG_REGISTRY=... CG_HOSTS="$(kubectl logs job/cg-r0412-merge -c accepted-hosts)" \
 #       render.sh | kubectl apply -f -                                                          # clustergate.yaml
-#   CG_PHASE=signoff CG_RUN_ID=r0412 CG_IMAGE=... render.sh | kubectl apply -f -               # signoff-phase.yaml
+#   CG_PHASE=signoff CG_RUN_ID=r0412 CG_REGISTRY=... render.sh | kubectl apply -f -               # signoff-phase.yaml
 #
 # Parameters (environment; defaults in brackets):
 #   CG_PHASE           node | merge | fabric | signoff; empty: one job over every node (clustergate.yaml) []
@@ -31,8 +31,12 @@
 #                      cg-<run>-<phase>]
 #   CG_NODES           pods = nodes [2]
 #   CG_GPUS_PER_NODE   nvidia.com/gpu per pod, and torchrun ranks per pod [8]
-#   CG_IMAGE           image with the clustergate checkout and its dependencies (required)
-#   CG_WORKDIR         the checkout's path inside the image [/opt/clustergate]
+#   CG_REGISTRY        the registry the image was pushed to (README, "Container image"), e.g. ghcr.io/owner: the
+#                      image is then CG_REGISTRY/clustergate:VERSION, this checkout's version (launch/image.sh) []
+#   CG_IMAGE           the image: clustergate installed, launch/ at CG_WORKDIR, a user that is not root for the
+#                      containers that only read (the Dockerfile's) [CG_REGISTRY/clustergate:VERSION; one of the
+#                      two is required]
+#   CG_WORKDIR         launch/'s parent inside the image [/opt/clustergate]
 #   CG_PYTEST_ARGS     pytest arguments, plain words only [acceptance; fabric: acceptance -m multinode]
 #   CG_RDMA_RESOURCE   RDMA device resource, e.g. rdma/ib or rdma/rdma_shared_device_a; empty: none []
 #   CG_RDMA_COUNT      how many of it per pod [1]
@@ -66,6 +70,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 fail() { echo "render.sh: $*" >&2; exit 2; }
+# shellcheck source=launch/image.sh
+. "$here/../image.sh"
 # check VAR PATTERN WHAT: VAR's value matches PATTERN (bash ERE, whole value), else one error naming VAR.
 check() {
     [[ ${!1} =~ $2 ]] || fail "$1=${!1@Q} is not $3"
@@ -152,7 +158,11 @@ manifest=${1:-$default_manifest}
 export CG_NAME=${CG_NAME:-clustergate}
 export CG_NODES=${CG_NODES:-2}
 export CG_GPUS_PER_NODE=${CG_GPUS_PER_NODE:-8}
+export CG_REGISTRY=${CG_REGISTRY:-}
 export CG_IMAGE=${CG_IMAGE:-}
+if [[ -z $CG_IMAGE && -n $CG_REGISTRY ]]; then
+    CG_IMAGE=$(clustergate_image "$CG_REGISTRY" CG_REGISTRY 2>&1) || fail "$CG_IMAGE"
+fi
 export CG_WORKDIR=${CG_WORKDIR:-/opt/clustergate}
 export CG_PYTEST_ARGS=${CG_PYTEST_ARGS:-acceptance}
 export CG_RDMA_RESOURCE=${CG_RDMA_RESOURCE:-}
@@ -173,7 +183,8 @@ export CG_LABEL_NODES=${CG_LABEL_NODES:-}
 export CG_NAMESPACE=${CG_NAMESPACE:-}
 
 if [[ $(basename "$manifest") != reports-pvc.yaml && -z $CG_IMAGE ]]; then
-    fail "set CG_IMAGE to an image holding the clustergate checkout at CG_WORKDIR"
+    fail "set CG_REGISTRY to the registry the clustergate image was pushed to (the image is then" \
+        "CG_REGISTRY/clustergate:$(clustergate_version); README, \"Container image\"), or CG_IMAGE to another image"
 fi
 for n in CG_NODES CG_GPUS_PER_NODE CG_RDMA_COUNT CG_RDZV_PORT CG_RDZV_TIMEOUT CG_DEADLINE_S; do
     [[ ${!n} =~ ^[0-9]{1,9}$ ]] || fail "$n=${!n@Q} is not a whole number"

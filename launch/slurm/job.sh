@@ -8,6 +8,8 @@
 #   node_step NODES REPORT_DIR  # sets the array step=(srun options); add --nodelist, --kill-on-bad-exit ...
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=launch/image.sh
+. "$root/launch/image.sh"
 
 fail() {
     echo "clustergate: $*" >&2
@@ -31,6 +33,11 @@ job_checks() {
         export CLUSTERGATE_STORE
     fi
     py=${CLUSTERGATE_PYTHON:-python3}
+    if [[ -z ${CLUSTERGATE_CONTAINER_IMAGE:-} && -n ${CLUSTERGATE_REGISTRY:-} ]]; then
+        # The Dockerfile's image as pyxis takes it (launch/image.sh): this checkout's version, from the registry.
+        CLUSTERGATE_CONTAINER_IMAGE=$(clustergate_enroot_image "$CLUSTERGATE_REGISTRY" CLUSTERGATE_REGISTRY 2>&1) \
+            || fail "$CLUSTERGATE_CONTAINER_IMAGE"
+    fi
 }
 
 # One task per node that may use every CPU of the node: torchrun's --numa-binding then places each
