@@ -47,7 +47,11 @@ def no_site_word(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h200 = _found(tmp_path / "a", "NVIDIA H200", "NVIDIA H200", bus=True)
-    assert choose_profile(SHIPPED, None, h200).name == "h200"
+    assert choose_profile(SHIPPED, None, h200).name == "h200-2gpu"  # the model's profile for the node's shape
+    assert choose_profile(SHIPPED, None, _found(tmp_path / "e", *["NVIDIA H200"] * 8, bus=True)).name == "h200"
+    monkeypatch.setenv(gpu_presence.EXPECTED_GPUS_ENV, "8")  # the site's word: a node that lost GPUs stays an 8
+    assert choose_profile(SHIPPED, None, _found(tmp_path / "f", "NVIDIA H200", "NVIDIA H200", bus=True)).name == "h200"
+    monkeypatch.delenv(gpu_presence.EXPECTED_GPUS_ENV)
     assert choose_profile(SHIPPED, "cpu", h200).name == "cpu"  # named: that one, whatever the node
     unknown = _found(tmp_path / "b", "NVIDIA B999", bus=True)
     assert choose_profile(SHIPPED, None, unknown).name == SHIPPED.fallback_profile
