@@ -18,7 +18,7 @@ from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
 from clustergate.report import hooks as report_hooks
-from clustergate.run import detectors, outcome
+from clustergate.run import detectors, outcome, plugins
 from clustergate.run import items as pytest_items
 from clustergate.run.drawn import Drawn
 from clustergate.run.lifecycle import Run
@@ -45,8 +45,9 @@ DESELECTED = pytest.StashKey[list[int]]()
 """Tests deselected by -k/-m: [all, multinode]."""
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     add_options(parser)
+    plugins.load_needed(pluginmanager)  # with autoload off nothing else loads pytest-html; its options come now
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -129,6 +130,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                multinode=sum(1 for item in items if item.get_closest_marker("multinode")),
                multinode_deselected=multinode_deselected,
                suite=suite_prefix((item.nodeid, item.path) for item in items))
+    run.attest(plugins.listed(config.pluginmanager))  # every conftest is loaded by now
     problem = run.collected([item.nodeid for item in items])
     if problem:
         run.fail(problem)

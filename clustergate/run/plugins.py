@@ -1,0 +1,75 @@
+"""The plugins of a run: those the suite needs, loaded where pytest's autoload is off and refused where disabled;
+and every plugin pytest loaded, listed for the attestation (``clustergate.attestation`` says which are the suite's).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from clustergate import attestation
+
+NEEDED = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin"}
+"""What the run loads besides itself, by the name of each one's entry point: with autoload off (the checkout's
+pytest configuration, ``clustergate run``) no entry point loads them, and with it on they then load once."""
+REQUIRED = {"junitxml": ("_pytest.junitxml", "pytest's junitxml (junit.xml)"),
+            "html": ("pytest_html.plugin", "pytest-html (report.html)"),
+            "metadata": ("pytest_metadata.plugin", "pytest-metadata (the report's environment)")}
+"""Each plugin the run cannot do without: its module, and what it gives the run."""
+
+
+def load_needed(manager: pytest.PytestPluginManager) -> None:
+    """Register pytest-metadata and pytest-html unless loaded already or disabled (``-p no:html``: ``disabled`` then
+    refuses the run)."""
+    for name, module_name in NEEDED.items():
+        if manager.is_blocked(name) or manager.is_blocked(module_name) or manager.get_plugin(name) is not None:
+            continue
+        module = importlib.import_module(module_name)
+        if not manager.is_registered(module):
+            manager.register(module, name)
+
+
+def disabled(manager: pytest.PytestPluginManager) -> str | None:
+    """Why the run cannot go on without a plugin it needs that was disabled (a usage error), or None."""
+    for name, (module_name, what) in REQUIRED.items():
+        module = sys.modules.get(module_name)
+        if module is None or not manager.is_registered(module):
+            return (f"the run needs {what}, which is disabled (-p no:{name}, on the command line, in PYTEST_ADDOPTS or "
+                    f"in addopts): remove that option")
+    return None
+
+
+def _module_of(plugin: Any) -> ModuleType | None:
+    """Where a plugin is defined: a module, a class registered as itself, or an object's class."""
+    if isinstance(plugin, ModuleType):
+        return plugin
+    return sys.modules.get((plugin if isinstance(plugin, type) else type(plugin)).__module__)
+
+
+def listed(manager: pytest.PytestPluginManager) -> list[dict[str, Any]]:
+    """Every plugin pytest has loaded, as results.json's ``attestation.plugins`` lists them."""
+    places = attestation.suite_places()
+    out = []
+    for name, plugin in manager.list_name_plugin():
+        if plugin is None:  # blocked
+            continue
+        module = _module_of(plugin)
+        if str(name).isdigit():  # registered without a name: pluggy names it by id(), which says nothing
+            kind = plugin if isinstance(plugin, type) else type(plugin)
+            name = f"{kind.__module__}.{kind.__qualname__}"
+        out.append(attestation.plugin_entry(str(name), getattr(module, "__name__", None),
+                                            getattr(module, "__file__", None), places))
+    return sorted(out, key=lambda entry: entry["name"])
+
+
+def foreign_key(plugins: list[dict[str, Any]]) -> str:
+    """The plugins that are not the suite's, as every rank must agree on them: each one's file name and version
+    (names and paths may differ between hosts and ranks; the suite's own differ between rank 0 and the others)."""
+    seen = sorted({(Path(p["file"]).name if p["file"] else p["name"], p["version"] or "")
+                   for p in plugins if not p["suite"]})
+    return ", ".join(f"{name} {version}".strip() for name, version in seen) or "none"
