@@ -180,9 +180,11 @@ def git_tree(root: Path, repository: Path) -> dict[str, tuple[str, str]]:
     for entry in proc.stdout.split(b"\0"):
         if not entry:
             continue
-        meta, _, path = entry.partition(b"\t")
+        meta, _, raw = entry.partition(b"\t")
         mode, _, rest = meta.decode().partition(" ")
-        tree[path.decode(errors="surrogateescape")] = (mode, rest.rpartition(" ")[2])
+        path = raw.decode(errors="surrogateescape")
+        if "__pycache__" not in path.split("/"):  # never a suite file, committed or not
+            tree[path] = (mode, rest.rpartition(" ")[2])
     return tree
 
 
@@ -198,9 +200,10 @@ def _differences(contents: dict[str, bytes | None], expected: dict[str, str],
     return modified, extra, missing
 
 
-def check() -> Checked:
-    """This installation's suite files, digested and checked against their reference."""
-    dirs = package_dirs()
+def check(dirs: dict[str, Path] | None = None) -> Checked:
+    """The suite's files, digested and checked against their reference: this installation's, or those of the
+    packages at ``dirs`` (name -> directory)."""
+    dirs = package_dirs() if dirs is None else dirs
     roots = {d.parent for d in dirs.values()}
     if len(dirs) != len(PACKAGES) or len(roots) != 1:
         contents = {rel: content(path) for rel, path in find(dirs).items()}

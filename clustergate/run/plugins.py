@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -67,9 +66,6 @@ def listed(manager: pytest.PytestPluginManager) -> list[dict[str, Any]]:
     return sorted(out, key=lambda entry: entry["name"])
 
 
-def foreign_key(plugins: list[dict[str, Any]]) -> str:
-    """The plugins that are not the suite's, as every rank must agree on them: each one's file name and version
-    (names and paths may differ between hosts and ranks; the suite's own differ between rank 0 and the others)."""
-    seen = sorted({(Path(p["file"]).name if p["file"] else p["name"], p["version"] or "")
-                   for p in plugins if not p["suite"]})
-    return ", ".join(f"{name} {version}".strip() for name, version in seen) or "none"
+def foreign(plugins: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plugins of ``plugins`` that are not the suite's."""
+    return [p for p in plugins if not p["suite"]]
