@@ -343,12 +343,14 @@ def _planted(tmp_path: Path) -> list[str]:
 def test_a_plugin_through_pytest_addopts_makes_the_run_partial_naming_it(tmp_path: Path) -> None:
     """A plugin skips the measured test with a reason: every test passed or skipped saying why, so the run would
     accept; it is partial, naming the plugin and its file."""
-    plugins = tmp_path / "site"
+    plugins = tmp_path / "site"  # beside the run's directory (the planted suite's), not in it
     plugins.mkdir()
     (plugins / "skipper.py").write_text(
         "import pytest\n\n\ndef pytest_runtest_setup(item):\n    if item.get_closest_marker('metrics'):\n"
         "        pytest.skip('not measured on this node')\n")
-    job = run_job(tmp_path, _planted(tmp_path), timeout=180,
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    job = run_job(run_dir, _planted(run_dir), timeout=180,
                   env={"PYTEST_ADDOPTS": "-p skipper", "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])})
     assert job.codes == [1], job.output[-3000:]
     res = job.results

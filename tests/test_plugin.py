@@ -161,6 +161,9 @@ def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) ->
     (("--test-timeout", "-5"), "*--test-timeout -5.0: a time limit must be a finite number*"),
     (("--test-timeout", "nan"), "*--test-timeout nan: a time limit must be a finite number*"),
     (("--collective-timeout", "inf"), "*--collective-timeout inf: a time limit must be a finite number*"),
+    (("-p", "no:junitxml"), "*the run needs pytest's junitxml (junit.xml), which is disabled (-p no:junitxml*"),
+    (("-p", "no:html"), "*the run needs pytest-html (report.html), which is disabled (-p no:html*"),
+    (("-p", "no:metadata"), "*the run needs pytest-metadata (the report's environment), which is disabled*"),
 ])
 def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
