@@ -45,9 +45,8 @@ DESELECTED = pytest.StashKey[list[int]]()
 """Tests deselected by -k/-m: [all, multinode]."""
 
 
-def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
-    plugins.load_needed(pluginmanager)  # with autoload off nothing else loads pytest-html; its options come now
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

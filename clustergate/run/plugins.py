@@ -1,10 +1,10 @@
-"""The plugins of a run: those the suite needs, loaded where pytest's autoload is off and refused where disabled;
-and every plugin pytest loaded, listed for the attestation (``clustergate.attestation`` says which are the suite's).
+"""The plugins of a run: those it cannot do without, refused where disabled (the report's own load where pytest's
+autoload is off: ``clustergate.report.hooks``); and every plugin pytest loaded, listed for the attestation
+(``clustergate.attestation`` says which are the suite's).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from types import ModuleType
 from typing import Any
@@ -13,24 +13,10 @@ import pytest
 
 from clustergate import attestation
 
-NEEDED = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin"}
-"""What the run loads besides itself, by the name of each one's entry point: with autoload off (the checkout's
-pytest configuration, ``clustergate run``) no entry point loads them, and with it on they then load once."""
 REQUIRED = {"junitxml": ("_pytest.junitxml", "pytest's junitxml (junit.xml)"),
             "html": ("pytest_html.plugin", "pytest-html (report.html)"),
             "metadata": ("pytest_metadata.plugin", "pytest-metadata (the report's environment)")}
 """Each plugin the run cannot do without: its module, and what it gives the run."""
-
-
-def load_needed(manager: pytest.PytestPluginManager) -> None:
-    """Register pytest-metadata and pytest-html unless loaded already or disabled (``-p no:html``: ``disabled`` then
-    refuses the run)."""
-    for name, module_name in NEEDED.items():
-        if manager.is_blocked(name) or manager.is_blocked(module_name) or manager.get_plugin(name) is not None:
-            continue
-        module = importlib.import_module(module_name)
-        if not manager.is_registered(module):
-            manager.register(module, name)
 
 
 def disabled(manager: pytest.PytestPluginManager) -> str | None:
