@@ -22,7 +22,7 @@ MAX_BYTES: dict[str, int] = {
     "results": 512 * MiB,  # a results.json of a 1,000-node merge with every curve is tens of MB
     "progress": 256 * MiB,  # one line per test phase: a few KB a run
     "state": 1 * MiB,  # health's --state: one small JSON object
-    "key": 64 * 1024,  # a site key: bytes, not a document
+    "hmac": 64 * 1024,  # the site key of the records' HMAC (--key-file): bytes, not a document
     "hosts": 16 * MiB,  # a host list: one name a line
     "outcome": 1 * MiB,  # what rank 0 tells `clustergate run`: a few fields
 }

@@ -31,8 +31,10 @@ from clustergate.redact import Scrubber, redact, scrub_strings, shown_environmen
 from clustergate.report import figures, html
 from clustergate.report.summary import summary_lines
 
-REPORT_PLUGINS = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin"}
-"""The plugins the report is drawn with, by the name of each one's entry point."""
+REPORT_PLUGINS = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin",
+                  "html_fixtures": "pytest_html.fixtures"}
+"""The plugins the report is drawn with (pytest-html's ``extras`` fixture among them), by the name of each one's
+entry point."""
 
 
 def pytest_addoption(pluginmanager: pytest.PytestPluginManager) -> None:
