@@ -120,7 +120,9 @@ def test_a_clone_another_user_owns_is_read_all_the_same(tmp_path: Path) -> None:
     declares that one repository for its one command."""
     dirs = _checkout(tmp_path / "clone")
     subprocess.run(["chown", "-R", "nobody", str(tmp_path / "clone")], check=True)
-    refused = subprocess.run(["git", "ls-tree", "HEAD"], cwd=tmp_path / "clone", capture_output=True, text=True)
+    bare = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}  # no host safe.directory
+    refused = subprocess.run(["git", "ls-tree", "HEAD"], cwd=tmp_path / "clone", capture_output=True, text=True,
+                             env=bare)
     assert refused.returncode != 0 and "dubious ownership" in refused.stderr  # what the check must get past
     checked = suitefiles.check(dirs)
     assert (checked.reference, checked.modified, checked.extra, checked.missing) == ("git", (), (), ())
