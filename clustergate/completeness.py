@@ -6,7 +6,9 @@ fabric-run test (marked ``multinode``) the same way, on two or more nodes. A run
 suite on two nodes). A run that is neither is *partial*, whatever narrowed or hollowed it: ``-k``, ``-m``,
 file paths or node ids, ``--deselect``, ``--setup-only``/``--setup-plan`` (no body ran), an older record
 that does not say which phases ran. The rule reads only what the record says ran; the options the run
-recorded (``selection``) only explain it. (A run that stopped early, ``-x``, is a reject already.)
+recorded (``selection``) only explain it. (A run that stopped early, ``-x``, is a reject already.) A run that does
+not attest the shipped suite's code run with its plugins alone (``clustergate.attestation.problems``) is partial
+too, whatever its tests did.
 
 One pure function, ``partial``, used alike by the run's own verdict (``clustergate.results``), the
 re-render (``clustergate.verdict.of_record``), ``merge`` (a node run, at the level the site requires),
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from clustergate import attestation
 from clustergate import manifest as suite_manifest
 from clustergate.manifest import LEVELS, Manifest
 
@@ -128,6 +131,7 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
     if need == "fabric" and nodes < 2:
         reasons.append(f"a fabric run needs two or more nodes; this one ran on {nodes}")
     reasons += _hollow(tests)
+    reasons += attestation.problems(results)  # the code ran was the shipped suite, with the suite's plugins alone
     if level is not None and (problem := _level_problem(results.get("level"), level, manifest)):
         reasons.append(problem)
     return reasons

@@ -114,9 +114,10 @@ class RunRecord:
         return decide(outcomes, error=self.error, finished=self.finished, sign_off=self.sign_off, partial=partial)
 
     def _coverage(self) -> dict[str, Any]:
-        """What the completeness rule reads of the record (tests, phases, selection, nodes, level)."""
+        """What the completeness rule reads of the record (tests, phases, selection, nodes, level, attestation)."""
         return {"tests": [{"nodeid": t.nodeid, "outcome": t.outcome, "phases": t.phases} for t in self.tests.values()],
-                "selection": self.selection, "nodes": self.nodes, "level": self.level}
+                "selection": self.selection, "nodes": self.nodes, "level": self.level,
+                "attestation": self.extra.get("attestation")}
 
     @property
     def verdict(self) -> str:

@@ -2,14 +2,16 @@
 
 A test that crafts a node run (or a fabric run) names the tests it is about; ``complete`` adds every other
 test of a complete run of that kind as skipped with a reason (a skip is what a run records of a test that
-does not apply, as GPU tests skip on CPU), and records the phases each test ran. Without it, a crafted file
-is a partial run, which no command accepts.
+does not apply, as GPU tests skip on CPU), records the phases each test ran, and attests the run (``attested``:
+this checkout's suite, with the suite's plugins alone). Without it, a crafted file is a partial run, which no
+command accepts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from clustergate import attestation
 from clustergate.completeness import manifest_id
 from clustergate.manifest import shipped
 
@@ -35,4 +37,13 @@ def complete(results: dict[str, Any], run: str = "node") -> dict[str, Any]:
     results["tests"] += added
     if isinstance(selection.get("selected"), int):
         selection["selected"] += len(added)
+    results["attestation"] = attested()  # a run of a harness (gpu_replay's GPUs) is taken as the suite's run too
     return results
+
+
+def attested(dry_run: bool = False) -> dict[str, Any]:
+    """The attestation of a clean run of this checkout: its suite digest, checked against git, and the suite's
+    plugins alone (one stands for them: pytest's own are many)."""
+    plugin = attestation.plugin_entry("clustergate", "clustergate", attestation.__file__.replace(
+        "attestation.py", "__init__.py"), attestation.suite_places())
+    return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run)
