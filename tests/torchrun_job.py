@@ -116,6 +116,11 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def job_processes(job: Job) -> list[int]:
+    """Every process of a job now: its agents and everything below them (ranks, their keepers, their children)."""
+    return [each for p in job.procs for each in [p.pid, *_descendants(p.pid)]]
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and everything below it. Killing torchrun alone leaves its ranks running with no launcher
     (a rank planted to hang then hangs for good)."""

@@ -81,8 +81,27 @@ def place() -> Place:
     )
 
 
+FLIGHT_RECORDER = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_ENABLE_TIMING": "1",
+}
+"""torch's records of every collective, read back by the plugin to see which collective each rank waits in and which
+rank never entered or started it (clustergate.run.flight): NCCL's and gloo's flight recorders (their last 2000
+collectives; each keeps, per process group, the last collective enqueued and completed), and NCCL's start events,
+which tell a collective the device started (peers wait in it) from one queued behind other work (a kernel that
+spins). Set where the process group is made, unless the site set them: each is read when a group is made."""
+
+
+def flight_recorder() -> None:
+    """``FLIGHT_RECORDER`` in the environment, where the site has not set them (before any process group)."""
+    for name, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(name, value)
+
+
 def start_process_group(backend: str, *, destroyed_later: bool = True, **kwargs: Any) -> None:
-    """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended.
+    """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended, and torch's
+    flight recorders on (``flight_recorder``).
     ``destroyed_later=False``: the caller never destroys the group (a clustergate run leaves through
     ``os._exit``), and the import, 1.3 s of CPU per rank, is left out.
 
@@ -96,6 +115,7 @@ def start_process_group(backend: str, *, destroyed_later: bool = True, **kwargs:
     if destroyed_later:
         import torch._dynamo  # noqa: F401  (the import is the point: see above)
 
+    flight_recorder()
     dist.init_process_group(backend, **kwargs)
 
 

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -123,6 +124,21 @@ def stop_processes(pids: list[int], grace_s: float) -> None:
     for pid in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+KEEPER = Path(__file__).with_name("keeper.py")
+
+
+def start_keeper(stopped_s: float, grace_s: float) -> subprocess.Popen[bytes] | None:
+    """This rank's keeper (``clustergate.run.keeper``): a process of its own that continues the rank once it has
+    been stopped for ``stopped_s`` and kills it ``grace_s`` later if it is still there. Standard library only, no
+    site packages (-I -S): it starts in milliseconds. None where it cannot start (the run goes on without it)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), str(os.getpid()), str(stopped_s),
+                                 str(grace_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                close_fds=True)
+    except OSError:
+        return None
 
 
 class SignalWatcher:
