@@ -122,16 +122,22 @@ def test_a_rank_waits_in_the_oldest_collective_it_entered_and_not_completed(grou
 
 # ---- the thread: beats through a store, the judge, the evidence, the report ----------------------------------------
 class FakeRecorder:
+    """A rank's collectives; ``collective``: whether its entries say the open one is a collective (False: only
+    point-to-point operations are open)."""
+
     source = "fake recorder"
 
-    def __init__(self, groups: list[Group]) -> None:
-        self.now = groups
+    def __init__(self, groups: list[Group], collective: bool = True) -> None:
+        self.now, self.collective = groups, collective
 
     def groups(self) -> list[Group]:
         return self.now
 
     def describe(self, name: str, seq: int) -> dict[str, Any] | None:
-        return {"op": "gloo:all_reduce"}
+        return {"seq": seq, "op": "gloo:all_reduce"}
+
+    def open_collective(self, name: str, done: int, entered: int) -> dict[str, Any] | None:
+        return self.describe(name, done + 1) if self.collective else None
 
 
 def two_ranks(found: list[Finding], reports: list[dict[str, Any]]) -> tuple[Liveness, Liveness, Clock]:
@@ -188,6 +194,17 @@ def test_a_live_peer_that_never_enters_is_found_and_every_rank_ends_on_the_repor
     assert rank0.report()["error_ranks"] == [1]
 
 
+def test_a_group_open_only_through_point_to_point_operations_is_no_wait() -> None:
+    """The recorder's status counts sends and receives, and may never see a batched one complete: a group whose
+    entries hold no open collective waits in nothing, however long its status says so."""
+    rank0, _, clock = two_ranks([], [])
+    rank0.recorder.collective = False  # type: ignore[attr-defined]
+    for _ in range(4):
+        clock.sleep(BEAT_S)
+        rank0.beat()
+    assert json.loads(rank0.store.get("clustergate/beat/0"))["wait"] is None and rank0.longest is None
+
+
 def test_a_rank_whose_own_beat_could_not_run_finds_itself_frozen() -> None:
     found: list[Finding] = []
     rank0, _, clock = two_ranks(found, [])
@@ -205,8 +222,8 @@ def test_the_longest_wait_of_a_test_is_kept_for_results_json() -> None:
         rank1.beat()
     summary = rank0.summary(2)
     assert summary is not None and summary["longest_wait_s"] == 2 * BEAT_S and summary["rank"] == 0
-    assert (summary["test"], summary["phase"], summary["collective"], summary["bound_s"]) == \
-        ("t.py::test_a", "call", 7, NO_PROGRESS_S)
+    assert (summary["test"], summary["phase"], summary["collective"], summary["bound_s"], summary["resolution_s"]) == \
+        ("t.py::test_a", "call", 7, NO_PROGRESS_S, BEAT_S)
 
 
 def test_a_stack_has_the_main_thread_first_without_pytests_machinery() -> None:
@@ -225,6 +242,7 @@ def test_the_flight_recorder_says_what_each_group_entered_and_completed(gloo_wor
     assert (group.ranks, group.backend, group.entered, group.waiting) == ((0,), "gloo", 3, None)
     assert group.done == 3 and recorder.source == "gloo flight recorder"
     assert recorder.describe(group.name, 2)["op"] == "gloo:all_reduce"
+    assert recorder.open_collective(group.name, 0, 3) is None  # all three completed
 
 
 def test_the_flight_recorder_is_on_unless_the_site_says(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -165,18 +165,35 @@ class Recorder:
     def describe(self, name: str, seq: int) -> dict[str, Any] | None:
         """What collective ``seq`` of group ``name`` was, as this rank's recorder has it: its operation, state,
         sizes and when it was made (wall clock, ns); None where the recorder does not have it."""
+        return next((e for e in self._collectives(name) if e["seq"] == seq), None)
+
+    def open_collective(self, name: str, done: int, entered: int) -> dict[str, Any] | None:
+        """The oldest collective of group ``name`` after ``done`` and up to ``entered`` that this rank's recorder
+        has and has not seen complete (as ``describe`` says it); None where there is none. The recorder's status
+        counts point-to-point operations too, and may never see a batched send or receive complete: only a
+        collective's entry says a rank waits in it."""
+        waiting = [e for e in self._collectives(name) if done < e["seq"] <= entered and not e["completed"]]
+        return min(waiting, key=lambda e: e["seq"], default=None)
+
+    def _collectives(self, name: str) -> list[dict[str, Any]]:
+        """Group ``name``'s collectives (not its point-to-point operations) in this rank's recorder, newest first:
+        a full dump of its entries (tens of ms for the 2000 it keeps): read once for a wait that lasts."""
         backend = _members().get(name, (None, (), ""))[2]
+        out = []
         for b in [backend] if backend in DUMPS else list(DUMPS):
             dump = _dump(b, collectives=True) or {}
             for entry in reversed(dump.get("entries") or []):
                 try:
-                    if str(entry["process_group"][0]) == name and int(entry["collective_seq_id"]) == seq \
-                            and not entry.get("is_p2p"):
-                        return {"op": str(entry.get("profiling_name", "")), "state": str(entry.get("state", "")),
-                                "input_sizes": entry.get("input_sizes"), "created_ns": entry.get("time_created_ns")}
+                    if str(entry["process_group"][0]) != name or entry.get("is_p2p"):
+                        continue
+                    state = str(entry.get("state", ""))
+                    out.append({"seq": int(entry["collective_seq_id"]), "op": str(entry.get("profiling_name", "")),
+                                "state": state, "input_sizes": entry.get("input_sizes"),
+                                "created_ns": entry.get("time_created_ns"),
+                                "completed": bool(entry.get("retired")) or state == "completed"})
                 except (KeyError, TypeError, ValueError, IndexError):
                     continue
-        return None
+        return out
 
 
 def _members() -> dict[str, tuple[Any, tuple[int, ...], str]]:

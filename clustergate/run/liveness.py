@@ -219,7 +219,8 @@ class Liveness:
         self._count = 0
         self._last = self.clock()
         self._since: dict[tuple[str, int], float] = {}
-        self._ops: dict[tuple[str, int], str | None] = {}
+        self._checked: dict[tuple[str, int, int], dict[str, Any] | None] = {}
+        """(group, done, entered) -> the collective the recorder's entries say the rank waits in (None: none)."""
         self._seen: dict[int, tuple[int, float]] = {}
         """Each peer's beat counter and when this rank first saw it (how long it has not changed)."""
         self._stack_given = False
@@ -273,26 +274,37 @@ class Liveness:
                 self.on_finding(finding)
 
     def _wait(self, now: float, here: Position) -> Wait | None:
-        """The collective this rank has waited in longest (since this thread first saw it open), or None."""
+        """The collective this rank has waited in longest (since this thread first saw it open), or None. A wait
+        that lasts a beat is checked once against the recorder's entries (``Recorder.open_collective``): what it
+        waits in, and whether it is a collective at all."""
         self._groups = self.recorder.groups()
-        open_now = {(g.name, g.waiting) for g in self._groups if g.waiting is not None}
+        groups = {g.name: g for g in self._groups}
+        open_now = {(g.name, g.waiting): g for g in self._groups if g.waiting is not None}
         # Where torch records no completion for a gloo group (a torch without gloo's flight recorder), a main thread
         # inside a call of it waits in its last entered collective: gloo's calls return once it is complete.
         inside = main_waits()
         for g in self._groups:
             if g.done is None and g.backend == "gloo" and g.entered > 0 and \
                     inside == ("control" if g.name == self.control else "collective" if g.name == self.default else ""):
-                open_now.add((g.name, g.entered))
-        self._since = {k: self._since.get(k, now) for k in open_now}  # type: ignore[misc]
-        if not self._since:
-            return None
-        (group, seq), since = min(self._since.items(), key=lambda kv: kv[1])
-        if now - since >= self.interval_s and (group, seq) not in self._ops:
-            self._ops = {(group, seq): (self.recorder.describe(group, int(seq)) or {}).get("op")}
-        wait = Wait(group, int(seq), now - since, self._ops.get((group, seq)))
-        if here.stage == TESTING and (self.longest is None or wait.seconds > self.longest[0]):
-            self.longest = [round(wait.seconds, 1), self._label(group), wait.seq, here.test, here.phase]
-        return wait
+                open_now[(g.name, g.entered)] = g
+        self._since = {k: self._since.get(k, now) for k in open_now}
+        for (name, seq), since in sorted(self._since.items(), key=lambda kv: kv[1]):
+            g, op = groups[name], None
+            if now - since >= self.interval_s and g.done is not None:
+                key = (name, g.done, g.entered)
+                if key not in self._checked:
+                    self._checked = {k: v for k, v in self._checked.items() if k[0] != name}
+                    self._checked[key] = self.recorder.open_collective(name, g.done, g.entered)
+                entry = self._checked[key]
+                if entry is None:
+                    continue  # open in the status only (point-to-point operations): no collective waits
+                seq, op = entry["seq"], entry["op"]
+            wait = Wait(name, int(seq), now - since, op)
+            if here.stage == TESTING and wait.seconds >= self.interval_s and \
+                    (self.longest is None or wait.seconds > self.longest[0]):
+                self.longest = [round(wait.seconds, 1), self._label(name), wait.seq, here.test, here.phase]
+            return wait
+        return None
 
     def _publish(self, here: Position, wait: Wait | None) -> None:
         beat = {"n": self._count, "pid": os.getpid(), "host": self.host, "stage": here.stage, "test": here.test,
@@ -468,15 +480,16 @@ class Liveness:
         return report
 
     def summary(self, world_size: int) -> dict[str, Any] | None:
-        """The longest wait in a collective during a test of any rank (from every rank's last beat): how far the
-        healthy waits of a run are from NO_PROGRESS_S."""
+        """The longest wait in a collective during a test of any rank (from every rank's last beat), as the beats saw
+        it (a wait shorter than a beat is not seen: ``resolution_s``): how far a run's healthy waits are from
+        NO_PROGRESS_S."""
         if self.store is None:
             return None
         longest = [(b["longest"], r) for r, b in self.beats(list(range(world_size))).items() if b.get("longest")]
         if self.longest is not None:
             longest.append((self.longest, self.rank))
-        if not longest:
-            return {"longest_wait_s": 0.0, "bound_s": NO_PROGRESS_S}
+        if not longest:  # no wait in a test lasted a beat
+            return {"longest_wait_s": 0.0, "resolution_s": self.interval_s, "bound_s": NO_PROGRESS_S}
         (seconds, group, seq, test, phase), rank = max(longest, key=lambda x: x[0][0])
         return {"longest_wait_s": seconds, "rank": rank, "group": group, "collective": seq, "test": test,
-                "phase": phase, "bound_s": NO_PROGRESS_S}
+                "phase": phase, "resolution_s": self.interval_s, "bound_s": NO_PROGRESS_S}
