@@ -6,7 +6,8 @@ joined it, every rank's stack), and no process of the job is left (agents, ranks
 Each hang is planted for real (tests/faults/): rank 1 SIGSTOPped while rank 0 waits in all_reduce, beside it and
 alone on its node (two agents); rank 1 frozen in a syscall while rank 0 waits at the test's exchange; rank 1
 computing on in torch's C++ (a GPU kernel that spins, on a CPU) while rank 0 waits in all_reduce; rank 1 passing a
-test without the all_reduce rank 0 waits in; rank 1 killed with SIGKILL mid-collective. The jobs that wait out
+test without the all_reduce rank 0 waits in; rank 1 holding the interpreter's lock for good (no thread of it runs
+Python); rank 1 killed with SIGKILL mid-collective. The jobs that wait out
 a liveness bound run side by side with the suite's other such jobs (tests/waited_out_runs.py). Times are from the
 fault (the signal sent, or the planted code's file as it goes astray) to the end of the job; the bound is the
 product's promise, 60 s; each test's docstring says what it takes (the fault table of the README quotes them).
@@ -81,6 +82,20 @@ def test_a_stopped_rank_alone_on_its_node_is_named_and_ended(waited_out: dict[st
     assert res["error"].startswith(f"rank 1 ({HOST}) stopped making progress during test_fault.py::test_loop [call]"), \
         res["error"]
     assert res["error_ranks"] == [1] and res["hang"]["culprits"] == [1]
+
+
+def test_a_rank_holding_the_interpreter_is_named_with_its_stack(waited_out: dict[str, Any],  # noqa: F811
+                                                                request: pytest.FixtureRequest) -> None:
+    """Rank 1's interpreter lock is held by a call that never returns: no thread of it runs Python, so its beat stops
+    though its process runs. Rank 0 names it at SILENT_S; its stack comes from faulthandler, written from C on a
+    signal into a file of its own that rank 0 reads beside it."""
+    r, res = ended_within_a_minute(request, waited_out, "rank 1 holding the interpreter, rank 0 in all_reduce")
+    assert res["error"].startswith(f"rank 1 ({HOST}) stopped making progress during test_fault.py::test_holds "
+                                   "[call]"), res["error"]
+    assert "(its process runs, but none of its threads can: the interpreter's lock is held by a call)" in res["error"]
+    assert res["error_ranks"] == [1] and res["hang"]["kind"] == "silent"
+    written = stack_of(res, 1)
+    assert written.startswith("written by faulthandler") and "in test_holds" in written, written
 
 
 def test_a_rank_frozen_in_a_syscall_is_named(waited_out: dict[str, Any],  # noqa: F811

@@ -268,6 +268,37 @@ def test_the_evidence_of_a_hang_is_in_results_json(tmp_path: Path, monkeypatch: 
     assert json.loads(json.dumps(res["hang"])) == res["hang"]
 
 
+# ---- a stack from a process none of whose threads can run ----------------------------------------------------------
+HOLDS = """
+import os, re
+from clustergate.run import interrupts
+print(os.getpid(), interrupts.register_stack_dump(), flush=True)
+def holds_the_interpreter():
+    return re.match(r"(a+)+$", "a" * 64 + "b")  # backtracks for ever, the interpreter's lock held
+holds_the_interpreter()
+"""
+
+
+def test_the_stacks_of_a_process_whose_threads_cannot_run_come_from_faulthandler() -> None:
+    """The interpreter's lock held by a call that never returns, then stopped too: faulthandler writes the stacks
+    from C on a signal (the process continued for it), into its own in-memory file, read back through /proc."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDS], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(interrupts.__file__).parents[2])})
+    try:
+        assert proc.stdout is not None
+        pid, fd = map(int, proc.stdout.readline().split())
+        time.sleep(0.5)
+        text = interrupts.stack_of(pid, fd)
+        assert text is not None and "in holds_the_interpreter" in text, text
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        again = interrupts.stack_of(pid, fd)
+        assert again is not None and "in holds_the_interpreter" in again and again.count("Current thread") == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # ---- the keeper ----------------------------------------------------------------------------------------------------
 RANK = """
 import sys, time

@@ -29,22 +29,22 @@ from clustergate.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
 from clustergate.run.lifecycle import Stage
-from clustergate.run.liveness import Finding
 from clustergate.run.limits import (
     BLOCKED_S,
-    NO_PROGRESS_S,
-    SILENT_S,
     EXCHANGE_GRACE_S,
     FINAL_S,
     LEAVING_S,
+    NO_PROGRESS_S,
     POLL_S,
     REPORT_S,
     SESSION_END_S,
     SIGINT_GRACE_S,
     SIGNAL_GRACE_S,
+    SILENT_S,
     STARTUP_S,
     exit_status,
 )
+from clustergate.run.liveness import Finding
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
 
 

@@ -182,6 +182,7 @@ WAITED_OUT: dict[str, tuple[Start, Watch]] = {
     "test_a_rank_frozen_in_a_syscall_is_named": (_hang("frozen_in_a_syscall"), _watch_hang(None)),
     "test_a_rank_busy_in_cpp_is_named": (_hang("busy_in_cpp"), _watch_hang(None)),
     "test_a_rank_that_skips_a_collective_is_named": (_hang("skips_a_collective"), _watch_hang(None)),
+    "test_a_rank_holding_the_interpreter_is_named_with_its_stack": (_hang("holds_the_interpreter"), _watch_hang(None)),
     "test_a_stopped_rank_alone_on_its_node_is_named_and_ended": (_hang("collective_loop", nodes=2),
                                                                   _watch_hang(signal.SIGSTOP)),
 }

@@ -117,7 +117,9 @@ def blocked_collective(run: RunView) -> Ending | None:
 
 
 STATES = {"T": "its process is stopped (SIGSTOP)", "D": "its process is in an uninterruptible wait (D)",
-          "Z": "its process is gone", None: "its process is gone"}
+          "R": "its process runs, but none of its threads can: the interpreter's lock is held by a call",
+          "S": "its process sleeps, and none of its threads answers", "Z": "its process is gone",
+          None: "its process is gone"}
 """What a silent rank's process state beside this rank says (/proc)."""
 BUSY = {"R": "it is busy in its own work, which does not end", "S": "it waits in a call that does not return",
         "D": "it waits in a call that does not return (an uninterruptible wait, D)",

@@ -41,6 +41,7 @@ from typing import Any
 
 from clustergate.redact import outgoing
 from clustergate.run.flight import Group, Recorder, default_group_name
+from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import BEAT_S, BLOCKED_S, EVIDENCE_S, NO_PROGRESS_S, SILENT_S
 
@@ -233,10 +234,15 @@ class Liveness:
         """The longest wait in a collective during a test: [seconds, group, seq, test, phase]."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.dump_fd: int | None = None
+        """The file this process writes its stacks to on a signal (None: not registered)."""
 
     # ---- the thread -------------------------------------------------------------------------------------------
     def start(self) -> Liveness:
+        """The beat's thread, and this process's stacks written on a signal for a peer beside it that finds it
+        silent (``interrupts.register_stack_dump``)."""
         if self.store is not None and self._thread is None:
+            self.dump_fd = register_stack_dump()
             self._thread = threading.Thread(target=self._run, name="clustergate-liveness", daemon=True)
             self._thread.start()
         return self
@@ -308,7 +314,7 @@ class Liveness:
 
     def _publish(self, here: Position, wait: Wait | None) -> None:
         beat = {"n": self._count, "pid": os.getpid(), "host": self.host, "stage": here.stage, "test": here.test,
-                "phase": here.phase, "main": main_frame(),
+                "phase": here.phase, "main": main_frame(), "dump_fd": self.dump_fd,
                 "groups": {g.name: g.as_beat() for g in self._groups if g.entered > 0},
                 "wait": [wait.group, wait.seq, round(wait.seconds, 1), wait.op] if wait else None,
                 "longest": self.longest}
@@ -422,17 +428,24 @@ class Liveness:
         self._set(_key("hang"), {"by": self.rank, "culprits": list(finding.culprits), "t": time.time()})
         self._stack_given = True
         self._set(_key("stack", self.rank), stack())
-        states = {}
+        states: dict[int, str | None] = {}
+        stacks: dict[int, str] = {}
+        last = self.beats(list(beside))
         for r, pid in beside.items():
             states[r] = process_state(pid)
-            if states[r] == "T":
+            fd = last.get(r, {}).get("dump_fd")
+            if finding.kind == "silent" and r in finding.culprits and isinstance(fd, int):
+                # no thread of it may run Python: faulthandler writes its stacks from C (and it is continued)
+                dumped = stack_of(pid, fd)
+                if dumped:
+                    stacks[r] = f"written by faulthandler (its own threads could not answer):\n{dumped}"
+            elif states[r] == "T":
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGCONT)
         ranks = list(range(world_size))
         # a silent rank answers only if it was stopped beside this rank and continued
         expected = [r for r in ranks if finding.kind != "silent" or r not in finding.culprits or r in beside]
         deadline = self.clock() + EVIDENCE_S
-        stacks: dict[int, str] = {}
         while True:
             for r in expected:
                 if r not in stacks:
