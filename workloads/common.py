@@ -90,7 +90,9 @@ FLIGHT_RECORDER = {
 rank never entered or started it (clustergate.run.flight): NCCL's and gloo's flight recorders (their last 2000
 collectives; each keeps, per process group, the last collective enqueued and completed), and NCCL's start events,
 which tell a collective the device started (peers wait in it) from one queued behind other work (a kernel that
-spins). Set where the process group is made, unless the site set them: each is read when a group is made."""
+spins). Set where the process group is made, unless the site set them: each is read when a group is made. NCCL's
+own watchdog and heartbeat monitor (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) are left as torch sets them: they act at
+the collective timeout and minutes later, where the plugin's peers name a stuck rank within a minute."""
 
 
 def flight_recorder() -> None:
