@@ -68,6 +68,26 @@ def test_a_live_peer_that_never_enters_is_named_after_no_progress_s(waited: floa
         assert found.culprits == (1,) and (found.group, found.seq, found.joined) == (WORK, 7, (0,))
 
 
+@pytest.mark.parametrize(("left_s", "kind"), [(5.0, None), (0.0, "not entered")])
+def test_a_peer_working_alone_is_named_only_past_its_workloads_bound(left_s: float, kind: str | None) -> None:
+    """A rank that says it works alone (workloads.common.working_alone: a node's leader writing the shared
+    directory, a rank compiling) keeps its peers waiting without being named, until its bound has run out."""
+    peer = beat(groups={WORK: [6, -1, 6]})
+    peer["alone"] = ["writing 4096 MiB to the shared directory", left_s]
+    found = judged(Wait(WORK, 7, NO_PROGRESS_S * 3), peer)
+    assert (found and found.kind) == kind
+
+
+def test_working_alone_says_what_and_the_time_left() -> None:
+    assert common.alone_now() is None
+    with common.working_alone("compiling", 60.0):
+        with common.working_alone("writing", 5.0):
+            what, left = common.alone_now()  # type: ignore[misc]
+            assert what == "writing" and 4.0 < left <= 5.0
+        assert common.alone_now()[0] == "compiling"  # type: ignore[index]
+    assert common.alone_now() is None
+
+
 def test_a_peer_that_waits_itself_is_not_the_one_stuck() -> None:
     """Rank 1 waits in a collective of a group rank 0 is not in (for a third rank): not rank 0's culprit."""
     assert judged(Wait(WORK, 7, NO_PROGRESS_S * 2), beat(groups={WORK: [6, -1, 6], "5": [3, -1, 2]},

@@ -255,6 +255,33 @@ def agree_on(step: Callable[[], T], what: str, catch: tuple[type[BaseException],
     return value  # type: ignore[return-value]  # set: no rank had a problem
 
 
+# ---- working alone -----------------------------------------------------------------------------
+
+_ALONE: list[tuple[str, float]] = []
+"""What this rank works at alone, and until when (time.monotonic()), innermost last."""
+
+
+@contextmanager
+def working_alone(what: str, most_s: float) -> Iterator[None]:
+    """This rank works alone for up to ``most_s`` while its peers may wait for it in a collective (one rank per node
+    writing the shared directory, a rank compiling what another found cached). The plugin's liveness names a live
+    rank its peers have waited for as stuck after NO_PROGRESS_S (clustergate.run.liveness); a rank inside this
+    block is named only once ``most_s`` has passed. ``what`` says what it does, for the message that names it."""
+    _ALONE.append((what, time.monotonic() + most_s))
+    try:
+        yield
+    finally:
+        _ALONE.pop()
+
+
+def alone_now() -> tuple[str, float] | None:
+    """What this rank works at alone (``working_alone``) and the seconds left of its bound; None when it is not."""
+    if not _ALONE:
+        return None
+    what, until = _ALONE[-1]
+    return what, until - time.monotonic()
+
+
 # ---- timing -----------------------------------------------------------------------------------
 
 def wait_for_collectives(wait: Callable[[], object]) -> None:

@@ -159,7 +159,9 @@ def no_progress(run: RunView, finding: Finding, collective: str, evidence: dict[
                  f"waited {waited:.0f} s during {where}: the device is busy with earlier work that does not end "
                  "(a kernel that spins)")
     else:
-        doing = "; ".join(f"{who(r)} at {ranks[r]['main']}" for r in finding.culprits if ranks.get(r, {}).get("main"))
+        doing = "; ".join(f"{who(r)} at {ranks[r]['main']}" + (
+            f", still {ranks[r]['alone'][0]} {-ranks[r]['alone'][1]:.0f} s past the bound its workload gave"
+            if ranks[r].get("alone") else "") for r in finding.culprits if ranks.get(r, {}).get("main"))
         seen = ranks.get(finding.culprits[0], {}) if finding.culprits else {}
         beside = seen.get("host") == ranks.get(me, {}).get("host")
         how = BUSY.get(seen.get("process_state") if beside else None, BUSY[None])

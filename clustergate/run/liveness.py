@@ -44,6 +44,7 @@ from clustergate.run.flight import Group, Recorder, default_group_name
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import BEAT_S, BLOCKED_S, EVIDENCE_S, NO_PROGRESS_S, SILENT_S
+from workloads.common import alone_now
 
 STACK_FRAMES = 24
 """The innermost frames of a rank's main thread the evidence keeps: the test's call chain down to where it waits."""
@@ -138,13 +139,20 @@ def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[
                                op=theirs[3] if len(theirs) > 3 else None)
     if wait.seconds < NO_PROGRESS_S or position.stage != TESTING:
         return None
-    testing = [r for r in peers if beats[r].get("stage") == TESTING]
+    # a peer that works alone within the bound its workload gave (workloads.common.working_alone) is not stuck
+    testing = [r for r in peers if beats[r].get("stage") == TESTING and (beats[r].get("alone") or [None, 0])[1] <= 0]
     unstarted = [r for r in testing if entered(r) >= seq and 0 <= started(r) < seq]
     if unstarted and (mine.get(group) or [0, -1])[1] >= seq:
         return find("not started", unstarted, joined=joined(strict=True))
     # a peer that waits in a collective itself waits for another (or for this rank, at the exchange): not stuck
     behind = [r for r in testing if entered(r) < seq and not beats[r].get("wait")]
     return find("not entered", behind) if behind else None
+
+
+def _alone() -> list[Any] | None:
+    """[what, seconds left of its bound] where the workloads say this rank works alone (workloads.common)."""
+    said = alone_now()
+    return [said[0], round(said[1], 1)] if said else None
 
 
 def main_waits() -> str | None:
@@ -314,7 +322,7 @@ class Liveness:
 
     def _publish(self, here: Position, wait: Wait | None) -> None:
         beat = {"n": self._count, "pid": os.getpid(), "host": self.host, "stage": here.stage, "test": here.test,
-                "phase": here.phase, "main": main_frame(), "dump_fd": self.dump_fd,
+                "phase": here.phase, "main": main_frame(), "dump_fd": self.dump_fd, "alone": _alone(),
                 "groups": {g.name: g.as_beat() for g in self._groups if g.entered > 0},
                 "wait": [wait.group, wait.seq, round(wait.seconds, 1), wait.op] if wait else None,
                 "longest": self.longest}
@@ -463,6 +471,7 @@ class Liveness:
             state = process_state(int(b["pid"])) if b.get("host") == self.host and b.get("pid") else None
             per_rank.append({"rank": r, "host": b.get("host"), "stage": b.get("stage"), "test": b.get("test"),
                              "phase": b.get("phase"), "main": b.get("main"), "wait": b.get("wait"),
+                             "alone": b.get("alone"),
                              "groups": b.get("groups"), "process_state": states.get(r, state),
                              "stack": stacks.get(r)})
         return {"kind": finding.kind, "culprits": list(finding.culprits), "found_by": finding.found_by,
