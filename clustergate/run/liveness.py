@@ -54,7 +54,10 @@ TESTING = "testing"
 
 
 def _key(kind: str, rank: int | None = None) -> str:
-    return f"clustergate/{kind}" + (f"/{rank}" if rank is not None else "")
+    """The store key of ``kind`` (beat, stack, hang, hang-report), of this attempt of the job: torchrun keeps its
+    store across the restarts it makes (--max-restarts), and a new attempt must not read the last one's hang."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"clustergate/liveness/{attempt}/{kind}" + (f"/{rank}" if rank is not None else "")
 
 
 @dataclass(frozen=True, slots=True)
