@@ -1,28 +1,29 @@
 """Whether every rank still makes progress: a beat per rank through the rendezvous store, and a judge that names
 the rank the others wait for, whatever the test's own limit and the collectives' timeout.
 
-Every ``BEAT_S`` a thread of each rank publishes its beat (``clustergate/beat/RANK``): a counter, where the run
-is (stage, test, phase), where it is in every process group's collectives (``clustergate.run.flight``: entered,
-started, completed), the collective it waits in and for how long, and its main thread's innermost frame. The
-thread runs while the main thread is blocked in a collective or spins in a kernel: its beat says so.
+Every ``BEAT_S`` a thread of each rank publishes its beat (``clustergate/liveness/ATTEMPT/beat/RANK``): a counter,
+where the run is (stage, test, phase), where it is in every process group's collectives (``clustergate.run.flight``:
+entered, started, completed), the collective it waits in and for how long, what it works at alone
+(``workloads.common.working_alone``) and its main thread's innermost frame. The thread runs while the main thread
+is blocked in a collective or waits for a kernel that spins: its beat says so.
 
 A rank that has waited in a collective for ``BEAT_S`` reads every peer's beat and judges (``judge``, pure):
 
 - ``silent``: a peer of that collective whose beat has not changed for ``SILENT_S`` is frozen (SIGSTOP, a process
-  that cannot run, a host gone): no thread of it runs;
+  none of whose threads can run, a host gone);
 - ``skipped``: a peer at the exchange after the same test phase (the control group), that never entered the
   collective this rank waits in, left the phase without it: after ``BLOCKED_S`` it can never complete;
 - ``not started``: a peer that entered it but whose GPU has not started it, while this rank's has, for
   ``NO_PROGRESS_S``: busy with earlier device work that does not end (a kernel that spins);
-- ``not entered``: a live peer that has not entered it for ``NO_PROGRESS_S`` and waits in nothing this rank has
-  not joined: stuck in its own code (a syscall that never returns, a long C++ call, a loop).
+- ``not entered``: a live peer that has not entered it for ``NO_PROGRESS_S``, waits in no collective itself and
+  works alone past no bound: stuck in its own code (a syscall that never returns, a long C++ call, a loop).
 
 A rank that finds its own beat thread could not run for ``SILENT_S`` was frozen itself (``frozen``) and says so.
 
-The rank that finds a hang asks every rank for its stack (``clustergate/hang``), gathers the evidence
-(``evidence``: the collective, which ranks joined it, each rank's state and Python stack) and publishes it with
-the cause (``clustergate/hang-report``) before it ends the run: every other rank ends at its next beat on that
-report, naming the same culprit, rather than wait for its launcher (another node's launcher never learns).
+The rank that finds a hang asks every rank for its stack (``.../hang``), gathers the evidence (``evidence``: the
+collective, which ranks joined it, each rank's state and Python stack) and publishes it with the cause
+(``.../hang-report``) before it ends the run: every other rank ends at its next beat on that report, naming the
+same culprit, rather than wait for its launcher (another node's launcher never learns).
 """
 
 from __future__ import annotations
