@@ -272,9 +272,9 @@ def test_the_flight_recorder_says_what_each_group_entered_and_completed(gloo_wor
 
 def test_the_flight_recorder_is_on_unless_the_site_says(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "0")
-    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     common.flight_recorder()
-    assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "0" and os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert os.environ["TORCH_NCCL_ENABLE_TIMING"] == "0" and os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
 
 
 # ---- the run records the evidence ----------------------------------------------------------------------------------

@@ -204,6 +204,15 @@ def frozen_itself(h: Harness) -> None:
     _finding(h, Finding("frozen", (0,), 0, waited_s=SILENT_S + 5))
 
 
+def skipped_after_failing(h: Harness) -> None:
+    """Rank 0 failed the phase (it said so in the store) and waits at its exchange, while rank 1 waits in a collective
+    rank 0 never entered: rank 0's judge leaves it to rank 1, which names rank 0 with its failure (the blocked
+    collective's ending): rank 0 does not end the run itself."""
+    if h.run.test and h.run.phase:
+        h.run.peers.arrived_early(Step(h.run.test, h.run.phase).tag, "failed", "ValueError: planted on rank 0")
+        _finding(h, Finding("skipped", (0,), 0, "0", 7, BLOCKED_S, (1,)))
+
+
 def hang_reported(h: Harness) -> None:
     """Rank 1 found a hang (rank 1 itself, not entering) and published its report: rank 0 ends on it."""
     if h.run.liveness is not None and h.run.position().stage != Stage.ENDED.value:
@@ -224,6 +233,7 @@ FAULTS: dict[str, Callable[[Harness], None]] = {
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
     "internal error": internal_error, "failed write": failed_write, "peer frozen": peer_frozen,
     "peer not entering": peer_not_entering, "frozen itself": frozen_itself, "hang reported": hang_reported,
+    "skipped after failing": skipped_after_failing,
 }
 
 

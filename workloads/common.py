@@ -82,13 +82,13 @@ def place() -> Place:
 
 
 FLIGHT_RECORDER = {
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     "TORCH_FR_BUFFER_SIZE": "2000",
     "TORCH_NCCL_ENABLE_TIMING": "1",
 }
 """torch's records of every collective, read back by the plugin to see which collective each rank waits in and which
 rank never entered or started it (clustergate.run.flight): NCCL's and gloo's flight recorders (their last 2000
-collectives; each keeps, per process group, the last collective enqueued and completed), and NCCL's start events,
+collectives; each keeps, per process group, the last collective enqueued and completed; TORCH_FR_BUFFER_SIZE is
+both backends' since torch replaced TORCH_NCCL_TRACE_BUFFER_SIZE, which it now warns about), and NCCL's start events,
 which tell a collective the device started (peers wait in it) from one queued behind other work (a kernel that
 spins). Set where the process group is made, unless the site set them: each is read when a group is made. NCCL's
 own watchdog and heartbeat monitor (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) are left as torch sets them: they act at

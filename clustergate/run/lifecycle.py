@@ -664,6 +664,10 @@ class Run:
         The evidence first (every live rank's stack, the collective, who joined it), then the ending, published for
         every other rank before this one ends the run."""
         liveness = self.liveness
+        if finding.kind == "skipped" and finding.culprits == (self.world.rank,) and self.test and self.phase:
+            early = self.peers.waiting_after_failure(Step(self.test, self.phase).tag)
+            if early is not None and early.get("rank") == self.world.rank:
+                return  # it failed the phase and said so: the rank blocked in the collective names it, with why
         evidence = liveness.evidence(finding, self.world.world_size, self.peers.beside(finding.culprits))
         observed = detectors.no_progress(self, finding, liveness.describe(finding, self.where_now()), evidence)
         ending = replace(self.blamed(observed, grace_s=0.0), evidence=evidence)
