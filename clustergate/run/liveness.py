@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -47,6 +48,10 @@ from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import BEAT_S, BLOCKED_S, EVIDENCE_S, NO_PROGRESS_S, SILENT_S
 from workloads.common import alone_now
 
+BEATS_READ_PER_BEAT = 64
+"""At most this many peers' beats a waiting rank reads a beat (one round trip): a larger group is read every few
+beats, so that the rendezvous store's load grows with the job's size, not with its square (every rank of a group of
+512 waiting for one: each reads it every 8 beats, 16 s; the silent rank is named within SILENT_S + 16 s)."""
 STACK_FRAMES = 24
 """The innermost frames of a rank's main thread the evidence keeps: the test's call chain down to where it waits."""
 STACK_CHARS = 8000
@@ -244,6 +249,7 @@ class Liveness:
         self._groups: list[Group] = []
         self.longest: list[Any] | None = None
         """The longest wait in a collective during a test: [seconds, group, seq, test, phase]."""
+        self._next_judge = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.dump_fd: int | None = None
@@ -286,7 +292,9 @@ class Liveness:
         if gap - self.interval_s >= SILENT_S:  # this thread could not run: the whole process was frozen
             self.on_finding(Finding("frozen", (self.rank,), self.rank, waited_s=gap))
             return
-        if wait is not None and wait.seconds >= self.interval_s:
+        if wait is not None and wait.seconds >= self.interval_s and now >= self._next_judge:
+            members = next((g.ranks for g in self._groups if g.name == wait.group), ())
+            self._next_judge = now + self.interval_s * (math.ceil(len(members) / BEATS_READ_PER_BEAT) - 1)
             finding = self._judge(wait, here)
             if finding is not None:
                 self.on_finding(finding)
