@@ -225,6 +225,35 @@ def test_a_group_open_only_through_point_to_point_operations_is_no_wait() -> Non
     assert json.loads(rank0.store.get("clustergate/liveness/0/beat/0"))["wait"] is None and rank0.longest is None
 
 
+class CountingStore:
+    """A store that counts the beats read."""
+
+    def __init__(self) -> None:
+        self.store, self.read = dist.HashStore(), 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.read += 1
+        return self.store.multi_get(keys)
+
+
+def test_a_rank_of_a_large_group_reads_its_peers_beats_every_few_beats() -> None:
+    """130 ranks wait for one: each reads the 129 others' beats every third beat (BEATS_READ_PER_BEAT), not every."""
+    store, clock = CountingStore(), Clock()
+    members = tuple(range(130))
+    for r in members[1:]:
+        store.set(f"clustergate/liveness/0/beat/{r}", json.dumps(beat(n=1)))
+    rank0 = Liveness(rank=0, host=HOSTS[0], store=store, position=lambda: TESTING, on_finding=lambda f: None,
+                     on_report=lambda r: None, control=CONTROL, default=WORK, clock=clock, sleep=clock.sleep,
+                     recorder=FakeRecorder([Group(WORK, members, "gloo", 7, None, 6)]))  # type: ignore[arg-type]
+    for _ in range(10):
+        clock.sleep(BEAT_S)
+        rank0.beat()
+    assert store.read == 3  # at the 2nd beat of its wait (a beat in), then every third: the 5th and the 8th
+
+
 def test_a_rank_whose_own_beat_could_not_run_finds_itself_frozen() -> None:
     found: list[Finding] = []
     rank0, _, clock = two_ranks(found, [])

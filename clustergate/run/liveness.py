@@ -294,7 +294,7 @@ class Liveness:
             return
         if wait is not None and wait.seconds >= self.interval_s and now >= self._next_judge:
             members = next((g.ranks for g in self._groups if g.name == wait.group), ())
-            self._next_judge = now + self.interval_s * (math.ceil(len(members) / BEATS_READ_PER_BEAT) - 1)
+            self._next_judge = now + self.interval_s * (math.ceil(len(members) / BEATS_READ_PER_BEAT) - 0.5)
             finding = self._judge(wait, here)
             if finding is not None:
                 self.on_finding(finding)
