@@ -115,8 +115,8 @@ def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[
     group, seq = wait.group, wait.seq
     peers = [r for r in members if r != me and r in beats]
 
-    def entered(r: int, g: str = group) -> int:
-        return int((beats[r].get("groups") or {}).get(g, [0, -1, -1])[0])
+    def entered(r: int) -> int:
+        return int((beats[r].get("groups") or {}).get(group, [0, -1, -1])[0])
 
     def started(r: int) -> int:
         return int((beats[r].get("groups") or {}).get(group, [0, -1, -1])[1])
