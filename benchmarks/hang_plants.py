@@ -46,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from torchrun_job import descendants  # noqa: E402  (the suite's own: every process below torchrun, sessions and all)
+
 PLANTS = ("stop", "spin", "skip", "kill")
 JOB_LIMIT_S = 150
 """A plant's hang guard: start-up (20-40 s on a GPU) and the 60 s the product promises, with room."""
@@ -113,23 +117,6 @@ def test_never_reached() -> None:
 
 SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
 """The plants the harness acts on (rank 1 gets the signal); the others go astray by themselves."""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (torchrun puts each rank in a session of its own: no group holds them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def alive(pid: int) -> bool:
