@@ -1,7 +1,7 @@
 """The hangs of the README's fault table, planted on this machine's GPUs and timed: for one call of a lent 2-GPU
 machine (about 5 minutes; each plant is bounded).
 
-    python benchmarks/hang_plants.py [--out DIR] [--plants stop,spin,skip,kill] [--dry-run]
+    python benchmarks/hang_plants.py [--out DIR] [--plants stop,spin,skip,kill] [--budget 330] [--dry-run]
 
 Each plant is a test file run by torchrun on every GPU (2 ranks on a 2-GPU machine) under the profile NVML
 chooses (h100-sxm-80gb or h200: the workloads' collectives time out after 300 s, a test after the level's 600 s),
@@ -53,6 +53,10 @@ from torchrun_job import descendants  # noqa: E402  (the suite's own: every proc
 PLANTS = ("stop", "spin", "skip", "kill")
 JOB_LIMIT_S = 150
 """A plant's hang guard: start-up (20-40 s on a GPU) and the 60 s the product promises, with room."""
+BUDGET_S = 330
+"""The whole script's (--budget): a plant that no longer fits with its start-up and 60 s is skipped, saying so."""
+FITS_S = 100
+"""What a plant needs to fit: its start-up and the 60 s it may take, with its teardown."""
 WITHIN_S = 60.0
 NEEDS = ("pytest_html", "pytest_metadata", "jsonschema_rs")
 """What the plugin needs beyond torch and pytest: installed from the wheels folder where the machine lacks them."""
@@ -168,13 +172,14 @@ def wait_for(path: Path, deadline: float) -> float | None:
     return time.monotonic()
 
 
-def plant(name: str, folder: Path, env: dict[str, str], jobs: Jobs, dry_run: bool, nproc: int) -> dict[str, Any]:
-    """One plant, start to end: what it left."""
+def plant(name: str, folder: Path, env: dict[str, str], jobs: Jobs, dry_run: bool, nproc: int,
+          limit_s: float = JOB_LIMIT_S) -> dict[str, Any]:
+    """One plant, start to end (at most ``limit_s``): what it left."""
     folder.mkdir(parents=True)
     (folder / "test_fault.py").write_text(PLANTED.replace("{plant}", name))
     shutil.copy(ROOT / "tests" / "faults" / "planted_suite.py", folder / "planted_suite.py")
     limits = ["--profile", "cpu", "--collective-timeout", "300", "--test-timeout", "600"] if dry_run else []
-    cmd = ["timeout", "--kill-after=10", str(JOB_LIMIT_S), sys.executable, "-m", "torch.distributed.run",
+    cmd = ["timeout", "--kill-after=10", str(int(limit_s)), sys.executable, "-m", "torch.distributed.run",
            "--standalone", f"--nproc-per-node={nproc}", "-m", "pytest", "-p", "clustergate", "-p", "no:cacheprovider",
            "--rootdir", str(folder), "--report-dir", str(folder / "report"), "--thresholds",
            str(ROOT / "thresholds.yaml"), "-p", "planted_suite", *limits, "test_fault.py"]
@@ -183,7 +188,7 @@ def plant(name: str, folder: Path, env: dict[str, str], jobs: Jobs, dry_run: boo
         job = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
     jobs.roots.append(job)
     row: dict[str, Any] = {"plant": name}
-    deadline = started + JOB_LIMIT_S
+    deadline = started + limit_s
     ready = [wait_for(folder / f"ready-{r}", deadline) for r in (0, 1)]
     if None in ready:
         row["problem"] = "the planted test was not reached (see torchrun.out)"
@@ -242,6 +247,7 @@ def main() -> int:
     parser.add_argument("--plants", default=",".join(PLANTS))
     parser.add_argument("--dry-run", action="store_true", help="2 CPU ranks, the cpu profile with the GPU timeouts")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".whl")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for every plant together")
     args = parser.parse_args()
     names = [p for p in args.plants.split(",") if p]
     unknown = [p for p in names if p not in PLANTS]
@@ -265,9 +271,15 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
     summary: dict[str, Any] = {"torch": torch_records(), "dry_run": args.dry_run, "plants": []}
+    end = time.monotonic() + args.budget
     try:
         for name in names:
-            row = plant(name, work / name, env, jobs, args.dry_run, nproc=2)
+            left = end - time.monotonic()
+            if left < FITS_S:
+                summary["plants"].append({"plant": name, "problem": f"skipped: {left:.0f} s of the budget left"})
+                print(f"{name}: skipped, {left:.0f} s of the --budget left", flush=True)
+                continue
+            row = plant(name, work / name, env, jobs, args.dry_run, nproc=2, limit_s=min(JOB_LIMIT_S, left - 15))
             summary["plants"].append(row)
             print(f"{name}: {row.get('seconds', '-')} s from the fault to the job's end (exit {row.get('exit')}); "
                   f"error_ranks {row.get('error_ranks')}; hang {row.get('hang_kind')} via {row.get('source')}; "
