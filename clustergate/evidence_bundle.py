@@ -12,6 +12,8 @@ The archive holds one folder named after the host:
   NVML's during it, per GPU), or why there are none;
 - ``profile.json``: the profile the run was judged by, resolved from the thresholds file (criteria,
   settings, expect), and whether its digest is the one the run recorded;
+- ``hang.txt``, where the run ended on a rank that stopped making progress: what was found, the collective, and
+  every rank's place, process state and Python stack (results.json's ``hang``, for reading);
 - ``summary.txt``: the host, its GPUs (index, serial, UUID, PCI address), driver and CUDA, the verdict, and
   each failure with what to do (``clustergate.actions``);
 - ``MANIFEST.json``: what is in it (size and sha256 of each file) and what is not, and why.
@@ -106,6 +108,28 @@ def xid_lines(results: Mapping[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def hang_text(results: Mapping[str, Any] | None) -> str | None:
+    """results.json's ``hang`` (a rank that stopped making progress) for reading; None where the run had none."""
+    hang = (results or {}).get("hang")
+    if not isinstance(hang, Mapping):
+        return None
+    lines = [str(hang.get("cause") or (results or {}).get("error") or "a rank stopped making progress"), ""]
+    c = hang.get("collective") or {}
+    if c:
+        lines.append(f"Collective {c.get('seq')} ({c.get('op') or 'operation not recorded'}) of {c.get('group')}: "
+                     f"joined by ranks {c.get('joined')}, not by {c.get('missing')}")
+    lines.append(f"Found by rank {hang.get('found_by')} ({hang.get('kind')}); torch's records read: "
+                 f"{hang.get('source')}")
+    for rank in hang.get("ranks") or []:
+        if not isinstance(rank, Mapping):
+            continue
+        lines += ["", f"Rank {rank.get('rank')} ({rank.get('host')}): {rank.get('stage')} {rank.get('test') or ''} "
+                      f"[{rank.get('phase') or ''}], main thread at {rank.get('main')}, waiting in {rank.get('wait')}, "
+                      f"process state {rank.get('process_state') or 'not read'}",
+                  str(rank.get("stack") or "(no stack: the rank could not answer)")]
+    return "\n".join(lines) + "\n"
+
+
 def profile_json(results: Mapping[str, Any] | None, thresholds: Path) -> tuple[bytes | None, str | None]:
     """The profile the run names, resolved from ``thresholds`` (or why it cannot be given)."""
     if results is None or not results.get("profile"):
@@ -186,6 +210,8 @@ def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host
             absent.append({"name": "summary of results.json", "why": f"results.json is not JSON ({exc})"})
     steps = actions.steps(results) if results is not None else [actions.step("no_result")]
     files["xid-lines.txt"] = xid_lines(results).encode()
+    if (hang := hang_text(results)) is not None:
+        files["hang.txt"] = hang.encode()
     profile, why = profile_json(results, thresholds or shipped_thresholds())
     if profile is None:
         absent.append({"name": "profile.json", "why": str(why)})

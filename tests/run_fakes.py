@@ -98,6 +98,35 @@ class FakeLauncher:
         return True
 
 
+class FakeLiveness:
+    """The liveness thread as the run sees it: no thread; a finding is handed to the run by the test (``on_finding``),
+    the evidence is what ``evidence`` returns, and what the run publishes is kept (``published``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.published: dict[str, Any] | None = None
+        self.stopped_beside: dict[int, int] | None = None
+
+    def evidence(self, finding: Any, world_size: int, beside: dict[int, int]) -> dict[str, Any]:
+        self.stopped_beside = beside
+        return {"kind": finding.kind, "culprits": list(finding.culprits), "found_by": finding.found_by,
+                "ranks": [{"rank": r, "host": HOSTS[0] if r in beside else HOSTS[r],
+                           "process_state": "T" if r in finding.culprits else "S", "main": "t.py:3 in test_a"}
+                          for r in range(world_size)]}
+
+    def describe(self, finding: Any, where: str) -> str:
+        return f"collective {finding.seq} (gloo:all_reduce) of the workloads' group"
+
+    def publish(self, report: dict[str, Any]) -> None:
+        self.published = report
+
+    def report(self) -> dict[str, Any] | None:
+        return self.published
+
+    def summary(self, world_size: int) -> dict[str, Any]:
+        return {"longest_wait_s": 0.0, "bound_s": 30.0}
+
+
 @dataclass
 class FakeExchange:
     """The other rank at every control exchange: it arrives and agrees, unless ``at[phase]`` says what happens
@@ -186,7 +215,8 @@ class Harness:
             timer=lambda seconds, action: self.timers.append((seconds, action)), dump_stacks=lambda: None,
             stop=self.stopped.extend,
             launcher=self.launcher, collective_in_main_thread=lambda: self.in_collective,
-            watchdog=lambda on_expiry, on_poll: FakeWatchdog(self.clock, on_expiry, on_poll), signals=FakeSignals)
+            watchdog=lambda on_expiry, on_poll: FakeWatchdog(self.clock, on_expiry, on_poll), signals=FakeSignals,
+            liveness=FakeLiveness, keeper=lambda: None)
         identity = RankIdentity(rank=0, local_rank=0, node_rank=0, host=HOSTS[0], gpu=None)
         self.run = Run(world_of(0), thresholds.profile("cpu"), options, report_dir, identity=identity,
                        outside=outside)

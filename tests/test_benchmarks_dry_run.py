@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -155,8 +156,23 @@ def dry_redaction_cost(tmp: Path) -> None:
     assert all(v >= 0 for k, v in figures.items() if k.endswith(" s")) and "end of run s" in out
 
 
-DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "health_time.py": dry_health_time,
-            "hostlink_contender.py": dry_hostlink_contender,
+def dry_hang_plants(tmp: Path) -> None:
+    """One plant (the skipped collective: the quickest the liveness judges), the whole harness around it: the
+    planted file, the fault timed to the job's end, the process table, the tar."""
+    out = ok(script("hang_plants.py", "--dry-run", "--plants", "skip", "--out", str(tmp / "out"), cwd=tmp))
+    assert out.startswith("skip: ") and "error_ranks [1]; hang skipped via gloo flight recorder; left []" in out, out
+    with tarfile.open(tmp / "out" / "hang_plants.tgz") as tar:
+        summary = json.load(tar.extractfile("hang_plants/hang_plants.json"))  # type: ignore[arg-type]
+        names = tar.getnames()
+    [row] = summary["plants"]
+    assert row["within_60_s"] and row["left"] == [] and row["killed_after"] == [] and row["verdict"] == "reject"
+    assert "hang_plants/skip/report/results.json" in names and "hang_plants/skip/torchrun.out" in names
+    assert "_dump_fr_trace_json" in summary["torch"]["dumps"] and list((tmp / "out").iterdir()) == \
+        [tmp / "out" / "hang_plants.tgz"]
+
+
+DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "hang_plants.py": dry_hang_plants,
+            "health_time.py": dry_health_time, "hostlink_contender.py": dry_hostlink_contender,
             "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
             "plugin_overhead.py": dry_plugin_overhead, "redaction_cost.py": dry_redaction_cost,
             "session_tools.py": dry_session_tools}

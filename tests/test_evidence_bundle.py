@@ -85,6 +85,25 @@ def test_the_bundle_holds_what_a_vendor_ticket_needs(node_dir: Path, tmp_path: P
         assert hashlib.sha256(got[f"{HOST}/{f['name']}"]).hexdigest() == f["sha256"]
 
 
+def test_a_hang_is_in_the_bundle_for_reading(tmp_path: Path) -> None:
+    """A run that ended on a rank that stopped making progress: its evidence (results.json's hang) in hang.txt."""
+    run = failing_run()
+    run["hang"] = {"kind": "silent", "culprits": [1], "found_by": 0, "source": "nccl flight recorder",
+                   "cause": "rank 1 (gpu07) stopped making progress during t.py::test_a [call]",
+                   "collective": {"group": "the workloads' group", "seq": 12, "op": "nccl:all_reduce", "joined": [0],
+                                  "missing": [1]},
+                   "ranks": [{"rank": 0, "host": HOST, "stage": "testing", "test": "t.py::test_a", "phase": "call",
+                              "main": "t.py:9 in test_a", "wait": ["0", 12, 17.0], "process_state": "S",
+                              "stack": "Main thread (most recent call last):\n  File \"t.py\", line 9"},
+                             {"rank": 1, "host": HOST, "stack": None, "process_state": "T"}]}
+    node = write(tmp_path / "nodes" / HOST, run).parent
+    text = members(build(node, tmp_path))[f"{HOST}/hang.txt"].decode()
+    assert text.startswith("rank 1 (gpu07) stopped making progress during t.py::test_a [call]\n")
+    assert "Collective 12 (nccl:all_reduce) of the workloads' group: joined by ranks [0], not by [1]" in text
+    assert 'File "t.py", line 9' in text and "process state T" in text
+    assert "(no stack: the rank could not answer)" in text
+
+
 def test_the_profile_comes_from_the_thresholds_the_run_was_held_to(node_dir: Path, tmp_path: Path) -> None:
     data = yaml.safe_load(shipped_thresholds().read_text())
     data["profiles"]["cpu"]["metrics"]["matmul_bf16_tflops"]["severity"] = "warn"  # a site's own judgement

@@ -8,9 +8,10 @@ is one of the product's own timers plus 15 s of exit and teardown under load; ea
 hang guard, several times that. The other faults of each class, at every stage of a run, are rows of
 tests/test_run_lifecycle.py.
 
-Three jobs spend most of their time waiting out one of those timers (45 s at start-up, 30 s at the final
-barrier, 20 s for a stopped rank): they run side by side with the other such jobs of the suite, once per session
-(tests/waited_out_runs.py), and their tests judge what each left.
+Two jobs spend most of their time waiting out one of those timers (45 s at start-up, 30 s at the final
+barrier): they run side by side with the other such jobs of the suite, once per session
+(tests/waited_out_runs.py), and their tests judge what each left. A rank that stops making progress (stopped,
+frozen, killed mid-collective) is tests/test_hang_endings.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 import pytest
 from report_runs import schema_errors
 from waited_out_runs import (
-    COLLECTIVE_S,
     alive,
     ended,
     ended_after,
@@ -38,7 +38,6 @@ from waited_out_runs import (
 from clustergate.run.limits import (
     BLOCKED_S,
     FINAL_S,
-    POISONED_WAIT_S,
     POLL_S,
     SIGNAL_GRACE_S,
     STARTUP_S,
@@ -120,22 +119,6 @@ def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any],  # noqa: F8
     assert res["error_ranks"] == [1] and res["tests"] == []
 
 
-def test_rank_stopped_while_its_peer_waits_is_named_and_stopped(waited_out: dict[str, Any],  # noqa: F811
-                                                                request: pytest.FixtureRequest) -> None:
-    """Rank 1 SIGSTOPped in a test while rank 0 waits in all_reduce (collective timeout 5 s; the test limit, 300 s on
-    cpu, is far): rank 0's collective times out, rank 0 waits POISONED_WAIT_S for rank 1 at the exchange and names
-    it; then it stops rank 1 itself (SIGCONT, SIGTERM; SIGKILL after STOP_GRACE_S), rather than leave it to
-    torchrun's SIGKILL 30 s later."""
-    r, seen = ended(waited_out, request)
-    measured("rank 1 SIGSTOPped, rank 0 in all_reduce", seen["took"])
-    assert seen["took"] < COLLECTIVE_S + POISONED_WAIT_S + SLACK_S, r.output
-    res = rejected(r)
-    assert res["error"].startswith(f"rank 1 ({HOST}) did not reach 'test_fault.py::test_loop [call] (after its "
-                                   "collective failed"), res["error"]
-    assert f"rank 1 ({HOST}) last finished setup of test_fault.py::test_loop" in res["error"]
-    assert res["error_ranks"] == [1] and res["tests"][-1]["failed_ranks"] == [1], res["tests"]
-
-
 def test_pytest_exit_on_one_rank_is_the_headline(tmp_path: Path) -> None:
     """Rank 1 calls pytest.exit in a test; rank 0 finds it at another step at the test's exchange (a rank blocked in
     a collective then is the table's 'blocked, peer gone')."""
@@ -167,21 +150,6 @@ def test_sigterm_to_one_rank_names_that_rank(tmp_path: Path) -> None:
     assert res["error"].startswith(f"stopped by SIGTERM on rank 1 ({HOST}) during the session (sent from outside the "
                                    "run"), res["error"]
     assert res["error_ranks"] == [] and res["tests"] == []  # no rank caused it
-
-
-def test_kill_9_of_a_rank_names_it(tmp_path: Path) -> None:
-    job = start_job(tmp_path, plant(tmp_path, "collective_loop"), timeout=120)
-    wait_for(tmp_path / "ready-0")
-    wait_for(tmp_path / "ready-1")
-    os.kill(int((tmp_path / "ready-1").read_text()), signal.SIGKILL)
-    killed = time.monotonic()
-    r = job.wait()
-    measured("kill -9 of rank 1", ended_after(r, killed))
-    assert ended_after(r, killed) < SIGNAL_GRACE_S + SLACK_S, r.output
-    res = rejected(r)
-    assert res["error"].startswith(f"rank 1 ({HOST}) ended without a word during test_fault.py::test_loop [call]"), \
-        res["error"]
-    assert res["error_ranks"] == [1] and res["tests"][-1]["failed_ranks"] == [1]
 
 
 def _other_checkout(tmp_path: Path, version: str) -> Path:

@@ -17,6 +17,8 @@ def test_shipped_acceptance_run_matches_the_schema(node_run: Path) -> None:  # n
     assert schema_errors(data) == []
     assert data["verdict"] == "accept"
     assert (node_run / "report.html").stat().st_size > 10_000
+    # the run's longest wait in a collective of a test, far under the bound past which a live peer is named stuck
+    assert data["liveness"]["longest_wait_s"] < data["liveness"]["bound_s"] / 3, data["liveness"]
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)

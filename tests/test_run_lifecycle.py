@@ -34,14 +34,17 @@ from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
     FINAL_S,
     LEAVING_S,
+    NO_PROGRESS_S,
     POLL_S,
     REPORT_S,
     SESSION_END_S,
     SIGINT_GRACE_S,
     SIGNAL_GRACE_S,
+    SILENT_S,
     STARTUP_S,
     exit_status,
 )
+from clustergate.run.liveness import Finding
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
 
 
@@ -178,6 +181,44 @@ def internal_error(h: Harness) -> None:
         h.run.end(detectors.internal_error(h.run, "RuntimeError: planted crash"))
 
 
+def _finding(h: Harness, finding: Finding) -> None:
+    """The liveness thread hands the run what it found, as it does at every stage but the end (it beats no more)."""
+    if h.run.liveness is not None and h.run.position().stage != Stage.ENDED.value:
+        h.run.on_finding(finding)
+
+
+def peer_frozen(h: Harness) -> None:
+    """Rank 1 (beside rank 0) was SIGSTOPped: its beat has not changed for SILENT_S while rank 0 waits for it."""
+    h.peer_beside()
+    _finding(h, Finding("silent", (1,), 0, "0", 7, SILENT_S + 2, (0,), SILENT_S))
+
+
+def peer_not_entering(h: Harness) -> None:
+    """Rank 1 is alive but has not entered the collective rank 0 has waited in for NO_PROGRESS_S (a test only)."""
+    if h.run.stage is Stage.TESTING:
+        _finding(h, Finding("not entered", (1,), 0, "0", 7, NO_PROGRESS_S, (0,)))
+
+
+def frozen_itself(h: Harness) -> None:
+    """Rank 0's own beat thread could not run for SILENT_S: it was stopped, and continued (its keeper)."""
+    _finding(h, Finding("frozen", (0,), 0, waited_s=SILENT_S + 5))
+
+
+def skipped_after_failing(h: Harness) -> None:
+    """Rank 0 failed the phase (it said so in the store) and waits at its exchange, while rank 1 waits in a collective
+    rank 0 never entered: rank 0's judge leaves it to rank 1, which names rank 0 with its failure (the blocked
+    collective's ending): rank 0 does not end the run itself."""
+    if h.run.test and h.run.phase:
+        h.run.peers.arrived_early(Step(h.run.test, h.run.phase).tag, "failed", "ValueError: planted on rank 0")
+        _finding(h, Finding("skipped", (0,), 0, "0", 7, BLOCKED_S, (1,)))
+
+
+def hang_reported(h: Harness) -> None:
+    """Rank 1 found a hang (rank 1 itself, not entering) and published its report: rank 0 ends on it."""
+    if h.run.liveness is not None and h.run.position().stage != Stage.ENDED.value:
+        h.run.on_report({"cause": "rank 1 (node-b) did not enter collective 7", "error_ranks": [1], "found_by": 1})
+
+
 def failed_write(h: Harness) -> None:
     """The disk fills: every write of results.json from now on fails."""
     h.write_fails = True
@@ -190,7 +231,9 @@ FAULTS: dict[str, Callable[[Harness], None]] = {
     "SIGTERM to the job": sigterm_to_the_job, "SIGTERM to rank 1": sigterm_to_rank_1,
     "launcher lost": launcher_lost, "peer gone": peer_gone,
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
-    "internal error": internal_error, "failed write": failed_write,
+    "internal error": internal_error, "failed write": failed_write, "peer frozen": peer_frozen,
+    "peer not entering": peer_not_entering, "frozen itself": frozen_itself, "hang reported": hang_reported,
+    "skipped after failing": skipped_after_failing,
 }
 
 
@@ -291,6 +334,21 @@ def _table() -> dict[tuple[str, Stage], Ends]:
                                        LEAVING_S)
         t["internal error", stage] = Ends(NOT_ACCEPTED, (0,), f"internal error on rank 0 (node-a) during {w}: "
                                           "RuntimeError: planted crash", LEAVING_S)
+    # A rank that stops making progress is named at once once the liveness thread finds it (its own bounds are
+    # SILENT_S and NO_PROGRESS_S, tests/test_liveness.py), at every stage its beat runs: from the identities on.
+    collective = "collective 7 (gloo:all_reduce) of the workloads' group"
+    for stage in SESSION:
+        w = where(stage)
+        t["peer frozen", stage] = Ends(NOT_ACCEPTED, (1,), f"rank 1 (node-b) stopped making progress during {w}: no "
+                                       "sign of life for 15 s (its process is stopped (SIGSTOP)), while rank 0 "
+                                       f"(node-a) waited 17 s in {collective}", stops=True)
+        t["frozen itself", stage] = Ends(NOT_ACCEPTED, (0,), f"rank 0 (node-a) was frozen for 20 s during {w} "
+                                         "(stopped by SIGSTOP, or its process could not run)")
+        t["hang reported", stage] = Ends(NOT_ACCEPTED, (1,), "rank 1 (node-b) did not enter collective 7")
+    t["peer not entering", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (1,), f"rank 1 (node-b) did not enter {collective}, which rank 0 (node-a) waited in for 30 s "
+        f"during {IN_TEST}: stuck in its own code (a call that does not return, or work that does not end); rank 1 "
+        "(node-b) at t.py:3 in test_a")
     # A write that fails ends the run at once; results.json keeps its last good state ("running"), or never was.
     cannot = "could not write {results} on rank 0 (node-a): [Errno 28] No space left on device; the run stops"
     for stage in (Stage.CONFIGURING, Stage.STARTING):

@@ -115,7 +115,7 @@ class Job:
                          report_dir=self.report_dir)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every live process below ``pid``, read from /proc (torchrun puts each rank in a session of its own, so no
     process group holds them all)."""
     children: dict[int, list[int]] = {}
@@ -133,10 +133,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def job_processes(job: Job) -> list[int]:
+    """Every process of a job now: its agents and everything below them (ranks, their keepers, their children)."""
+    return [each for p in job.procs for each in [p.pid, *descendants(p.pid)]]
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and everything below it. Killing torchrun alone leaves its ranks running with no launcher
     (a rank planted to hang then hangs for good)."""
-    for each in [pid, *_descendants(pid)]:  # read before any is killed: an orphan is re-parented away
+    for each in [pid, *descendants(pid)]:  # read before any is killed: an orphan is re-parented away
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signal.SIGKILL)
 

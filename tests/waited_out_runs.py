@@ -33,10 +33,16 @@ from typing import Any
 import pytest
 from report_runs import shared_path
 
-from torchrun_job import Job, JobResult, kill_tree, plant, start_job, wait_for
+from clustergate.run.limits import TEST_LIMIT_S
+from clustergate.thresholds import load, shipped_thresholds
 
-COLLECTIVE_S = 5.0
-"""--collective-timeout of the job whose rank is stopped: the workloads' collectives time out after it."""
+from torchrun_job import ROOT, Job, JobResult, job_processes, kill_tree, plant, start_job, wait_for
+
+GPU_LIMITS = ["--collective-timeout", str(load(shipped_thresholds()).profile("h100-sxm-80gb").settings[
+    "collective_timeout_s"]), "--test-timeout", str(TEST_LIMIT_S["standard"])]
+"""A GPU profile's timeouts on the cpu profile's run: the workloads' collectives time out after the H100 profile's
+collective_timeout_s (300 s) and a test after the standard level's limit (600 s), as on a GPU node. A hang planted
+under them is ended by the peers' liveness, never by a timeout."""
 TEST_TIMEOUT_S = 10.0
 """--test-timeout of the job whose rank hangs in its test."""
 
@@ -92,25 +98,6 @@ def _watch_stuck_at_start_up(tmp_path: Path, job: Job) -> dict[str, Any]:
     return {"job": r, "took": ended_after(r, stuck)}
 
 
-def _stopped_while_its_peer_waits(tmp_path: Path) -> Job:
-    return start_job(tmp_path, [*plant(tmp_path, "collective_loop"), "--collective-timeout", str(COLLECTIVE_S)],
-                     timeout=240)
-
-
-def _watch_stopped_while_its_peer_waits(tmp_path: Path, job: Job) -> dict[str, Any]:
-    wait_for(tmp_path / "ready-0")
-    wait_for(tmp_path / "ready-1")
-    pid = int((tmp_path / "ready-1").read_text())
-    os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    try:
-        r = job.wait()
-    finally:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    return {"job": r, "took": ended_after(r, stopped)}
-
-
 # ---- test_run_endings -------------------------------------------------------------------------------------------
 
 def _blocked_when_sigint_comes(tmp_path: Path) -> Job:
@@ -146,19 +133,58 @@ def _watch_hangs_in_its_test(tmp_path: Path, job: Job) -> dict[str, Any]:
     return {"job": r, "took": since_test_start(r, time.time(), "test_hangs_on_rank_1")}
 
 
+# ---- test_hang_endings -------------------------------------------------------------------------------------------
+
+def _hang(fault: str, nodes: int = 1) -> Callable[[Path], Job]:
+    """A job of ``fault`` under GPU_LIMITS: 2 ranks under one agent, or (``nodes`` 2) one rank under each of two
+    agents, each rank alone on its "node"."""
+    def start(tmp_path: Path) -> Job:
+        return start_job(tmp_path, [*plant(tmp_path, fault), *GPU_LIMITS], nodes=nodes, nproc=2 if nodes == 1 else 1,
+                         timeout=240)
+    return start
+
+
+def _watch_hang(signum: int | None) -> Callable[[Path, Job], dict[str, Any]]:
+    """Rank 1 gets ``signum`` once both ranks are in the planted test (None: the planted code goes astray by itself
+    as it writes ready-1). What the job left: how long from the fault to its end, and which of its processes (every
+    process under its agents once the test began: ranks, keepers) were still there after it."""
+    def watch(tmp_path: Path, job: Job) -> dict[str, Any]:
+        astray = max(wait_for(tmp_path / "ready-0"), wait_for(tmp_path / "ready-1"))
+        time.sleep(0.5)  # the pids are written, and rank 0 is in its wait
+        tree = job_processes(job)
+        if signum is not None:
+            os.kill(int((tmp_path / "ready-1").read_text()), signum)
+            astray = time.monotonic()
+        try:
+            r = job.wait()
+        finally:
+            time.sleep(1.0)  # a keeper goes with its rank at once (the parent-death signal); allow the kernel a beat
+            left = [pid for pid in tree if alive(pid)]
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return {"job": r, "took": ended_after(r, astray), "left": left}
+    return watch
+
+
 Start = Callable[[Path], Job]
 Watch = Callable[[Path, Job], dict[str, Any]]
 WAITED_OUT: dict[str, tuple[Start, Watch]] = {
     "test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects":
         (_stuck_after_the_verdict, _watch_stuck_after_the_verdict),
     "test_rank_stuck_at_start_up_is_named": (_stuck_at_start_up, _watch_stuck_at_start_up),
-    "test_rank_stopped_while_its_peer_waits_is_named_and_stopped":
-        (_stopped_while_its_peer_waits, _watch_stopped_while_its_peer_waits),
     "test_sigint_to_the_job_rejects_and_names_rank_and_test":
         (_blocked_when_sigint_comes, _watch_blocked_when_sigint_comes),
     "test_raise_before_collective_ends_bounded_with_default_settings":
         (_raises_before_its_peers_collective, _watch_to_its_end),
     "test_hang_is_cut_by_the_test_timeout": (_hangs_in_its_test, _watch_hangs_in_its_test),
+    "test_a_stopped_rank_is_named_and_stopped": (_hang("collective_loop"), _watch_hang(signal.SIGSTOP)),
+    "test_a_rank_frozen_in_a_syscall_is_named": (_hang("frozen_in_a_syscall"), _watch_hang(None)),
+    "test_a_rank_busy_in_cpp_is_named": (_hang("busy_in_cpp"), _watch_hang(None)),
+    "test_a_rank_that_skips_a_collective_is_named": (_hang("skips_a_collective"), _watch_hang(None)),
+    "test_a_rank_holding_the_interpreter_is_named_with_its_stack": (_hang("holds_the_interpreter"), _watch_hang(None)),
+    "test_a_stopped_rank_alone_on_its_node_is_named_and_ended": (_hang("collective_loop", nodes=2),
+                                                                  _watch_hang(signal.SIGSTOP)),
 }
 """Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
 fault, timing it)."""
@@ -212,9 +238,10 @@ def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subpro
         return None
     with open(target / "runner.log", "wb") as log:  # the runner has its own copy of the descriptor
         # A session of its own: a Ctrl-C of the session reaches the runner only through stop_runner, with its
-        # process tree still whole.
+        # process tree still whole. This checkout first on its path, as its jobs have it (it reads its limits).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         runner = subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+                                  stderr=subprocess.STDOUT, start_new_session=True, env=env)
     (target / "runner.pid").write_text(str(runner.pid))  # for the workers that wait on it
     return runner
 

@@ -81,8 +81,29 @@ def place() -> Place:
     )
 
 
+FLIGHT_RECORDER = {
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_ENABLE_TIMING": "1",
+}
+"""torch's records of every collective, read back by the plugin to see which collective each rank waits in and which
+rank never entered or started it (clustergate.run.flight): NCCL's and gloo's flight recorders (their last 2000
+collectives; each keeps, per process group, the last collective enqueued and completed; TORCH_FR_BUFFER_SIZE is
+both backends' since torch replaced TORCH_NCCL_TRACE_BUFFER_SIZE, which it now warns about), and NCCL's start events,
+which tell a collective the device started (peers wait in it) from one queued behind other work (a kernel that
+spins). Set where the process group is made, unless the site set them: each is read when a group is made. NCCL's
+own watchdog and heartbeat monitor (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) are left as torch sets them: they act at
+the collective timeout and minutes later, where the plugin's peers name a stuck rank within a minute."""
+
+
+def flight_recorder() -> None:
+    """``FLIGHT_RECORDER`` in the environment, where the site has not set them (before any process group)."""
+    for name, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(name, value)
+
+
 def start_process_group(backend: str, *, destroyed_later: bool = True, **kwargs: Any) -> None:
-    """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended.
+    """``dist.init_process_group``, with torch._dynamo imported first so the group can be ended, and torch's
+    flight recorders on (``flight_recorder``).
     ``destroyed_later=False``: the caller never destroys the group (a clustergate run leaves through
     ``os._exit``), and the import, 1.3 s of CPU per rank, is left out.
 
@@ -96,6 +117,7 @@ def start_process_group(backend: str, *, destroyed_later: bool = True, **kwargs:
     if destroyed_later:
         import torch._dynamo  # noqa: F401  (the import is the point: see above)
 
+    flight_recorder()
     dist.init_process_group(backend, **kwargs)
 
 
@@ -231,6 +253,33 @@ def agree_on(step: Callable[[], T], what: str, catch: tuple[type[BaseException],
         problem = str(exc)
     agree(problem, what, hint, group)
     return value  # type: ignore[return-value]  # set: no rank had a problem
+
+
+# ---- working alone -----------------------------------------------------------------------------
+
+_ALONE: list[tuple[str, float]] = []
+"""What this rank works at alone, and until when (time.monotonic()), innermost last."""
+
+
+@contextmanager
+def working_alone(what: str, most_s: float) -> Iterator[None]:
+    """This rank works alone for up to ``most_s`` while its peers may wait for it in a collective (one rank per node
+    writing the shared directory, a rank compiling what another found cached). The plugin's liveness names a live
+    rank its peers have waited for as stuck after NO_PROGRESS_S (clustergate.run.liveness); a rank inside this
+    block is named only once ``most_s`` has passed. ``what`` says what it does, for the message that names it."""
+    _ALONE.append((what, time.monotonic() + most_s))
+    try:
+        yield
+    finally:
+        _ALONE.pop()
+
+
+def alone_now() -> tuple[str, float] | None:
+    """What this rank works at alone (``working_alone``) and the seconds left of its bound; None when it is not."""
+    if not _ALONE:
+        return None
+    what, until = _ALONE[-1]
+    return what, until - time.monotonic()
 
 
 # ---- timing -----------------------------------------------------------------------------------

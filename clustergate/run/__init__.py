@@ -6,6 +6,9 @@
 - ``lifecycle``: ``Run``, the one owner of the run's state, and its ``Stage``s; ``Run.end`` is the one way down.
 - ``ending``: the ``Ending`` value and whose fault it was; ``detectors``: what each fault means as an Ending.
 - ``watchdog``, ``interrupts``: the threads that see a test past its limit, a blocked collective, a signal.
+- ``liveness``: every rank's beat and the judge of a rank that stopped making progress; ``flight``: where a rank is
+  in each process group's collectives (torch's flight recorders); ``keeper``: the process that continues a rank
+  stopped too long.
 - ``world``, ``control``, ``peers``: the process groups, the control exchanges, the rendezvous store.
 - ``progress``: progress.jsonl; ``recorder``: the ``cg`` fixture; ``outside``: what the run touches beyond itself.
 - ``command``: ``clustergate run``; ``outcome``: what rank 0 tells it.

@@ -6,7 +6,9 @@
 - a collective that can never complete: the main thread blocked in it while a peer failed, skipped or left
   that phase (the watchdog's poll);
 - SIGTERM (from outside, or from torchrun because a peer exited) and the launcher gone; SIGINT;
-- rank 0 stuck between the verdict and the final barrier (the watchdog, REPORT_S).
+- rank 0 stuck between the verdict and the final barrier (the watchdog, REPORT_S);
+- a rank that stopped making progress while its peers wait for it, or this rank frozen itself (the liveness
+  thread, ``clustergate.run.liveness``).
 
 Each function reads the run's state (``RunView``: what a detector may see of ``clustergate.run.lifecycle.Run``)
 and says what it means; none changes it.
@@ -14,13 +16,14 @@ and says what it means; none changes it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
 from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
 from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
+from clustergate.run.liveness import Finding
 from clustergate.run.outside import Outside
 from clustergate.run.peers import Peers
 from clustergate.run.world import World
@@ -79,6 +82,19 @@ def time_limit(run: RunView, nodeid: str, limit_s: float) -> Ending:
     return run.blamed(Ending(msg, culprits=tuple(run.peers.behind(nodeid))), grace_s=0.0)
 
 
+def failed_before(run: RunView, nodeid: str, phase: str, waited: float, call: str) -> Ending | None:
+    """A peer that failed or skipped this phase and waits at its exchange (it said so in the store), while this
+    rank has been blocked ``waited`` seconds in ``call``; None where no peer said so."""
+    peers = run.peers
+    early = peers.waiting_after_failure(Step(nodeid, phase).tag)
+    if early is None or early["rank"] == run.world.rank:
+        return None
+    did = {"skipped": "skipped", "passed": "finished"}.get(early.get("outcome", "failed"), "failed")
+    return Ending(f"{nodeid} [{phase}]: {peers.who(early['rank'])} {did} it ({early['message']}) and waits for the "
+                  f"others, while {run.who} has been blocked for {waited:.0f} s in {call}, a collective that needs "
+                  "every rank: it can never complete, so the run stops", culprits=(early["rank"],))
+
+
 def blocked_collective(run: RunView) -> Ending | None:
     """The main thread waits in a collective that a peer, failed, skipped or gone, will never join; None while
     that is not so, or not yet for BLOCKED_S."""
@@ -88,12 +104,9 @@ def blocked_collective(run: RunView) -> Ending | None:
     if waited is None or waited < BLOCKED_S or nodeid is None or phase is None:
         return None
     peers, me = run.peers, run.world.rank
-    early = peers.waiting_after_failure(Step(nodeid, phase).tag)
-    if early is not None and early["rank"] != me:
-        did = {"skipped": "skipped", "passed": "finished"}.get(early.get("outcome", "failed"), "failed")
-        return Ending(f"{nodeid} [{phase}]: {peers.who(early['rank'])} {did} it ({early['message']}) and waits for "
-                      f"the others, while {run.who} has been blocked for {waited:.0f} s in {call}, a collective that "
-                      "needs every rank: it can never complete, so the run stops", culprits=(early["rank"],))
+    early = failed_before(run, nodeid, phase, waited, call)
+    if early is not None:
+        return early
     gone = {r: d for r, d in (peers.departures() or {}).items() if r != me}
     if gone:
         return run.blamed(Ending(f"{run.who} has been blocked for {waited:.0f} s in {call} during {nodeid} [{phase}], "
@@ -101,6 +114,61 @@ def blocked_collective(run: RunView) -> Ending | None:
                                  "left the run: it can never complete, so the run stops", culprits=tuple(sorted(gone))),
                           grace_s=0.0)
     return None
+
+
+STATES = {"T": "its process is stopped (SIGSTOP)", "D": "its process is in an uninterruptible wait (D)",
+          "R": "its process runs, but none of its threads can: the interpreter's lock is held by a call",
+          "S": "its process sleeps, and none of its threads answers", "Z": "its process is gone",
+          None: "its process is gone"}
+"""What a silent rank's process state beside this rank says (/proc)."""
+BUSY = {"R": "it is busy in its own work, which does not end", "S": "it waits in a call that does not return",
+        "D": "it waits in a call that does not return (an uninterruptible wait, D)",
+        None: "stuck in its own code (a call that does not return, or work that does not end)"}
+"""What a live rank that does not enter a collective does, from its process state beside this rank (/proc)."""
+
+
+def no_progress(run: RunView, finding: Finding, collective: str, evidence: dict[str, Any]) -> Ending:
+    """A rank stopped making progress (``finding``, from the liveness thread): named with what it did not do, in
+    which collective (``collective``: 'collective 12 (gloo:all_reduce) of the workloads' group'), for how long."""
+    who, me = run.peers.who, run.world.rank
+    names = ", ".join(who(r) for r in finding.culprits)
+    others = [r for r in finding.joined if r not in finding.culprits]
+    waiting = ", ".join(who(r) for r in others) or run.who
+    ranks = {e.get("rank"): e for e in evidence.get("ranks") or [] if isinstance(e, dict)}
+    where, waited = run.where_now(), finding.waited_s
+    if finding.kind == "frozen":
+        cause = (f"{run.who} was frozen for {waited:.0f} s during {where} (stopped by SIGSTOP, or its process could "
+                 "not run): it stopped making progress, so the run stops")
+    elif finding.kind == "silent":
+        seen = [ranks.get(r, {}) for r in finding.culprits]
+        how = STATES.get(seen[0].get("process_state"), "stopped, unable to run, or its host unreachable") \
+            if seen and seen[0].get("host") == ranks.get(me, {}).get("host") else \
+            "stopped, unable to run, or its host unreachable"
+        cause = (f"{names} stopped making progress during {where}: no sign of life for {finding.silent_s:.0f} s "
+                 f"({how}), while {waiting} waited {waited:.0f} s in {collective}")
+    elif finding.kind == "skipped":
+        early = failed_before(run, run.test, run.phase, waited,
+                              run.outside.collective_in_main_thread() or collective) if run.test and run.phase else None
+        if early is not None:  # the peer said why it left the phase: its failure is the cause
+            return early
+        cause = (f"{names} left {where} without joining {collective}, which {waiting} waited in for {waited:.0f} s: "
+                 "it can never complete, so the run stops")
+    elif finding.kind == "not started":
+        gpus = "its GPU has" if len(finding.culprits) == 1 else "their GPUs have"
+        cause = (f"{names} entered {collective} but {gpus} not started it, while {waiting} started it and "
+                 f"waited {waited:.0f} s during {where}: the device is busy with earlier work that does not end "
+                 "(a kernel that spins)")
+    else:
+        doing = "; ".join(f"{who(r)} at {ranks[r]['main']}" + (
+            f", still {ranks[r]['alone'][0]} {-ranks[r]['alone'][1]:.0f} s past the bound its workload gave"
+            if ranks[r].get("alone") else "") for r in finding.culprits if ranks.get(r, {}).get("main"))
+        seen = ranks.get(finding.culprits[0], {}) if finding.culprits else {}
+        beside = seen.get("host") == ranks.get(me, {}).get("host")
+        how = BUSY.get(seen.get("process_state") if beside else None, BUSY[None])
+        during = "" if where in collective else f" during {where}"
+        cause = (f"{names} did not enter {collective}, which {waiting} waited in for {waited:.0f} s{during}: {how}"
+                 + (f"; {doing}" if doing else ""))
+    return Ending(cause, culprits=finding.culprits, stuck=tuple(r for r in finding.culprits if r != me))
 
 
 def stuck_after_verdict(run: RunView, limit_s: float) -> Ending:

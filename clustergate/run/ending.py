@@ -55,6 +55,8 @@ class Ending:
     """The culprits' hosts, None where not known yet (set when the run records it)."""
     verdict: str | None = None
     """What results.json says once it is recorded ("reject"; "running" on a rank that could not write it)."""
+    evidence: dict[str, Any] | None = None
+    """The evidence of a hang (clustergate.run.liveness): results.json's ``hang``."""
 
 
 def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: list[int],
@@ -90,4 +92,5 @@ def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: li
 
 def _told(observed: Ending, cause: str, culprits: tuple[int, ...], interrupted: bool) -> Ending:
     return Ending(cause=cause, culprits=culprits, exit_code=observed.exit_code, interrupted=interrupted,
-                  kind=Kind.CAUSE if cause == observed.cause else Kind.CONSEQUENCE, stuck=observed.stuck)
+                  kind=Kind.CAUSE if cause == observed.cause else Kind.CONSEQUENCE, stuck=observed.stuck,
+                  evidence=observed.evidence)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -123,6 +125,67 @@ def stop_processes(pids: list[int], grace_s: float) -> None:
     for pid in alive:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+STACK_SIGNAL = signal.SIGUSR1
+"""The signal on which a rank writes every thread's Python stack (``register_stack_dump``)."""
+
+
+def register_stack_dump() -> int | None:
+    """Have this process write every thread's Python stack, on STACK_SIGNAL, to a file of its own in memory (a
+    memfd): from the C signal handler, so it is written even where no thread of the process can run Python (the
+    interpreter's lock held by a call that never returns). Another process of the node reads it back through
+    /proc (``stack_of``). The file's descriptor, or None where it cannot be made (not Linux)."""
+    try:
+        fd = os.memfd_create("clustergate-stacks")
+        faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        return None
+    return fd
+
+
+def stack_of(pid: int, fd: int, wait_s: float = 1.0) -> str | None:
+    """Process ``pid``'s stacks, written on STACK_SIGNAL to its file ``fd`` (``register_stack_dump``); a stopped
+    process is continued for it (SIGCONT). None where nothing came within ``wait_s``."""
+    path = Path(f"/proc/{pid}/fd/{fd}")
+    try:
+        before = path.stat().st_size
+        os.kill(pid, STACK_SIGNAL)
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        return None
+    deadline, size = time.monotonic() + wait_s, before
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            now = path.stat().st_size
+        except OSError:
+            return None
+        if now > before and now == size:  # written, and no longer growing
+            break
+        size = now
+    try:
+        with open(path, "rb") as f:
+            f.seek(before)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return text or None
+
+
+KEEPER = Path(__file__).with_name("keeper.py")
+
+
+def start_keeper(stopped_s: float, grace_s: float) -> subprocess.Popen[bytes] | None:
+    """This rank's keeper (``clustergate.run.keeper``): a process of its own that continues the rank once it has
+    been stopped for ``stopped_s`` and kills it ``grace_s`` later if it is still there. Standard library only, no
+    site packages (-I -S): it starts in milliseconds. None where it cannot start (the run goes on without it)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), str(os.getpid()), str(stopped_s),
+                                 str(grace_s)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                close_fds=True)
+    except OSError:
+        return None
 
 
 class SignalWatcher:

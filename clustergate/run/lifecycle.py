@@ -53,6 +53,7 @@ from clustergate.run.limits import (
     STORE_WAIT_S,
     exit_status,
 )
+from clustergate.run.liveness import Finding, Position
 from clustergate.run.memory import Memory
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
@@ -147,6 +148,8 @@ class Run:
         self.node_count = 1
         self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
         self.signals: Any = None
+        self.liveness: Any = None
+        """This rank's beat and the judge of its peers' (``clustergate.run.liveness``), from ``meet`` on."""
         self.memory = Memory.of(options.store, profile) if self.writes else None
         """Rank 0's use of the results store (--store); None without one."""
         self._unwritten_metrics = False
@@ -172,6 +175,11 @@ class Run:
 
     def where_now(self) -> str:
         return f"{self.test} [{self.phase}]" if self.test else "the session"
+
+    def position(self) -> Position:
+        """Where the run is, for its beat (read without the lock: each field is one attribute)."""
+        stage = Stage.ENDED if self.exiting else self.stage
+        return Position(stage.value, self.test, self.phase)
 
     def within(self, seconds: float) -> float:
         """A deadline ``seconds`` from now, on the run's clock."""
@@ -202,6 +210,13 @@ class Run:
             self.outside.launcher.follow(signal.SIGTERM if self.signals.handles_sigterm else signal.SIGKILL)
             if self.outside.launcher.gone():  # the launcher died before that was set
                 self.on_signal(signal.SIGTERM)
+            # Progress is watched from here on, whatever the limits: every rank's beat, and its keeper.
+            control = self.world.control.group_name if self.world.control is not None else None
+            self.liveness = self.outside.liveness(rank=self.world.rank, host=self.identity.host,
+                                                  store=self.peers.store, position=self.position,
+                                                  on_finding=self.on_finding, on_report=self.on_report,
+                                                  control=control)
+            self.outside.keeper()
 
     # ---- starting -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -441,6 +456,8 @@ class Run:
             with self._lock:
                 self.status = status
             return status
+        if self.liveness is not None and self.writes:
+            self.add_section("liveness", self.liveness.summary(self.world.world_size))
         if self.baseline is not None:
             tolerance = float(self.profile.settings.get("baseline_tolerance", DEFAULT_TOLERANCE))
             self.add_section("baseline", compare(self.record.as_json(), self.baseline, tolerance))
@@ -573,7 +590,12 @@ class Run:
 
     def _record(self, ending: Ending) -> None:
         culprits = tuple(sorted(set(ending.culprits)))
+        hang = ending.evidence
+        if self.writes and self.liveness is not None:  # a hang another rank found: its report, with later stacks
+            hang = self.liveness.report() or hang
         with self._lock:
+            if hang is not None and "hang" not in self.record.extra:
+                self.record.extra["hang"] = hang
             self._fail(ending.cause, culprits)
             if self.test and (ending.interrupted or not ending.unwinds):
                 self._mark_test(ending.cause, culprits, ending.interrupted)
@@ -652,6 +674,27 @@ class Run:
         ending = detectors.blocked_collective(self)
         if ending is not None:
             self.end(ending)
+
+    def on_finding(self, finding: Finding) -> None:
+        """The liveness thread: a rank stopped making progress (a peer this rank waits for, or this rank itself).
+        The evidence first (every live rank's stack, the collective, who joined it), then the ending, published for
+        every other rank before this one ends the run."""
+        liveness = self.liveness
+        if finding.kind == "skipped" and finding.culprits == (self.world.rank,) and self.test and self.phase:
+            early = self.peers.waiting_after_failure(Step(self.test, self.phase).tag)
+            if early is not None and early.get("rank") == self.world.rank:
+                return  # it failed the phase and said so: the rank blocked in the collective names it, with why
+        evidence = liveness.evidence(finding, self.world.world_size, self.peers.beside(finding.culprits))
+        observed = detectors.no_progress(self, finding, liveness.describe(finding, self.where_now()), evidence)
+        ending = replace(self.blamed(observed, grace_s=0.0), evidence=evidence)
+        liveness.publish({**evidence, "cause": ending.cause, "error_ranks": list(ending.culprits)})
+        self.end(ending)
+
+    def on_report(self, report: dict[str, Any]) -> None:
+        """The liveness thread: another rank found a hang and ends the run; this rank ends with its words."""
+        culprits = tuple(int(r) for r in report.get("error_ranks") or report.get("culprits") or ())
+        self.end(Ending(str(report.get("cause") or "another rank found a hang"), culprits=culprits,
+                        kind=Kind.CONSEQUENCE, evidence=report))
 
     def on_stuck_after_verdict(self, label: str, limit_s: float) -> None:
         """The watchdog: rank 0 did not get from the verdict to the final barrier in time."""

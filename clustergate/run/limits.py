@@ -66,9 +66,50 @@ process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""
 POLL_S = 5.0
 """The watchdog looks this often, while a test runs, for a collective that can never complete."""
 
+# ---- progress: a rank that stops making progress (clustergate.run.liveness) ------------------------------------
+# Every bound below is independent of the test's limit and the collectives' timeout (300 s and minutes under the
+# GPU profiles): a stuck rank ends the run within 60 s of the fault. From the fault: the judge first looks after
+# BEAT_S of waiting, sees it after its bound (+ up to BEAT_S, the beat it reads is that old), gathers the evidence
+# (EVIDENCE_S), ends; torchrun then stops the rest (a second or two).
+BEAT_S = 2.0
+"""How often every rank publishes its beat (two small writes to the rendezvous store) and, while it waits in a
+collective, reads its peers' beats."""
+SILENT_S = 15.0
+"""A peer whose beat has not changed for this long while this rank waits for it is frozen (stopped, its process
+unable to run, its host gone). A beat thread is held up only by the interpreter's lock held in C (torch's ops
+release it) or by a machine too loaded to run it for seconds (2 busy cores in CI); this is 7 missed beats. The
+SIGSTOPped rank of a job is named 17-20 s after the fault (sees it at BEAT_S, then this; fault table)."""
+NO_PROGRESS_S = 30.0
+"""How long a rank waits in a collective of a test for a live peer that has not entered it (stuck in its own code:
+a syscall that never returns, a long C++ call) or has not started it on its GPU (a kernel that spins) before it
+names that peer. The suite's healthy waits are far shorter. Every run measures its longest (results.json
+``liveness``, to a beat): the whole acceptance suite on 2 CPU ranks, quick and standard, had no wait in a collective
+of a test that lasted a beat (2 s); waits outside a test are bounded by their own exchange (rank 1 waited 2 s at
+the final barrier while rank 0 wrote its report). On a GPU the longest are a host-link turn (0.65 s on 2 H200s;
+a rank of a node of 8 waits one turn of one GPU at a time) and one rank's compile while the others wait at their
+first collective: the ranks compile at once from the same cache, so the skew is a part of one compile (the whole
+model's was 32 s on 2 H200s; quick compiles one block) unless one rank found it cached and another did not. 30 s
+is ten times the longest measured, and ends the fault within 60 s (30 + a beat + EVIDENCE_S + the teardown)."""
+EVIDENCE_S = BEAT_S + 1.0
+"""How long the rank that found a hang waits for every live rank's stack: each gives it at its next beat."""
+STOPPED_S = 30.0
+"""How long a rank's keeper (clustergate.run.keeper) lets it stay stopped before it continues it: past the time
+its peers take to name it (SILENT_S after they first look, + EVIDENCE_S), so the rank ends on their report; a
+rank stopped while nobody waited for it then finds itself frozen and says so."""
+KEEPER_GRACE_S = 2 * STOP_GRACE_S
+"""A rank its keeper continued has this long to record its ending and go (its evidence, EVIDENCE_S; a pending
+SIGTERM's grace, SIGNAL_GRACE_S) before the keeper kills it."""
+
 # ---- defaults of the profile's settings -----------------------------------------------------------------------
-DEFAULT_TEST_TIMEOUT_S = 900.0
-"""A test's limit where neither --test-timeout nor the profile's test_timeout_s says."""
+TEST_LIMIT_S = {"quick": 120.0, "standard": 600.0, "extended": 1800.0}
+"""A test's limit at each level where neither @pytest.mark.time_limit, --test-timeout nor the profile's
+test_timeout_s says: what ends a test stuck on every rank alike (one stuck rank is ended by its peers within 60 s:
+SILENT_S, NO_PROGRESS_S), a few times the slowest healthy reading. quick: the whole of its tests took 18.4-30.0 s
+on one H100 (the GPT test 15.3 s of it with an empty compile cache, most of it compiling) and the whole run
+47-61 s on 4 H200s; 120 s is four times the slowest test could take on 8 GPUs. standard: the whole level took
+167 s on 2 H200s with DeepSpeed and 214.7 s on one H100, so no test of it takes longer; 600 s is three times that.
+extended holds the sustained matmul for burn_in_s under its own limit (acceptance/test_gpu_compute.py), and the
+DCGM diagnostics under theirs; its other tests run up to a few times standard's steps: 1800 s."""
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 """The workloads' process group timeout where neither --collective-timeout nor the profile's
 collective_timeout_s says."""

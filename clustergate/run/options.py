@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from clustergate.completeness import recorded_options
-from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_TEST_TIMEOUT_S
+from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, TEST_LIMIT_S
 from clustergate.store import STORE_ENV, store_path
 from clustergate.thresholds import Profile, shipped_thresholds
 from workloads.common import LEVELS
@@ -66,7 +66,7 @@ def add_options(parser: pytest.Parser) -> None:
                          "$CLUSTERGATE_SHARED_DIR, else the profile's shared_dir setting)")
     group.addoption("--test-timeout", type=seconds, default=None, metavar="SECONDS",
                     help="per-test limit; a test past it ends the run on every rank "
-                         "(default: the profile's test_timeout_s)")
+                         "(default: the profile's test_timeout_s, else the level's: 120/600/1800 s)")
     group.addoption("--collective-timeout", type=seconds, default=None, metavar="SECONDS",
                     help="timeout of the workloads' process group (default: the profile's "
                          "collective_timeout_s)")
@@ -158,8 +158,8 @@ class Options:
                    narrowing=recorded_options(config))
 
     def test_limit_s(self, profile: Profile) -> float:
-        """A test's limit: --test-timeout, else the profile's test_timeout_s, else the default."""
-        return _given_or(self.test_timeout_s, profile.settings.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+        """A test's limit: --test-timeout, else the profile's test_timeout_s, else the level's (TEST_LIMIT_S)."""
+        return _given_or(self.test_timeout_s, profile.settings.get("test_timeout_s", TEST_LIMIT_S[self.level]))
 
     def collective_limit_s(self, profile: Profile) -> float:
         """The workloads' process group timeout: --collective-timeout, else the profile's, else the default."""

@@ -21,8 +21,9 @@ from typing import Any, NoReturn
 from clustergate.redact import Scrubber
 from clustergate.results import write_json
 from clustergate.run import control
-from clustergate.run.interrupts import Launcher, SignalWatcher, stop_processes
-from clustergate.run.limits import STOP_GRACE_S
+from clustergate.run.interrupts import Launcher, SignalWatcher, start_keeper, stop_processes
+from clustergate.run.limits import KEEPER_GRACE_S, STOP_GRACE_S, STOPPED_S
+from clustergate.run.liveness import Liveness
 from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
 
@@ -80,6 +81,14 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def _keeper() -> object:
+    return start_keeper(STOPPED_S, KEEPER_GRACE_S)
+
+
+def _liveness(**kwargs: Any) -> Liveness:
+    return Liveness(**kwargs).start()
+
+
 def _dump_stacks() -> None:
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
@@ -122,3 +131,7 @@ class Outside:
     """Made with the run's two watchdog handlers (expiry, poll)."""
     signals: Callable[..., Any] = SignalWatcher
     """Made with the run's signal handler."""
+    liveness: Callable[..., Any] = _liveness
+    """Made (and started) with the run's place and its handlers of a hang found (``clustergate.run.liveness``)."""
+    keeper: Callable[[], object] = _keeper
+    """Starts this rank's keeper, which continues it once it has been stopped too long (``clustergate.run.keeper``)."""

@@ -111,18 +111,27 @@ class Peers:
             return None
         return out
 
-    def siblings(self, ranks: tuple[int, ...]) -> list[int]:
-        """The process ids of those of ``ranks`` that run beside this rank: the same host, the same launcher."""
+    @property
+    def store(self) -> Any:
+        """The rendezvous store's client (None without one)."""
+        return self._store
+
+    def beside(self, ranks: tuple[int, ...]) -> dict[int, int]:
+        """Those of ``ranks`` that run beside this rank (the same host, the same launcher): rank -> process id."""
         mine = self._get(f"process/{self.world.rank}", None)
         if not mine:
-            return []
-        out = []
+            return {}
+        out = {}
         for r in ranks:
             theirs = self._get(f"process/{r}", None)
             if theirs and r != self.world.rank and (theirs.get("host"), theirs.get("launcher")) == \
                     (mine.get("host"), mine.get("launcher")):
-                out.append(int(theirs["pid"]))
+                out[r] = int(theirs["pid"])
         return out
+
+    def siblings(self, ranks: tuple[int, ...]) -> list[int]:
+        """The process ids of those of ``ranks`` that run beside this rank: the same host, the same launcher."""
+        return list(self.beside(ranks).values())
 
     def elsewhere(self, label: str) -> list[int]:
         """The ranks not waiting in the exchange ``label``."""

@@ -25,7 +25,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workloads.common import agree, broadcast_object, check_level, distributed, gather_objects, place
+from workloads.common import (
+    agree,
+    broadcast_object,
+    check_level,
+    distributed,
+    gather_objects,
+    place,
+    working_alone,
+)
 from workloads.node.name import node_name
 from workloads.result import Metric, Result, WorkloadError
 
@@ -86,6 +94,16 @@ def directory_problem(directory: str) -> str | None:
     if not os.access(directory, os.W_OK | os.X_OK):
         return f"{directory} is not writable by uid {os.getuid()}"
     return None
+
+
+SLOWEST_BYTES_PER_S = 20e6
+"""The slowest shared directory whose node leader the others wait for without calling it stuck: 20 MB/s, a sixth of
+a gigabit link (a cluster's shared storage moves GB/s). Slower, the leader is named past ``_alone_s``."""
+
+
+def _alone_s(cfg: Config) -> float:
+    """How long one leader may write (or read) alone while its node's other ranks wait for it."""
+    return cfg.size_bytes / SLOWEST_BYTES_PER_S + 30.0
 
 
 def _block(token: str, node: int, size: int) -> bytes:
@@ -190,8 +208,9 @@ def run(cfg: Config) -> Result:
         leader = here.local_rank == 0
         if leader:
             try:
-                write_s = _write(workdir / f"node-{here.node_rank}.bin", cfg,
-                                 _block(token, here.node_rank, cfg.block_bytes))
+                with working_alone(f"writing {cfg.size_bytes >> 20} MiB to the shared directory", _alone_s(cfg)):
+                    write_s = _write(workdir / f"node-{here.node_rank}.bin", cfg,
+                                     _block(token, here.node_rank, cfg.block_bytes))
                 figures = {"node": here.node_rank, "host": host, "write_gbps": cfg.size_bytes / write_s / GB,
                            "mount": filesystem_of(cfg.directory)}
             except Exception as exc:  # raised below on every rank, once all agree
@@ -200,7 +219,8 @@ def run(cfg: Config) -> Result:
         if leader and figures is not None:
             source = nodes[(nodes.index(here.node_rank) + 1) % len(nodes)]
             try:
-                read_s = _read(workdir / f"node-{source}.bin", cfg, _block(token, source, cfg.block_bytes))
+                with working_alone(f"reading {cfg.size_bytes >> 20} MiB from the shared directory", _alone_s(cfg)):
+                    read_s = _read(workdir / f"node-{source}.bin", cfg, _block(token, source, cfg.block_bytes))
                 figures.update(read_gbps=cfg.size_bytes / read_s / GB, read_from_node=source)
             except Exception as exc:  # raised below on every rank, once all agree
                 problem = f"reading node {source}'s file: {exc}"

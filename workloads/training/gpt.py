@@ -36,7 +36,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workloads.clocks import ClockSampler
-from workloads.common import check_level, distributed, gather_numbers, reduce_int, summarize, synchronize, time_runs
+from workloads.common import (
+    check_level,
+    distributed,
+    gather_numbers,
+    reduce_int,
+    summarize,
+    synchronize,
+    time_runs,
+    working_alone,
+)
 from workloads.result import Metric, Result, WorkloadError
 from workloads.training._gpt_model import GPT, flops_per_token, matmul_params, mfu
 from workloads.training.sampler import SyntheticTokens, loader
@@ -169,6 +178,9 @@ def train_step(module: nn.Module, model: GPT, opt: torch.optim.Optimizer, x: tor
 
 
 OK, COMPILE_FAILED, OUT_OF_MEMORY, FAILED = 0, 1, 2, 3
+COMPILE_ALONE_S = 300.0
+"""How long a rank may compile its first step while its peers, done already (one found the compile cached), wait
+for it: a whole-model compile took 32 s on 2 H200s; past this the rank is named stuck (clustergate.run.liveness)."""
 
 
 def _probe(cfg: Config, mode: str, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, str, Any]:
@@ -217,7 +229,8 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
     batches = iter(token_batches(cfg, 2 + cfg.warmup + cfg.steps + cfg.local_steps, group))
     first = next(batches)
     mode, note = cfg.compile, ""
-    code, message, built = _probe(cfg, mode, first)
+    with working_alone(f"compiling and running the first step (compile {mode})", COMPILE_ALONE_S):
+        code, message, built = _probe(cfg, mode, first)
     if reduce_int(code, "max", group) == COMPILE_FAILED:
         note = f"torch.compile({mode}) failed, eager on every rank" + (f"; here: {message}" if message else "")
         mode = "off"
