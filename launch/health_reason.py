@@ -2,8 +2,8 @@
 
     python3 launch/health_reason.py REPORT_DIR [--max-chars 250]
 
-Prints nothing and exits 0 when the node passed (an accept, or a partial run whose narrowed selection all
-passed); otherwise prints the reason and exits 1. From the health
+Prints nothing and exits 0 when the node passed (an accept, or a partial run of the shipped suite whose narrowed
+selection all passed); otherwise prints the reason and exits 1. From the health
 tier's health.json (``clustergate health --report-dir``): "clustergate: health: <n> failures: <the first
 failure's line>" (or why it could not run); from the quick tier's results.json: "clustergate: <verdict>:
 <failed tests>: <first line of the first failure>" (or the run's error); else why there is no usable
@@ -31,16 +31,30 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def _unattested(results: dict[str, Any]) -> str:
+    """Why the run does not attest the shipped suite ('' where it does), as it recorded it (clustergate.attestation
+    derives the same from the record's fields; this script keeps to the standard library)."""
+    attestation = results.get("attestation")
+    if not isinstance(attestation, dict):
+        return "the run does not say which code and plugins it ran (no attestation)"
+    problems = attestation.get("problems")
+    return str(problems[0]) if isinstance(problems, list) and problems else ""
+
+
 def reason(results: dict[str, Any] | None, why_missing: str = "") -> str:
     """Empty for an accept; else what a person reading `sinfo -R` needs first."""
     if results is None:
         return f"clustergate: no results ({why_missing})"
     verdict = results.get("verdict", "unknown")
     failed = [t for t in results.get("tests", []) if t.get("outcome") in ("failed", "error")]
-    if verdict == "accept" or (verdict == "partial" and not failed and not results.get("error")):
+    unattested = _unattested(results)
+    if verdict == "accept" or (verdict == "partial" and not failed and not results.get("error") and not unattested):
         # partial: the site narrowed its own check (-k, -m) and every test it asked for passed. A health check
-        # judges what it was asked to run; only merge, sign-off and calibrate need a complete run.
+        # judges what it was asked to run; only merge, sign-off and calibrate need a complete run. A run of other
+        # code or plugins than the shipped suite's judged nothing the site asked for: never healthy.
         return ""
+    if verdict == "partial" and not failed and unattested:
+        return f"clustergate: {verdict}: {_first_line(unattested)}"
     names = [t.get("nodeid", "?").split("::")[-1] for t in failed]
     if failed:
         more = f" (+{len(names) - 2} more)" if len(names) > 2 else ""

@@ -158,8 +158,15 @@ def test_health_reason_names_the_failed_test_and_figure(tmp_path: Path, capsys: 
         "TFLOPS, expected >= 700 [h100-sxm-80gb, rank 5 gpu-017 gpu 5 serial 1650]")
     assert health_reason.reason({"verdict": "accept", "tests": []}) == ""
     # A narrowed check that passed all it ran is healthy; a partial record that carries a failure is not.
+    clean = {"problems": []}
     assert health_reason.reason({"verdict": "partial", "reason": "ran less than a complete run: (-k x)",
-                                 "tests": [{"outcome": "passed"}]}) == ""
+                                 "attestation": clean, "tests": [{"outcome": "passed"}]}) == ""
+    # ... unless it ran other code or plugins than the suite's, or does not say which it ran.
+    plugin = "plugin 'skipper' (/x/skipper.py) is not one of the suite's"
+    assert health_reason.reason({"verdict": "partial", "attestation": {"problems": [plugin]},
+                                 "tests": [{"outcome": "passed"}]}) == f"clustergate: partial: {plugin}"
+    assert health_reason.reason({"verdict": "partial", "tests": [{"outcome": "passed"}]}) == (
+        "clustergate: partial: the run does not say which code and plugins it ran (no attestation)")
     assert health_reason.reason({"verdict": "partial", "tests": [
         {"nodeid": "a.py::test_x", "outcome": "failed", "message": "x=1, expected >= 2"}]}) == (
         "clustergate: partial: test_x: x=1, expected >= 2")
