@@ -179,8 +179,8 @@ def fleet_problems(records: Mapping[str, Mapping[str, Any]], manifest: Manifest)
                              with_ib if fact == "no_infiniband" else set()) - {host})
             if others:
                 shown = ", ".join(others[:4]) + (f" (and {len(others) - 4} more)" if len(others) > 4 else "")
-                bad.append(f"{_short(known.nodeid)} skipped on {fact}, but {shown} "
-                           f"{'has InfiniBand ports' if fact == 'no_infiniband' else 'ran it'}")
+                bad.append(f"{_short(known.nodeid)} skipped on {fact}, yet "
+                           f"{'InfiniBand ports are listed on' if fact == 'no_infiniband' else 'it ran on'} {shown}")
         if bad:
             more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
             out[host] = [f"{len(bad)} skips are not earned in this fleet (this node lacks what others have): "

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import actions, completeness
+from clustergate import actions, completeness, keyed
 from clustergate import manifest as suite_manifest
 from clustergate import redact as redact_mod
 from clustergate.judge import warnings
@@ -196,6 +196,14 @@ def selection_line(results: dict[str, Any]) -> str | None:
 def encode(data: dict[str, Any]) -> str:
     """results.json text: redacted, strict JSON (ValueError on NaN or Infinity: no reader accepts them)."""
     return json.dumps(redact(data), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def signed(data: dict[str, Any], key: bytes, host: str) -> dict[str, Any]:
+    """``data`` as it is written (redacted, plain JSON), signed with the site key on ``host`` (``clustergate.keyed``):
+    the HMAC covers exactly what a reader reads back."""
+    out = keyed.sign(json.loads(encode(data)), key, host)
+    redact_mod.keep(out[keyed.FIELD]["value"])  # the record's own: never taken for a secret
+    return out
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from complete_runs import complete
 
 from clustergate.judge import Record, Where, judge
 from clustergate.manifest import shipped
-from clustergate.thresholds import load
+from clustergate.thresholds import Profile, load
 
 from torchrun_job import ROOT
 
@@ -83,10 +83,10 @@ def _details(rng: random.Random, nodeid: str) -> dict[str, Any]:
 
 
 def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], float] | None = None,
-                 level: str = "standard") -> dict[str, Any]:
-    """A complete node run's results.json at ``level`` (``complete_runs``: the tests the level leaves out skip on that
-    fact); ``faults[(metric, gpu)]`` multiplies that GPU's figure (gpu None: every GPU). ``write_node`` stamps the run
-    id of the directory it writes into."""
+                 level: str = "standard", profile: Profile = PROFILE) -> dict[str, Any]:
+    """A complete node run's results.json at ``level`` under ``profile`` (``complete_runs``: the tests the level
+    leaves out skip on that fact); ``faults[(metric, gpu)]`` multiplies that GPU's figure (gpu None: every GPU).
+    ``write_node`` stamps the run id of the directory it writes into."""
     rng = random.Random(seed)
     faults = faults or {}
     wheres = [Where(rank=r, host=host, node_rank=0, gpu_index=r, gpu_serial=f"1654{seed:05d}{r}",
@@ -102,7 +102,7 @@ def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], floa
                 noise = rng.uniform(0.98, 1.02) if scope == "gpu" and name != "gpu_memory_gib" else 1.0
                 value = typical * noise * scale
                 records.append(Record(name, value, unit, scope, "", w))
-        judged = judge(records, PROFILE)
+        judged = judge(records, profile)
         failures = [f for j in judged for f in j.failures]
         bad_ranks = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})
         message = f"[call] {len(failures)} metric checks failed:\n" + "\n".join(f"  {f}" for f in failures)
@@ -119,15 +119,15 @@ def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], floa
                                                    for b in range(64)}}]}
     failed = any(t["outcome"] == "failed" for t in tests)
     verdict = "reject" if failed else "accept"
-    return complete({"schema": 1, "verdict": verdict, "profile": PROFILE.name, "sign_off": True,
+    return complete({"schema": 1, "verdict": verdict, "profile": profile.name, "sign_off": True,
             "level": level, "started": "2026-01-01T00:00:00+00:00", "duration_s": 600.0, "world_size": 8,
             "error": None, "nodes": [{"host": host, "node_rank": 0, "ranks": list(range(8)),
                                       "gpus": [{"index": w.gpu_index, "uuid": w.gpu_uuid, "serial": w.gpu_serial,
                                                 "name": "NVIDIA H100 80GB HBM3", "rank": w.rank, "local_rank": w.rank}
                                                for w in wheres]}],
             "environment": {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.133.20"},
-            "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": PROFILE.run_digest},
-            "tests": tests})
+            "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
+            "tests": tests}, profile=profile)
 
 
 def write_node(nodes_dir: Path, host: str, results: dict[str, Any]) -> Path:

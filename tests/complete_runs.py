@@ -81,7 +81,6 @@ def complete(results: dict[str, Any], run: str = "node", profile: Profile | None
     ``acceptance`` from the checkout); one that may not skip here is measured under ``profile`` (default: the
     shipped profile the record names)."""
     manifest = shipped()
-    profile = profile or load(shipped_thresholds()).profile(str(results["profile"]))
     selection = results.get("selection") or {}
     present = {manifest_id(t["nodeid"], selection, manifest) for t in results["tests"]}
     suite = str(selection.get("suite", manifest.suite)).rstrip("/")
@@ -101,6 +100,7 @@ def complete(results: dict[str, Any], run: str = "node", profile: Profile | None
                       "failed_ranks": [], "message": "not measured in this crafted run", "problems": [],
                       "metrics": [], "details": {}, "phases": SKIPPED, "skip_fact": fact})
         if fact is None:
+            profile = profile or load(shipped_thresholds()).profile(str(results["profile"]))
             added[-1].update(message="", phases=RAN, **measured(t, results, profile))
     results["tests"] += added
     if isinstance(selection.get("selected"), int):

@@ -67,20 +67,24 @@ def signoff_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A merged node phase: h1-h4 accepted, h5 excluded (its HBM fails its own test)."""
-    base = tmp_path_factory.mktemp("merged")
-    for i, host in enumerate([*HOSTS, "h5"]):
-        write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
-                                                      else None))
-    merge(sorted((base / "nodes").iterdir()), base / "run", thresholds=SITE)
-    return base / "run"
+def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A merged node phase under each site profile (one profile judges a cluster run, its fabric phase too): h1-h4
+    accepted, h5 excluded (its HBM fails its own test)."""
+    out = {}
+    for name in ("fabric-fail", "fabric-warn"):
+        base = tmp_path_factory.mktemp(name)
+        for i, host in enumerate([*HOSTS, "h5"]):
+            write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
+                                                          else None, profile=SITE_THRESHOLDS.profile(name)))
+        merge(sorted((base / "nodes").iterdir()), base / "run", thresholds=SITE)
+        out[name] = base / "run"
+    return out
 
 
 @pytest.fixture
-def run(merged: Path, tmp_path: Path) -> Path:
-    """Each test's own copy of the merged run directory, to add a fabric phase to."""
-    return Path(shutil.copytree(merged, tmp_path / "run"))
+def run(merged: dict[str, Path], tmp_path: Path) -> Path:
+    """Each test's own copy of the merged run directory (judged by fabric-fail), to add a fabric phase to."""
+    return Path(shutil.copytree(merged["fabric-fail"], tmp_path / "run"))
 
 
 def metric(name: str, scope: str, per_rank: list[tuple[str, float, bool]], criterion: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +118,7 @@ def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = 
                 "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
                 "tests": tests, **top})
     res["selection"]["selected"] = len(tests)
-    complete(res, run="fabric")
+    complete(res, run="fabric", profile=profile)
     (run / "fabric").mkdir(exist_ok=True)
     (run / "fabric" / "results.json").write_text(json.dumps(res))
 
@@ -232,7 +236,8 @@ def test_an_accepted_host_missing_from_the_fabric_job_is_excluded_and_nothing_si
         ["accepted by the node phase but not in the fabric phase's job: its links were never tested"]]
 
 
-def test_warn_severity_pair_criterion_warns(run: Path) -> None:
+def test_warn_severity_pair_criterion_warns(merged: dict[str, Path], tmp_path: Path) -> None:
+    run = Path(shutil.copytree(merged["fabric-warn"], tmp_path / "run"))
     fabric(run, HOSTS, [pair_test(HOSTS, "h3", severity="warn")])
     out = signoff(run, thresholds=SITE)
     assert out["verdict"] == "accept" and out["accepted"] == HOSTS
