@@ -5,7 +5,7 @@ A test of the suite that does not apply skips on a recorded fact, never on a rea
 ``{"fact": NAME, ...its parameters}``), and the suite's manifest says per test, profile kind and level which
 facts earn a skip there (``clustergate.manifest.SkipRule``). ``clustergate.completeness`` holds every skip to
 both: a skip without a fact, on a fact the manifest does not allow for that test, or on a fact the record itself
-contradicts (``problem``) or the fleet contradicts (``fleet_problems``) makes the run partial. Nothing here
+contradicts (``problem``) or the fleet contradicts (``completeness.fleet_problems``) makes the run partial. Nothing here
 reads a skip's reason.
 
 This module is data and pure functions (no pytest, no torch): the run, the re-render, merge, sign-off and
@@ -164,7 +164,7 @@ def _dcgm(f: Mapping[str, Any], results: Mapping[str, Any], profile: Profile | N
 
 
 def _none(f: Mapping[str, Any], results: Mapping[str, Any], profile: Profile | None) -> str | None:
-    return None  # a property of one node: the fleet checks it (``fleet_problems``)
+    return None  # a property of one node: the fleet checks it (completeness.fleet_problems)
 
 
 def _no_infiniband(f: Mapping[str, Any], results: Mapping[str, Any], profile: Profile | None) -> str | None:

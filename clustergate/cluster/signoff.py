@@ -193,7 +193,8 @@ class Fabric:
 
     def read(self) -> Fabric:
         res = self.results
-        decision = of_record(res, need="fabric", level=self.level)
+        profile = self.site.profiles.get(str(res.get("profile")))  # its skips on the profile's settings are checked
+        decision = of_record(res, need="fabric", level=self.level, profile=profile)
         if res.get("verdict") == "running":
             self.blocking.append("the fabric run did not finish: its results.json still says running (killed or hung)")
         elif res.get("error"):
@@ -203,7 +204,8 @@ class Fabric:
         elif decision.verdict == "unjudged":
             self.blocking.append(f"fabric phase: {decision.reason}")
         # Whatever else it says (its failures exclude hosts below), a fabric run signs only what it tested.
-        if ran_less := completeness.partial(res, suite_manifest.shipped(), need="fabric", level=self.level):
+        if ran_less := completeness.partial(res, suite_manifest.shipped(), need="fabric", level=self.level,
+                                            profile=profile):
             self.blocking.append("fabric phase: ran less than a complete run: " + "; ".join(ran_less))
         if (problem := judged_by.problem(res, self.site)) is not None:
             self.blocking.append(f"the fabric run was not judged by the site's thresholds: {problem}")
