@@ -92,6 +92,7 @@ def test_a_fabric_run_of_another_suite_or_profile_is_not_signed_off(tmp_path: Pa
 
 # ---- one profile ---------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_mixed_profiles_need_the_fleets_profile_and_the_odd_node_is_excluded_naming_its_own(
         tmp_path: Path, node_run: Path) -> None:  # noqa: F811
     """A cpu dry run (the real run) among H100 nodes: without --profile the merge says the runs disagree (exit 2);
@@ -123,6 +124,7 @@ def test_a_dry_run_is_never_signed_off_beside_gpu_nodes(tmp_path: Path) -> None:
     assert cluster["dry_run"] is False
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_a_fleet_of_dry_runs_merges_as_a_dry_run(tmp_path: Path, node_run: Path) -> None:  # noqa: F811
     run = tmp_path / "run-trust"
     for host in ("cg-b", "cg-c"):
@@ -259,6 +261,7 @@ def test_a_key_file_that_is_no_file_is_refused_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "cannot open the site key" in proc.stdout
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_a_keyed_run_signs_its_results_at_every_write(tmp_path: Path, key_file: Path) -> None:
     """A real run (acceptance/test_world.py, one rank) given the key through the environment: its results.json
     carries the HMAC of what it says, made on its host for its run id; one edit, and it no longer matches."""
@@ -273,6 +276,7 @@ def test_a_keyed_run_signs_its_results_at_every_write(tmp_path: Path, key_file: 
     assert "does not match its content" in (keyed.problem(results, key) or "")
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_a_run_given_a_key_others_can_read_is_a_usage_error(tmp_path: Path, key_file: Path) -> None:
     key_file.chmod(0o644)
     run = pytest_forked(ROOT, job_env(), ["acceptance/test_world.py", "--key-file", str(key_file), "--report-dir",

@@ -56,6 +56,7 @@ def reasons(cluster: dict[str, Any], host: str) -> str:
 
 # ---- the rule in the record ------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_every_skip_of_the_real_run_records_its_fact(node_run: Path) -> None:  # noqa: F811
     """README's command 1 on CPU: each skip names the fact it rests on, as data, and every one is earned."""
     results = recorded(node_run)
@@ -79,6 +80,7 @@ def test_every_skip_of_the_real_run_records_its_fact(node_run: Path) -> None:  #
     ({"fact": "one_node"}, "test_hbm_bandwidth (the manifest does not let it skip on one_node"),
     ({"fact": "made_up"}, "test_hbm_bandwidth ({'fact': 'made_up'} is not a skip fact)"),
 ])
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_a_test_that_ran_relabelled_skipped_is_partial(node_run: Path, fact: dict | None, why: str) -> None:  # noqa: F811
     results = recorded(node_run)
     relabel_skipped(_test(results, "test_hbm_bandwidth"), fact)
@@ -86,6 +88,7 @@ def test_a_test_that_ran_relabelled_skipped_is_partial(node_run: Path, fact: dic
     assert decision.verdict == "partial" and "1 skips are not earned by a recorded fact: " + why in decision.reason
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_a_fact_the_record_contradicts_earns_nothing(node_run: Path) -> None:  # noqa: F811
     """The facts are checked against the rest of the record: its nodes, ranks, discovery and environment."""
     results = recorded(node_run)
@@ -103,6 +106,7 @@ def test_a_fact_the_record_contradicts_earns_nothing(node_run: Path) -> None:  #
         partial(two, manifest.shipped()))
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_the_level_is_proven_by_what_ran(node_run: Path) -> None:  # noqa: F811
     """The real standard run relabelled extended: its memory test was left out at standard, whatever the level field
     says; the crafted quick run relabelled standard: its fine-tunes were left out at quick."""
@@ -238,6 +242,7 @@ def test_a_skip_fact_is_one_the_rule_knows() -> None:
         skip_facts.fact("no_network")
 
 
+@pytest.mark.slow  # the shared torchrun run, or a run of its own
 def test_merge_reads_facts_of_real_runs_as_the_run_wrote_them(tmp_path: Path, node_run: Path) -> None:  # noqa: F811
     """Two copies of the real run as two nodes of one cluster run: both earned every skip, so both are accepted."""
     run = tmp_path / "run-trust"
