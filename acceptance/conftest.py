@@ -51,6 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.get_plugin("clustergate") is None:  # -p no:clustergate: nothing would judge the tests
+        pytest.exit("the acceptance suite runs only under its plugin, clustergate: remove -p no:clustergate",
+                    returncode=2)
     level = config.getoption("dcgm_diag")
     if level is not None and str(level) not in ("1", "2", "3", "4"):
         raise pytest.UsageError(f"--dcgm-diag {level!r} (or {DCGM_ENV}): the DCGM run level must be 1, 2, 3 or 4")

@@ -2,12 +2,13 @@
 
     python benchmarks/health_time.py [--repeats 5] [--profile NAME] [--out FILE]   # this node (a lent GPU)
     python benchmarks/health_time.py --fake-gpus 8 --repeats 3                       # a made-up node, on CPU
-    python benchmarks/health_time.py --profile cpu                                   # the CPU answer
+    python benchmarks/health_time.py --profile cpu                                   # the CPU answer's cost
 
 Each repeat runs ``python -m clustergate health --json`` and keeps its wall time (interpreter start, imports,
 NVML, reading and judging), the time the command itself reports (``duration_s``: from its first line to its
 verdict) and its exit status; then the time of the imports alone. The bounds it is held to: 3 s on one H100,
-5 s on a node of 8 GPUs, 2 s for ``--profile cpu`` on a CPU machine; ``--limit S`` exits 1 when the slowest
+5 s on a node of 8 GPUs, 2 s for ``--profile cpu`` on a CPU machine (there it finds nothing to check: exit 4,
+never healthy; what is timed is the command's cost); ``--limit S`` exits 1 when the slowest
 repeat takes longer. ``--fake-gpus N`` builds a node of N GPUs with the suite's fake NVML (tests/health_node.py)
 under a temporary directory: a dry run that needs no GPU.
 """

@@ -1,54 +1,186 @@
-"""What code ran: the suite's digest, and what a record's ``attestation`` section says is wrong with it.
+"""What a run attests about itself beyond its tests: that its code is the shipped suite, that only the suite's
+plugins were loaded, and whether it was a dry run. The one home of that rule.
 
-Stand-in of the cluster branch for the run branch's module of the same name (which owns it: on a merge, take
-theirs). It gives the two functions the cluster side builds on, to the contract both branches share:
+Every rank, at its start, digests every file of the suite it runs and checks them against the reference they
+came with (``clustergate.suitefiles``: the wheel's RECORD, or the checkout's git tree); at collection it lists
+every plugin pytest loaded, each marked as the suite's or not (``plugin_entry``). results.json keeps both as
+its ``attestation`` section:
 
-- ``suite_digest()``: ``sha256:<hex>`` over every file of the suite this clustergate runs (the packages
-  ``clustergate``, ``acceptance`` and ``workloads``: code, the shipped thresholds and manifest), by path and
-  content: merge and sign-off take only node and fabric runs that recorded the same digest;
-- ``problems(results)``: what the record's own ``attestation`` section names (modified, extra or missing files,
-  a plugin that is not the suite's, its recorded problems); [] where the section is absent (a record without
-  a suite digest is refused by merge and sign-off for that).
+    {"suite_digest": "sha256:<hex>", "reference": "RECORD" | "git" | "none",
+     "modified": [path], "extra": [path], "missing": [path],
+     "plugins": [{"name", "version", "file", "suite"}], "dry_run": bool, "problems": [str]}
+
+``problems`` derives, from those fields alone, why a record is not attested ([] when it is); the completeness
+rule (``clustergate.completeness.partial``) adds them to its reasons, so the run's own verdict, the re-render,
+merge, sign-off and calibrate all call such a run ``partial``, whatever its tests did. The section's own
+``problems`` list is for people to read: a hand edit that empties it changes nothing.
+
+The suite's plugins are pytest's own, clustergate's (its plugin and its opt-in entry point), pytest-html and
+pytest-metadata (which the report needs), and the suite's conftest files; any other (``-p``, ``PYTEST_ADDOPTS``,
+an installed entry point, a ``conftest.py`` outside the suite) is named with its file.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping
-from functools import cache
+import functools
+import importlib.metadata
+import importlib.util
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("clustergate", "acceptance", "workloads")
-SUFFIXES = (".py", ".json", ".yaml", ".ini")
+from clustergate import manifest, suitefiles
+from workloads.node.gpu_presence import NvidiaDevices
+
+REFERENCES = ("RECORD", "git")
+"""What the code can be checked against; ``none`` is no reference."""
+SUITE_DISTRIBUTIONS = {"_pytest": "pytest", "pytest": "pytest", "pytest_html": "pytest-html",
+                       "pytest_metadata": "pytest-metadata", **{p: "clustergate" for p in suitefiles.PACKAGES}}
+"""The top-level modules of the suite's plugins, and the distribution each comes with."""
+SHOWN = 6
+"""How many paths or plugins a problem names (the rest are counted)."""
+RUN_CLEAN = ("run with the suite's plugins alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (the checkout's pytest "
+             "configuration and `clustergate run` set it), no -p or plugins in PYTEST_ADDOPTS, no conftest.py "
+             "outside the suite")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and p.is_file() and "__pycache__" not in p.parts)
+@functools.cache
+def code() -> suitefiles.Checked:
+    """This installation's suite files, checked against their reference (once a process)."""
+    return suitefiles.check()
 
 
-@cache
 def suite_digest() -> str:
-    """``sha256:<hex>`` of the suite this clustergate runs (computed once per process)."""
-    here = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for package in PACKAGES:
-        for path in _files(here / package):
-            digest.update(path.relative_to(here).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"sha256:{digest.hexdigest()}"
+    """This installation's suite digest: ``sha256:<hex>`` over every suite file as found."""
+    return code().digest
+
+
+# ---- plugins ----------------------------------------------------------------------------------------------------
+def suite_places() -> tuple[Path, ...]:
+    """Where the suite's own plugins may live: its packages, a checkout's root conftest.py, the acceptance suite's
+    directory, and pytest's, pytest-html's and pytest-metadata's packages."""
+    dirs = suitefiles.package_dirs()
+    places = list(dirs.values())
+    if code().reference == "git" and "clustergate" in dirs:
+        places.append(dirs["clustergate"].parent / "conftest.py")
+    suite = manifest.shipped().suite_dir()
+    if suite is not None:
+        places.append(Path(suite).resolve())
+    for name in ("_pytest", "pytest", "pytest_html", "pytest_metadata"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            places.append(Path(spec.origin).resolve().parent)
+    return tuple(places)
+
+
+@functools.cache
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # reads every installed distribution: 0.4 s here
+
+
+def _foreign_version(top: str) -> str | None:
+    """The version of the distribution a foreign plugin's top-level module ``top`` comes with: by the names such a
+    distribution usually has (``xdist``: pytest-xdist), else by every distribution's list of modules."""
+    dashed = top.replace("_", "-")
+    for guess in (top, dashed, f"pytest-{dashed}"):
+        if (version := _version(guess)) is not None:
+            return version
+    return next((v for d in _distributions().get(top, []) if (v := _version(d))), None)
+
+
+def plugin_entry(name: str, module: str | None, file: str | None, places: Sequence[Path]) -> dict[str, Any]:
+    """One plugin as the record lists it: registered as ``name``, defined in ``module`` (its file ``file``). It is
+    the suite's where its file lies in one of ``places`` (``suite_places``)."""
+    path = Path(file).resolve() if file else None
+    suite = path is not None and any(path == place or place in path.parents for place in places)
+    top = (module or "").split(".", 1)[0]
+    if suite:  # a conftest, or a harness standing in for the suite, comes with no distribution
+        version = _version(SUITE_DISTRIBUTIONS[top]) if top in SUITE_DISTRIBUTIONS else None
+    elif path is not None and path.name == "conftest.py":
+        version = None
+    else:
+        version = _foreign_version(top)
+    return {"name": name, "version": version, "file": str(path) if path else None, "suite": suite}
+
+
+# ---- the cpu profile is a dry run ----------------------------------------------------------------------------
+def profile_problem(cpu: bool, found: NvidiaDevices, dry_run: bool) -> str | None:
+    """Why a run may not go on with its profile (a usage error), or None. ``cpu``: the profile is the cpu profile;
+    ``found``: this node's evidence of GPUs (NVIDIA devices, or the site's or launcher's word). On a GPU node the
+    cpu profile measures none of the GPUs: it is a dry run, and the run must say so (--dry-run)."""
+    if cpu and found.present and not dry_run:
+        return (f"--profile cpu on a GPU node ({found.evidence()}): the cpu profile measures none of its GPUs, so here "
+                "it is a dry run; pass --dry-run to rehearse on CPU (recorded as one, never signed off beside GPU "
+                "nodes), or leave out --profile cpu to judge the GPUs")
+    if dry_run and not cpu:
+        return "--dry-run rehearses the suite on CPU: it goes with --profile cpu"
+    return None
+
+
+# ---- the section, and what it says ------------------------------------------------------------------------------
+def section(checked: suitefiles.Checked, plugins: list[dict[str, Any]], dry_run: bool) -> dict[str, Any]:
+    """results.json's ``attestation`` for the code ``checked``, the ``plugins`` loaded, and ``dry_run``."""
+    data: dict[str, Any] = {"suite_digest": checked.digest, "reference": checked.reference,
+                            "modified": list(checked.modified), "extra": list(checked.extra),
+                            "missing": list(checked.missing), "plugins": plugins, "dry_run": dry_run}
+    data["problems"] = _problems(data, why_none=checked.why_none)
+    return data
 
 
 def problems(results: Mapping[str, Any]) -> list[str]:
-    """Why the code a record ran is not the shipped suite, as its ``attestation`` section says; [] where it says
-    nothing wrong or is absent."""
-    section = results.get("attestation")
-    if not isinstance(section, Mapping):
-        return []
-    out = [f"{what} files: {', '.join(map(str, section.get(key) or []))}"
-           for key, what in (("modified", "modified"), ("extra", "extra"), ("missing", "missing"))
-           if section.get(key)]
-    foreign = [p for p in section.get("plugins") or [] if isinstance(p, Mapping) and not p.get("suite")]
-    if foreign:
-        out.append("plugins that are not the suite's: " + ", ".join(f"{p.get('name')} ({p.get('file')})"
-                                                                   for p in foreign))
-    return out + [str(p) for p in section.get("problems") or []]
+    """Why the record ``results`` is not attested, derived from its ``attestation`` fields (never from the section's
+    own ``problems``); [] when it is. A record without the section is not attested."""
+    return _problems(results.get("attestation"))
+
+
+def _named(items: Sequence[str]) -> str:
+    return ", ".join(items[:SHOWN]) + (f" (and {len(items) - SHOWN} more)" if len(items) > SHOWN else "")
+
+
+def _strings(value: Any) -> list[str] | None:
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _problems(data: Any, why_none: str | None = None) -> list[str]:
+    if not isinstance(data, Mapping):
+        return ["it does not attest its code and plugins (no attestation section: written by an older clustergate, "
+                "or edited); run it again"]
+    out = []
+    if not isinstance(data.get("suite_digest"), str) or not _DIGEST.fullmatch(data["suite_digest"]):
+        out.append("its attestation has no suite digest (sha256:<64 hex digits>)")
+    reference = data.get("reference")
+    if reference not in REFERENCES:
+        why = f" ({why_none})" if why_none else ""
+        out.append(f"its code was checked against no reference{why}: run the suite installed from its wheel, or "
+                   "from a git checkout")
+    differing = []
+    for kind in ("modified", "extra", "missing"):
+        paths = _strings(data.get(kind))
+        if paths is None:
+            out.append(f"its attestation's {kind!r} is not a list of paths")
+        elif paths:
+            differing.append(f"{kind} {_named(paths)}")
+    if differing:
+        out.append(f"its code is not the shipped suite ({reference}): " + "; ".join(differing))
+    plugins = data.get("plugins")
+    if not isinstance(plugins, list) or not plugins or not all(isinstance(p, Mapping) for p in plugins):
+        out.append("its attestation lists no plugins")
+    else:
+        foreign = [p for p in plugins if p.get("suite") is not True]
+        if foreign:
+            said = [f"{p.get('name')}" + (f" ({p.get('file')})" if p.get("file") and p.get("file") != p.get("name")
+                                          else "") for p in foreign]
+            out.append(f"{len(foreign)} plugins that are not the suite's were loaded: {_named(said)}; {RUN_CLEAN}")
+    if not isinstance(data.get("dry_run"), bool):
+        out.append("its attestation does not say whether it was a dry run")
+    return out

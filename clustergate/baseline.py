@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from clustergate import inputfile
 from clustergate.criteria import Criterion
 from clustergate.parts import gpu_label, rank_index
 
@@ -29,10 +30,12 @@ def load(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "results.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(inputfile.read_text(path, "results"))
     except FileNotFoundError:
         raise BaselineError(f"--baseline {path}: file not found; pass the results.json of an earlier run") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except inputfile.InputFileError as exc:
+        raise BaselineError(f"--baseline {exc}") from None
+    except (OSError, ValueError) as exc:  # not UTF-8, not JSON
         raise BaselineError(f"--baseline {path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("tests"), list):
         raise BaselineError(f"--baseline {path}: not a clustergate results.json (schema 1 with a 'tests' list)")

@@ -5,9 +5,10 @@ which ran its body (its call phase) or skipped on a recorded fact that earns the
 run** contains every fabric-run test (marked ``multinode``) the same way, on two or more nodes. A run may be
 both (the whole suite on two nodes). A run that is neither is *partial*, whatever narrowed or hollowed it:
 ``-k``, ``-m``, file paths or node ids, ``--deselect``, ``--setup-only``/``--setup-plan`` (no body ran), an
-older record that does not say which phases ran, a skip that is not earned, a suite that is not the shipped
-one (``clustergate.attestation``). The rule reads only what the record says ran; the options the run
-recorded (``selection``) only explain it. (A run that stopped early, ``-x``, is a reject already.)
+older record that does not say which phases ran, a skip that is not earned, a run that does not attest the
+shipped suite's code run with its plugins alone (``clustergate.attestation.problems``). The rule reads only what
+the record says ran; the options the run recorded (``selection``) only explain it. (A run that stopped early,
+``-x``, is a reject already.)
 
 A skip is earned when it records its fact (``tests[].skip_fact``, ``clustergate.skip_facts``), the manifest
 lets the test skip on that fact under the run's profile kind at the run's level, and the record bears the fact
@@ -220,7 +221,7 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
         reasons.append(f"a fabric run needs two or more nodes; this one ran on {nodes}")
     reasons += _hollow(tests)
     reasons += unearned(results, manifest, profile)
-    reasons += [f"the suite that ran is not the shipped one: {p}" for p in attestation.problems(results)]
+    reasons += attestation.problems(results)  # the code ran was the shipped suite, with the suite's plugins alone
     if level is not None and (problem := _level_problem(results.get("level"), level, manifest)):
         reasons.append(problem)
     return reasons

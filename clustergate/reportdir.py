@@ -38,6 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
+from clustergate import inputfile
+
 OUTPUTS = ("results.json", "report.html", "junit.xml", "progress.jsonl", "metrics.prom", "report-rerendered.html",
            "nvidia-smi-q.txt")
 """What a run writes into the directory (and the report command's default re-render, and ``nvidia-smi -q`` as the
@@ -305,7 +307,7 @@ class RunLock:
 
     def _read_owner(self) -> tuple[str, int, bool, bool]:
         """(holder, inode, alive, on this host) of the lock file another run made."""
-        fd = os.open(self.owner_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(self.owner_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             text = os.read(fd, 512).decode(errors="replace").strip()
@@ -366,7 +368,7 @@ def stale_note(path: Path, why: str) -> str | None:
         return None
     said = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        data = json.loads(results.read_text())
+        data = json.loads(inputfile.read_text(results, "results"))
         said = f" (verdict {data.get('verdict')!r}, started {data.get('started')})"
     return (f"NOTE: {results}{said} is an earlier run's, NOT the result of this run, which stopped before "
             f"its first test; it could not be moved to {path / 'earlier'}/ ({why})")

@@ -122,8 +122,8 @@ class RunRecord:
         return {"tests": [{"nodeid": t.nodeid, "outcome": t.outcome, "phases": t.phases, "skip_fact": t.skip_fact}
                           for t in self.tests.values()],
                 "selection": self.selection, "nodes": self.nodes, "level": self.level, "world_size": self.world_size,
-                "environment": self.environment,
-                **{k: self.extra[k] for k in ("discovery", "attestation") if k in self.extra}}
+                "environment": self.environment, "discovery": self.extra.get("discovery"),
+                "attestation": self.extra.get("attestation")}
 
     @property
     def verdict(self) -> str:

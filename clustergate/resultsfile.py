@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from clustergate import inputfile
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = {
@@ -32,8 +32,7 @@ SCHEMAS = {
 SCHEMA = SCHEMAS["results"]
 FILE_NAMES = {"results": "results.json", "cluster": "cluster results.json", "signoff": "signoff.json"}
 
-MAX_BYTES = 512 * 1024 * 1024
-"""A results.json of a 1,000-node run with every curve is tens of MB: far beyond this is not one."""
+MAX_BYTES = inputfile.MAX_BYTES["results"]
 MAX_INT_DIGITS = 18
 """No count, rank or figure of a results file has more digits; a longer integer cannot become a float."""
 MAX_DEPTH = 64
@@ -103,28 +102,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _read_regular(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file: opened without blocking (a FIFO would wait for a
-    writer forever), then checked on the open descriptor, so nothing can be swapped in between."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """The bytes of ``path``: a regular file no larger than a results file can be (clustergate.inputfile)."""
     try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(path)
-        if not stat.S_ISREG(info.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a device" if stat.S_ISCHR(info.st_mode)
-                    or stat.S_ISBLK(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode) else "not a file")
-            raise ResultsFileError(f"{path}: {kind}, not a regular file: not read (it could block or never end)")
-        if info.st_size > MAX_BYTES:
-            raise ResultsFileError(f"{path}: {info.st_size} bytes, more than a results file can be ({MAX_BYTES})")
-        chunks, size = [], 0
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_BYTES:
-                raise ResultsFileError(f"{path}: more than {MAX_BYTES} bytes, more than a results file can be")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        return inputfile.read_bytes(path, "results")
+    except inputfile.InputFileError as exc:
+        raise ResultsFileError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

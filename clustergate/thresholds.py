@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from clustergate import expect as expect_section
+from clustergate import inputfile
 from clustergate.criteria import Criterion, CriterionError
 from clustergate.settings import SETTINGS, setting_problem
 
@@ -228,7 +229,9 @@ def load(path: str | Path) -> Thresholds:
     """Read and validate a thresholds file. Raises ThresholdsError with file, key and fix."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = inputfile.read_text(path, "thresholds")
+    except inputfile.InputFileError as exc:
+        raise ThresholdsError(f"{exc}; pass a thresholds file with --thresholds") from None
     except FileNotFoundError:
         raise ThresholdsError(f"{path}: file not found; pass an existing file with --thresholds") from None
     except IsADirectoryError:

@@ -3,9 +3,9 @@
 A test that crafts a node run (or a fabric run) names the tests it is about; ``complete`` adds every other
 test of a complete run of that kind: skipped on a fact the manifest lets it skip on and the record bears out (as
 GPU tests skip on CPU: ``clustergate.skip_facts``), else passed, with a figure that meets the profile's criterion
-for every metric it declares, judged by the run's own judge; and records the phases each test ran and the
-attestation section a run of this suite writes (``clustergate.attestation``). Without it, a crafted file is a
-partial run, which no command accepts.
+for every metric it declares, judged by the run's own judge; records the phases each test ran; and attests the
+run (``attested``: this checkout's suite, with the suite's plugins alone). Without it, a crafted file is a partial
+run, which no command accepts.
 """
 
 from __future__ import annotations
@@ -67,11 +67,10 @@ def measured(test: SuiteTest, results: dict[str, Any], profile: Profile) -> dict
     return {"outcome": "passed", "metrics": [j.as_json() for j in judged]}
 
 
-def attested(results: dict[str, Any]) -> dict[str, Any]:
-    """``results`` with the attestation section a run of this suite, unmodified, writes (in place)."""
-    results.setdefault("attestation", {
-        "suite_digest": attestation.suite_digest(), "reference": "git", "modified": [], "extra": [], "missing": [],
-        "plugins": [], "dry_run": skip_facts.profile_kind(results) == "cpu", "problems": []})
+def attest(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with the attestation of a clean run of this checkout where it has none (a real run's own is kept;
+    in place)."""
+    results.setdefault("attestation", attested(dry_run=skip_facts.profile_kind(results) == "cpu"))
     return results
 
 
@@ -105,4 +104,13 @@ def complete(results: dict[str, Any], run: str = "node", profile: Profile | None
     results["tests"] += added
     if isinstance(selection.get("selected"), int):
         selection["selected"] += len(added)
-    return attested(results)
+    results["attestation"] = attested()  # a run of a harness (gpu_replay's GPUs) is taken as the suite's run too
+    return results
+
+
+def attested(dry_run: bool = False) -> dict[str, Any]:
+    """The attestation of a clean run of this checkout: its suite digest, checked against git, and the suite's
+    plugins alone (one stands for them: pytest's own are many)."""
+    plugin = attestation.plugin_entry("clustergate", "clustergate", attestation.__file__.replace(
+        "attestation.py", "__init__.py"), attestation.suite_places())
+    return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run)

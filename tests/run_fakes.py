@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from complete_runs import attested
 
 from clustergate import manifest
 from clustergate.identity import RankIdentity
@@ -244,6 +245,7 @@ class Harness:
             self.before_write = lambda: now(Stage.STARTING)
         run.start()
         run.select(selected=1, deselected=0, multinode=0, multinode_deselected=0, suite=".")
+        run.attest(attested()["plugins"])  # the suite's plugins alone, as the plugin lists them at collection
         assert run.collected([TEST]) is None
         run.start_test(TEST, TEST_LIMIT_S)
         for when in ("setup", "call", "teardown"):

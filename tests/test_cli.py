@@ -85,7 +85,7 @@ def test_run_is_torchrun_on_this_node_over_the_packaged_suite(capsys: pytest.Cap
     assert cmd == ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node=3", "--redirects", "1:3,2:3", "-m", "pytest", "-c",
                    str(ROOT / "clustergate" / "run.ini"), "--rootdir",
-                   str(ROOT), "-p", "pytest_html.plugin", "-p", "pytest_metadata.plugin", "-p", "clustergate", suite,
+                   str(ROOT), "-p", "clustergate", suite,
                    "-k", "world", "--level", "quick", "--print-command"]
     assert cli.main(["run", "--nproc-per-node=0", "--print-command"]) == 2
     assert "--nproc-per-node '0' must be a whole number >= 1" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
-from complete_runs import attested
+from complete_runs import attest, attested
 from forked_pytest import pytest_forked
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
@@ -79,7 +79,7 @@ def test_a_node_of_another_suite_digest_is_excluded(tmp_path: Path) -> None:
 def test_a_fabric_run_of_another_suite_or_profile_is_not_signed_off(tmp_path: Path) -> None:
     run = nodes(tmp_path)
     assert merge(run)[0].returncode == 0
-    for change, said in (({"attestation": {**attested({"profile": "h100-sxm-80gb"})["attestation"],
+    for change, said in (({"attestation": {**attested(),
                                            "suite_digest": "sha256:" + "cd" * 32}},
                           "the fabric run: it ran another version of the suite"),
                          ({"profile": "h200"}, "the fabric run: it was judged by profile 'h200', not the fleet's "
@@ -98,7 +98,7 @@ def test_mixed_profiles_need_the_fleets_profile_and_the_odd_node_is_excluded_nam
     """A cpu dry run (the real run) among H100 nodes: without --profile the merge says the runs disagree (exit 2);
     with the fleet's profile the odd node is excluded, naming the profile it was judged by, and as a dry run."""
     run = nodes(tmp_path)
-    cpu = write_node(run / "nodes", "cg-a", attested(as_node(recorded(node_run), "cg-a", RUN)))
+    cpu = write_node(run / "nodes", "cg-a", attest(as_node(recorded(node_run), "cg-a", RUN)))
     proc, _ = merge(run)
     assert proc.returncode == 2 and "the node runs were judged by different profiles: h100-sxm-80gb (3 nodes), cpu " \
                                     "(1 node); one profile judges a cluster run: give the fleet's with --profile NAME" \
@@ -128,7 +128,7 @@ def test_a_dry_run_is_never_signed_off_beside_gpu_nodes(tmp_path: Path) -> None:
 def test_a_fleet_of_dry_runs_merges_as_a_dry_run(tmp_path: Path, node_run: Path) -> None:  # noqa: F811
     run = tmp_path / "run-trust"
     for host in ("cg-b", "cg-c"):
-        write_node(run / "nodes", host, attested(as_node(recorded(node_run), host, run.name)))
+        write_node(run / "nodes", host, attest(as_node(recorded(node_run), host, run.name)))
     proc, cluster = merge(run)
     assert proc.returncode == 0 and cluster["profile"] == "cpu" and cluster["dry_run"] is True, proc.stdout
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
-from complete_runs import attested
+from complete_runs import attest
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate import manifest, skip_facts
@@ -248,7 +248,7 @@ def test_merge_reads_facts_of_real_runs_as_the_run_wrote_them(tmp_path: Path, no
     run = tmp_path / "run-trust"
     for host in ("cg-b", "cg-c"):
         (run / "nodes" / host).mkdir(parents=True)
-        (run / "nodes" / host / "results.json").write_text(json.dumps(attested(as_node(recorded(node_run), host,
+        (run / "nodes" / host / "results.json").write_text(json.dumps(attest(as_node(recorded(node_run), host,
                                                                                        run.name))))
     proc, cluster = merged(run, "--expect-hosts", "cg-b,cg-c")
     # (A CPU run names no GPU: two copies of one are not a GPU named on two hosts.)

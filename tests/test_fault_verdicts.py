@@ -200,7 +200,7 @@ def test_another_clustergate_on_one_node_is_one_error_naming_the_rank(tmp_path: 
                 node_env=[{}, {"PYTHONPATH": str(other)}])
     res = r.results
     assert res["verdict"] == "reject" and res["tests"] == [], res
-    assert res["error"].startswith("ranks disagree about what to run (the clustergate version, the clustergate "
-                                   "code): ranks 1 differ from rank 0; refusing to start"), res["error"]
+    assert res["error"].startswith("ranks disagree about what to run (the clustergate version, the suite's "
+                                   "files): ranks 1 differ from rank 0; refusing to start"), res["error"]
     assert "clustergate 9.9+0.1.0" in res["error"] and res["error_ranks"] == [1]
-    assert res["clustergate"]["version"] == "0.1.0" and len(res["clustergate"]["code_digest"]) == 16
+    assert res["clustergate"]["version"] == "0.1.0" and res["attestation"]["suite_digest"].startswith("sha256:")

@@ -17,7 +17,7 @@ from clustergate.identity import gpu_model, gpu_node_problem
 from clustergate.thresholds import load
 from workloads.node import gpu_presence
 
-from torchrun_job import ROOT, plant, run_job
+from torchrun_job import ROOT, plant, run_job, start_ranks
 
 SHIPPED = load(ROOT / "thresholds.yaml")
 
@@ -107,11 +107,44 @@ def test_a_gpu_node_whose_torch_sees_no_cuda_is_a_reject_not_a_cpu_accept(tmp_pa
     assert "REJECT" in job.output and "ACCEPT" not in job.output
 
 
-def test_profile_cpu_still_runs_the_cpu_suite_on_a_gpu_node(tmp_path: Path) -> None:
-    root = tmp_path / "host"
-    root.mkdir()
-    pci(root, "0000:18:00.0", "0x030200")
-    job = run_job(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "cpu"],
-                  env={"CLUSTERGATE_HOST_ROOT": str(root)}, timeout=180)
+def test_the_driver_and_the_launchers_word_make_a_gpu_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's own list of GPUs under the host root, and a launcher that gave the job GPUs; values that give
+    none (a CUDA image's NVIDIA_VISIBLE_DEVICES=all, Slurm's 0) are no word."""
+    (tmp_path / "proc/driver/nvidia/gpus/0000:18:00.0").mkdir(parents=True)
+    found = find(tmp_path)
+    assert found.present and found.driver_gpus == ("0000:18:00.0",)
+    assert "/proc/driver/nvidia/gpus lists 1 GPUs" in found.evidence()
+    empty = tmp_path / "empty"
+    for name in gpu_presence.LAUNCHER_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "all")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "0")
+    assert not find(empty).present
+    for name, value in (("SLURM_GPUS_ON_NODE", "8"), ("SLURM_JOB_GPUS", "0,1,2,3"), ("SLURM_GPUS_PER_NODE", "h100:8"),
+                        ("NVIDIA_VISIBLE_DEVICES", "GPU-8f6c1e2a-0000-0000-0000-000000000000")):
+        monkeypatch.setenv(name, value)
+        found = find(empty)
+        assert found.present and f"{name}={value}" in found.evidence(), name
+        monkeypatch.setenv(name, "0" if name.startswith("SLURM") else "all")
+
+
+def test_profile_cpu_where_the_site_declares_gpus_is_a_usage_error_on_every_rank(tmp_path: Path) -> None:
+    """The cpu profile measures none of a GPU node's GPUs: without --dry-run every rank refuses it at the start (each
+    rank's own status: 2), in one line saying what was seen and what to pass."""
+    job = start_ranks(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "cpu"],
+                      env={gpu_presence.EXPECTED_GPUS_ENV: "8"}, timeout=120)  # a hang guard: it stops at the start
+    r = job.wait()
+    assert r.codes == [2, 2], r.output[-3000:]
+    assert ("ERROR: --profile cpu on a GPU node (CLUSTERGATE_GPUS_PER_NODE=8): the cpu profile measures none of its "
+            "GPUs, so here it is a dry run; pass --dry-run") in r.output, r.output[-3000:]
+    assert "Traceback" not in r.output and not (tmp_path / "report" / "results.json").exists()
+
+
+def test_a_dry_run_of_the_cpu_profile_on_a_gpu_node_is_recorded_as_one(tmp_path: Path) -> None:
+    """--dry-run: the cpu suite runs and accepts, and the record says it was a dry run (the merge never signs it off
+    beside GPU nodes)."""
+    job = run_job(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "cpu", "--dry-run"],
+                  env={gpu_presence.EXPECTED_GPUS_ENV: "8"}, timeout=180)
     assert job.codes == [0], job.output[-3000:]
-    assert job.results["verdict"] == "accept" and job.results["profile"] == "cpu"
+    res = job.results
+    assert res["verdict"] == "accept" and res["profile"] == "cpu" and res["attestation"]["dry_run"] is True

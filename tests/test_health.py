@@ -1,15 +1,18 @@
 """``clustergate health`` as a scheduler runs it: a subprocess on a made-up node (tests/health_node.py: a fake
 NVML, and /sys, /proc, /dev under CLUSTERGATE_HOST_ROOT). A healthy 8-GPU node passes under the profile chosen
 from NVML's model; each kind of fault fails with one line naming the host, the GPU's index and serial, the
-check, what was seen and what was expected; a GPU node with no driver fails; a node with no NVIDIA device is
-judged by the cpu profile; torch is never imported.
+check, what was seen and what was expected; a GPU node with no driver fails; nothing is healthy unchecked (a
+node with no NVIDIA device, which the cpu profile finds nothing to judge on, could not be checked; the cpu profile
+on a GPU node and a --skip of every check are usage errors); torch is never imported.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -171,15 +174,49 @@ def test_a_gpu_node_with_no_driver_fails_and_names_the_driver(node: GpuNode) -> 
     assert "profile nvidia-generic" in proc.stdout and "has no criteria of its own" in proc.stdout
 
 
-def test_a_node_with_no_nvidia_device_is_judged_by_the_cpu_profile(tmp_path: Path) -> None:
+def test_a_node_with_no_nvidia_device_is_never_healthy_unchecked(tmp_path: Path) -> None:
+    """The cpu profile is chosen there, and judges nothing health can read (no GPU, no InfiniBand, no expect: key):
+    the check could not run (4), never "healthy" (0) nor a finding against the node (1)."""
     empty = GpuNode(tmp_path / "host", gpus=0)
     for switch in (empty.root / "sys/bus/pci/devices").iterdir():
         (switch / "vendor").write_text("0x8086\n")
     empty.spec["init_error"] = 12  # the NVML library is not there at all
-    proc = empty.run()
-    assert proc.returncode == 0 and "healthy" in proc.stdout and "profile cpu" in proc.stdout, proc.stdout
+    proc = empty.run("--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 4 and "healthy" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"clustergate health: could not run: {HOST}: profile 'cpu' judges nothing "
+                                   "clustergate health can read on this node (no GPU, no InfiniBand port and no "
+                                   "expect: key to check): a check of nothing is not healthy; run the acceptance "
+                                   "suite here instead (clustergate run)")
+    report = json.loads((tmp_path / "r" / "health.json").read_text())
+    assert (report["status"], report["exit_status"], report["profile"]) == ("could not run", 4, "cpu")
     real = empty.run(real_nvml=True)  # whatever this machine's pynvml says: no NVIDIA device here either
-    assert real.returncode == 0 and "profile cpu" in real.stdout, real.stdout + real.stderr
+    assert real.returncode == 4 and "profile 'cpu' judges nothing" in real.stderr, real.stdout + real.stderr
+
+
+def test_the_cpu_profile_on_a_gpu_node_is_a_usage_error(node: GpuNode) -> None:
+    """It would judge none of the GPUs: the node would read healthy unchecked."""
+    proc = node.run("--profile", "cpu")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("clustergate health: --profile cpu on a GPU node (NVML lists 8 GPUs") and \
+        "that profile judges no GPU" in line
+
+
+def test_skipping_every_check_is_a_usage_error(node: GpuNode) -> None:
+    proc = node.run(*[arg for check in CHECKS for arg in ("--skip", check)])
+    assert proc.returncode == 2 and "leaves nothing to check" in proc.stderr and proc.stdout == "", proc.stderr
+
+
+def test_a_state_file_that_is_a_fifo_is_refused_at_once(node: GpuNode, tmp_path: Path) -> None:
+    """Reading a FIFO would wait for a writer forever: it is refused without a read, in one line."""
+    state = tmp_path / "state.json"
+    os.mkfifo(state)
+    started = time.monotonic()
+    proc = node.run("--state", str(state))
+    # The hang guard is node.run's own timeout; a refusal takes the command's start-up (well under a second here).
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stdout + proc.stderr
+    assert f"--state {state}" in proc.stderr and "a FIFO, not a regular file" in proc.stderr
 
 
 def test_a_gpu_profile_where_nvml_is_absent_and_no_device_shows_could_not_run(tmp_path: Path) -> None:
@@ -190,7 +227,7 @@ def test_a_gpu_profile_where_nvml_is_absent_and_no_device_shows_could_not_run(tm
     proc = empty.run("--profile", "h100-sxm-80gb", "--report-dir", str(tmp_path / "r"))
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"clustergate health: could not run: {HOST}: profile 'h100-sxm-80gb' judges GPUs, "
-                                  "but NVML does not answer") and "--profile cpu" in proc.stderr
+                                  "but NVML does not answer") and "run it on a GPU node" in proc.stderr
     assert json.loads((tmp_path / "r" / "health.json").read_text())["status"] == "could not run"
 
 

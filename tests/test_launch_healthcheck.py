@@ -305,7 +305,7 @@ def health_env(gpus: GpuNode, **extra: str) -> dict[str, str]:
 
 def test_the_default_tier_is_clustergate_health(node: Node, tmp_path: Path) -> None:
     health = tmp_path / "health"
-    proc = node.check(health, tier=None)
+    proc = node.check(health, tier=None, env=health_env(gpu_node(node)))  # a GPU node: health has things to check
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run] = _runs(health)
     assert sorted(p.name for p in run.iterdir()) == ["health.json", "health.log"]

@@ -155,12 +155,15 @@ def test_declared_but_unrecorded_metric_fails(run, pytester: pytest.Pytester) ->
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--profile", "h900"), "*no profile 'h900'; profiles are: cpu, nocriteria*"),
-    (("-n", "2"), "*do not combine it with pytest-xdist*"),
+    (("-p", "xdist", "-n", "2"), "*do not combine it with pytest-xdist*"),  # autoload is off: xdist named
     (("--level", "ludicrous"), "*invalid choice: 'ludicrous'*"),
     (("--test-timeout", "0"), "*--test-timeout 0.0: a time limit must be a finite number of seconds above 0*"),
     (("--test-timeout", "-5"), "*--test-timeout -5.0: a time limit must be a finite number*"),
     (("--test-timeout", "nan"), "*--test-timeout nan: a time limit must be a finite number*"),
     (("--collective-timeout", "inf"), "*--collective-timeout inf: a time limit must be a finite number*"),
+    (("-p", "no:junitxml"), "*the run needs pytest's junitxml (junit.xml), which is disabled (-p no:junitxml*"),
+    (("-p", "no:html"), "*the run needs pytest-html (report.html), which is disabled (-p no:html*"),
+    (("-p", "no:metadata"), "*the run needs pytest-metadata (the report's environment), which is disabled*"),
 ])
 def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
     pytester.makepyfile("def test_x():\n    pass\n")
@@ -344,15 +347,25 @@ def test_the_plugin_goes_by_one_name_and_no_clustergate_turns_it_off(pytester: p
                                                          "point clustergate.optin here (pip install -e . registers it)")
 def test_the_installed_plugin_stays_off_without_a_conftest_until_asked(pytester: pytest.Pytester,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With plugin autoload on (the switch is an entry point), as another project's pytest runs. Asked for, the
+    run goes, and every other installed plugin autoload brought in (pytest-xdist, of the test extra) is named: the
+    run is partial, saying how to run clean."""
     for key, value in job_env().items():
         monkeypatch.setenv(key, value)
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     pytester.makefile(".yaml", thresholds=THRESHOLDS)
     pytester.makepyfile("def test_x(cg):\n    assert cg.world_size == 1\n")
     off = runpytest_forked(pytester, "-p", "no:cacheprovider")
     off.stdout.fnmatch_lines(["*fixture 'cg' not found*"])
     on = runpytest_forked(pytester, "-p", "no:cacheprovider", "--clustergate", *PLANTED_SUITE, "--thresholds",
                                        "thresholds.yaml", "--report-dir", str(pytester.path / "report"))
-    assert on.ret == 0, on.stdout.str()
+    assert on.ret == 1, on.stdout.str()
+    res = results(pytester.path / "report")
+    assert [t["outcome"] for t in res["tests"]] == ["passed"] and res["verdict"] == "partial", res["reason"]
+    foreign = {p["name"] for p in res["attestation"]["plugins"] if not p["suite"]}
+    assert "xdist" in foreign and "clustergate_optin" not in foreign and "html" not in foreign, foreign
+    assert "plugins that are not the suite's were loaded: " in res["reason"]
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in res["reason"]
 
 
 def test_the_heap_is_frozen_once_the_tests_are_collected(run, pytester: pytest.Pytester) -> None:

@@ -75,7 +75,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     (("--level", "ludicrous"), "*--level ludicrous: invalid choice: 'ludicrous' (choose from quick, standard, *"),
     (("--no-such-option",), "*unrecognized arguments: --no-such-option*"),
     (("--baseline", "not-results.json"), "*not-results.json*"),
-    (("-n", "2"), "*do not combine it with pytest-xdist*"),
+    (("-p", "xdist", "-n", "2"), "*do not combine it with pytest-xdist*"),  # autoload is off: xdist named
 ])
 def test_a_run_refused_before_its_first_test_leaves_no_earlier_accept(
         run, pytester: pytest.Pytester, args: tuple[str, ...], said: str) -> None:

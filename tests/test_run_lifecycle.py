@@ -24,7 +24,7 @@ import pytest
 import torch.distributed as dist
 from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 
-from clustergate import manifest
+from clustergate import attestation, manifest
 from clustergate.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
@@ -369,7 +369,7 @@ def test_every_rank_leaves_with_a_status_of_the_table() -> None:
 
 @pytest.mark.parametrize(("field", "what"), [
     (0, "the tests"), (2, "the profile"), (3, "the thresholds"), (4, "the level"), (5, "the clustergate version"),
-    (6, "the clustergate code"),
+    (6, "the suite's files"),
 ])
 def test_ranks_that_disagree_about_what_to_run_are_named(tmp_path: Path, field: int, what: str) -> None:
     """Every rank's summary of what it runs is compared at collection: a difference in any field is one error
@@ -386,6 +386,26 @@ def test_ranks_that_disagree_about_what_to_run_are_named(tmp_path: Path, field: 
     assert said is not None and said.startswith(f"ranks disagree about what to run ({what}): ranks 1 differ from "
                                                 "rank 0; refusing to start"), said
     assert "  rank 1 (node-b): clustergate " in said and h.run.record.extra["error_ranks"] == [1]
+
+
+def test_a_plugin_on_another_rank_is_recorded_and_makes_the_run_partial(tmp_path: Path) -> None:
+    """One node's PYTEST_ADDOPTS is the run's as much as rank 0's: a plugin that is not the suite's, loaded on rank 1
+    alone, is in the record beside rank 0's own (once), and the record is not attested."""
+    h = Harness(tmp_path)
+    h.run.meet({})
+    h.run.start()
+    evil = {"name": "skipper", "version": None, "file": "/site/skipper.py", "suite": False}
+
+    def with_plugin(summary: list) -> list:
+        summary[7] = [evil, evil]
+        return summary
+    h.exchange.peer_sends["collection"] = with_plugin
+    h.run.attest([{"name": "clustergate", "version": "0.1.0", "file": "/x/clustergate/__init__.py", "suite": True}])
+    assert h.run.collected([TEST]) is None  # not a disagreement about what to run
+    section = h.run.record.extra["attestation"]
+    assert [p["name"] for p in section["plugins"]] == ["clustergate", "skipper"]
+    assert any("1 plugins that are not the suite's were loaded: skipper (/site/skipper.py)" in said
+               for said in attestation.problems({"attestation": section}))
 
 
 # ---- before the Run exists: every rank comes to the start through the rendezvous store ------------------------

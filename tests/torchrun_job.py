@@ -66,7 +66,10 @@ def foreground_signals() -> None:
 
 
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a run as the README starts one: only the suite's plugins load (a plugin installed here,
+    pytest-xdist's, would make the run partial: clustergate.attestation)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""  # the suite's own tests run the cpu profile, whatever the host has

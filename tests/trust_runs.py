@@ -63,8 +63,10 @@ def make_node_run(target: Path) -> None:
     report = target / "reports" / RUN_ID / "nodes" / HOST
     argv = [sys.executable, "-m", "torch.distributed.run", *COMMAND[1:], "--report-dir", str(report)]
     # A hang guard only: the whole suite on 2 CPU ranks takes 1-3 minutes on CI's 2 busy cores.
-    proc = subprocess.run(argv, cwd=ROOT, env=job_env({"CLUSTERGATE_RUN_ID": RUN_ID, "CLUSTERGATE_NODE_NAME": HOST}),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    env = job_env({"CLUSTERGATE_RUN_ID": RUN_ID, "CLUSTERGATE_NODE_NAME": HOST})
+    del env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]  # as a user types it: the checkout's pytest configuration turns it off
+    proc = subprocess.run(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=900)
     (target / "output.txt").write_text(proc.stdout)
     (target / "status").write_text(str(proc.returncode))
 

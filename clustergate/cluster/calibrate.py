@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from clustergate import inputfile
 from clustergate.cluster import calibration_samples as runs_data
 from clustergate.numbers import number, percent
 from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
@@ -159,7 +160,7 @@ def shape_changes(base: Profile, shape: list[runs_data.ShapeSetting]) -> list[Ch
 def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run], model: str, gpus_per_node: int,
            changes: list[Change], samples: dict[str, runs_data.Samples], fraction: float) -> str:
     """The site thresholds file: header with the method, the new profile first, the shipped ones copied."""
-    shipped = yaml.safe_load(base_path.read_text())
+    shipped = yaml.safe_load(inputfile.read_text(base_path, "thresholds"))
     dates = sorted(r.started[:10] for r in runs)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     shape = f"{gpus_per_node} {'ranks' if model == runs_data.CPU_MODEL else 'GPUs'} a node"

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from clustergate import inputfile
+
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_EXPANDED = 1_000_000
@@ -124,9 +126,13 @@ def read_hosts(spec: str) -> tuple[list[str], str]:
     """Hosts from a file (one name or hostlist expression a line; ``#`` starts a comment) or from a
     hostlist expression. Returns (hosts, where they came from)."""
     path = Path(spec)
-    if path.is_file():
+    if path.exists():
         hosts: list[str] = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            text = inputfile.read_text(path, "hosts")
+        except (OSError, ValueError) as exc:
+            raise HostlistError(f"{path}: cannot be read as a host list ({exc})") from None
+        for number, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:
                 continue

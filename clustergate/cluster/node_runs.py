@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import keyed, resultsfile
+from clustergate import inputfile, keyed, resultsfile
 from clustergate.cluster import judged_by
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
@@ -109,8 +109,8 @@ def failed_tests(results: dict[str, Any]) -> list[dict[str, str]]:
 def _last_progress(directory: Path) -> str:
     """Where a run that never finished was, from the last line of its progress.jsonl."""
     try:
-        lines = (directory / "progress.jsonl").read_text().splitlines()
-    except OSError:
+        lines = inputfile.read_text(directory / "progress.jsonl", "progress").splitlines()
+    except (OSError, ValueError):  # none, unreadable, not a regular file or too large: nothing to say
         return ""
     for line in reversed(lines):
         try:

@@ -8,8 +8,10 @@ the profile expects, then one summary line; ``--json`` prints the same as one JS
 nothing unless asked: ``--report-dir DIR`` keeps DIR/health.json (with everything read), ``--state FILE``
 keeps where the kernel log stood after a healthy check, so that the next one counts only newer XIDs.
 Exit status (clustergate.exit_codes): 0 healthy, 1 not healthy, 2 usage or unusable input (an option, the
-thresholds file, the state file), 4 could not run (NVML absent where the profile judges GPUs and no NVIDIA
-device shows; a report directory that cannot be written).
+thresholds file, the state file; a profile without GPUs on a GPU node; --skip leaving nothing to check), 4 could not
+run (NVML absent where the profile judges GPUs and no NVIDIA device shows; nothing the profile judges could be read
+here; a report directory that cannot be written). Nothing is healthy unchecked: a check that judged nothing is never
+0.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import reportdir
+from clustergate import inputfile, reportdir
 from clustergate.exit_codes import Exit
 from clustergate.health.checks import CHECKS, Finding, judge_node
 from clustergate.health.read import mark, read_node
@@ -38,10 +40,17 @@ SCHEMA = 1
 REPORT_NAME = "health.json"
 QUIET = {"unreadable": "not readable", "skip": "not judged", "ok": "ok"}
 """Findings printed only with -v, and the word each is printed with."""
+JUDGED = ("ok", "fail", "warn")
+"""Finding statuses that judged something: a health check with none of them checked nothing."""
 
 
 class CannotRun(Exception):
     """The check could not run at all (exit 4); the message says why and what to do."""
+
+    def __init__(self, message: str, profile: str | None = None) -> None:
+        super().__init__(message)
+        self.profile = profile
+        """The profile it would have judged by, where one was chosen."""
 
 
 class Unusable(Exception):
@@ -76,11 +85,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _since(path: Path | None) -> dict[str, Any] | None:
-    if path is None or not path.exists():
+    if path is None:
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(inputfile.read_text(path, "state"))
+    except FileNotFoundError:  # no healthy check has kept a mark there yet
+        return None
+    except (OSError, ValueError) as exc:  # unreadable, not a regular file (a FIFO), too large, not JSON
         raise Unusable(f"--state {path}: cannot be read as a state file clustergate health wrote ({exc}); remove it "
                        "to count XIDs since boot again") from None
     if not isinstance(data, dict) or not isinstance(data.get("marker"), (int, float)):
@@ -109,18 +120,24 @@ def check_node(args: argparse.Namespace) -> tuple[Exit, dict[str, Any], dict[str
         except ThresholdsError as exc:
             raise Unusable(str(exc)) from None
         gpus = expects_gpus(profile.setting("gpus_per_node", None))
+        if not gpus and presence.present:
+            raise Unusable(f"--profile {profile.name} on a GPU node ({presence.evidence()}): that profile judges no "
+                           "GPU, so the node would read healthy with its GPUs unchecked; leave out --profile (it is "
+                           "chosen from the GPU model) or name the GPU model's")
         if gpus and nvml is None and not gpu_presence.nvml_installed():
             raise CannotRun(f"{host}: profile {profile.name!r} judges GPUs, but nvidia-ml-py (the pynvml module) is "
                             "not installed: install it in this Python (pip install nvidia-ml-py)")
         if gpus and nvml is None and not presence.present:
             raise CannotRun(f"{host}: profile {profile.name!r} judges GPUs, but {nvml_error} and this node shows no "
                             f"NVIDIA device (no /dev/nvidia*, none on the PCI bus under {root}): run it on a GPU "
-                            "node, or pass --profile cpu")
+                            "node")
         node = read_node(host, root, presence, nvml, nvml_error, profile, gpus_expected=gpus, kernel_since=since)
     finally:
         if nvml is not None:
             nvml.nvmlShutdown()
     findings = judge_node(node, profile, gpus_expected=gpus, skip=frozenset(args.skip))
+    if not any(f.status in JUDGED for f in findings):
+        raise _nothing_checked(host, profile.name, findings, judge_node(node, profile, gpus_expected=gpus), args.skip)
     status = Exit.NOT_ACCEPTED if any(f.status == "fail" for f in findings) else Exit.ACCEPT
     report = {
         "schema": SCHEMA, "command": "health", "host": host,
@@ -136,6 +153,21 @@ def check_node(args: argparse.Namespace) -> tuple[Exit, dict[str, Any], dict[str
         "read": node.as_dict(),
     }
     return status, report, mark(node.kernel) if node.kernel is not None and status == Exit.ACCEPT else None
+
+
+def _nothing_checked(host: str, profile: str, findings: list[Finding], unskipped: list[Finding],
+                     skip: list[str]) -> Exception:
+    """A check that judged nothing says nothing of the node: never "healthy". Where --skip left every judged check
+    out, a usage error (2); where the profile judges nothing this node lets health read, it could not run (4)."""
+    if skip and any(f.status in JUDGED for f in unskipped):
+        return Unusable(f"--skip {' --skip '.join(skip)} leaves nothing to check on {host}: a check of nothing is not "
+                        "healthy; skip fewer checks")
+    seen = ", ".join(f"{sum(f.status == s for f in findings)} {word}" for s, word in QUIET.items()
+                     if s != "ok" and any(f.status == s for f in findings))
+    return CannotRun(f"{host}: profile {profile!r} judges nothing clustergate health can read on this node"
+                     + (f" ({seen})" if seen else " (no GPU, no InfiniBand port and no expect: key to check)")
+                     + ": a check of nothing is not healthy; run the acceptance suite here instead (clustergate run)",
+                     profile)
 
 
 def _write(directory: Path, report: dict[str, Any]) -> Path:
@@ -189,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     except CannotRun as exc:
         print(f"{PROG}: could not run: {exc}", file=sys.stderr)
         report = {"schema": SCHEMA, "command": "health", "status": "could not run",
-                  "exit_status": int(Exit.COULD_NOT_RUN), "error": str(exc), "started": started,
-                  "duration_s": round(time.monotonic() - t0, 3)}
+                  "exit_status": int(Exit.COULD_NOT_RUN), "error": str(exc), "profile": exc.profile,
+                  "started": started, "duration_s": round(time.monotonic() - t0, 3)}
         if args.report_dir:
             with contextlib.suppress(CannotRun, OSError):  # the directory itself may be why it could not run
                 _write(Path(args.report_dir), report)

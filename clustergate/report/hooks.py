@@ -16,6 +16,7 @@ Ordering, which the report depends on:
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Generator, Mapping
@@ -29,6 +30,24 @@ from clustergate.parts import rank_index
 from clustergate.redact import Scrubber, redact, scrub_strings, shown_environment
 from clustergate.report import figures, html
 from clustergate.report.summary import summary_lines
+
+REPORT_PLUGINS = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin",
+                  "html_fixtures": "pytest_html.fixtures"}
+"""The plugins the report is drawn with (pytest-html's ``extras`` fixture among them), by the name of each one's
+entry point."""
+
+
+def pytest_addoption(pluginmanager: pytest.PytestPluginManager) -> None:
+    """pytest-metadata and pytest-html, registered as their entry points would: where plugin autoload is off (a
+    run from the checkout, ``clustergate run``, a re-render in such an environment) nothing else loads them, and
+    where it is on they then load once. One disabled (``-p no:html``) stays out: a run refuses to go on without it
+    (``clustergate.run.plugins.disabled``)."""
+    for name, module_name in REPORT_PLUGINS.items():
+        if pluginmanager.is_blocked(name) or pluginmanager.is_blocked(module_name) or pluginmanager.get_plugin(name):
+            continue
+        module = importlib.import_module(module_name)
+        if not pluginmanager.is_registered(module):
+            pluginmanager.register(module, name)
 
 
 class Source(Protocol):

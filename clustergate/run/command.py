@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clustergate import inputfile
 from clustergate.exit_codes import TABLE, Exit
 from clustergate.run import outcome
 
@@ -29,16 +30,15 @@ PROG = "clustergate run"
 RUN_INI = Path(__file__).resolve().parent.parent / "run.ini"
 """pytest's configuration for ``run`` (the packaged suite has no pyproject.toml beside it)."""
 
-RUN_PLUGINS = ("pytest_html.plugin", "pytest_metadata.plugin", "clustergate")
-"""The pytest plugins a ``run`` loads: the suite's own and pytest-html's, by module rather than by entry-point name
-(pytest marks a ``-p`` name for assertion rewriting as a module first, and "html" is also the standard library's
-``html``, imported early on some images: pytest then warns it cannot rewrite it). Every other plugin
-installed beside them stays out unless named with ``-p NAME``: one that reruns failures, reorders tests or
-times them out its own way would change what a verdict means, and each one loaded costs every rank start-up
-time (a hypothesis plugin alone took 1.4 s of a quick run on an H100 node)."""
+RUN_PLUGINS = ("clustergate",)
+"""The pytest plugins a ``run`` names: the suite's own, which loads pytest-html and pytest-metadata itself
+(clustergate.run.plugins). Every other plugin installed beside them stays out: one that reruns failures, reorders
+tests or times them out its own way would change what a verdict means (one named with ``-p NAME`` makes the run
+partial: clustergate.attestation), and each one loaded costs every rank start-up time (a hypothesis plugin alone
+took 1.4 s of a quick run on an H100 node)."""
 
 RUN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-"""The environment ``run`` adds for torchrun and its ranks: only the plugins named (``RUN_PLUGINS``) load."""
+"""The environment ``run`` adds for torchrun and its ranks: no installed plugin loads by its entry point."""
 
 def acceptance_dir() -> Path:
     """The acceptance suite that came with this clustergate (the checkout's, or the wheel's)."""
@@ -180,7 +180,7 @@ def results_of(told: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None
         return None, None
     path = Path(told["report_dir"]) / "results.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(inputfile.read_text(path, "results"))
     except (OSError, ValueError):
         return path, None
     return path, data if isinstance(data, dict) else None

@@ -15,7 +15,6 @@ goes on to the session's end, where every rank agrees the status.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import signal
 import threading
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 
 import clustergate
-from clustergate import openmetrics
+from clustergate import attestation, openmetrics
 from clustergate.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.exit_codes import Exit
 from clustergate.identity import RankIdentity
@@ -57,6 +56,7 @@ from clustergate.run.limits import (
 from clustergate.run.memory import Memory
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
+from clustergate.run.plugins import foreign
 from clustergate.run.progress import Progress
 from clustergate.run.world import World
 from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
@@ -85,18 +85,6 @@ class Stage(Enum):
     """Every output written; every rank waits for the others before rank 0 may write "accept"."""
     ENDED = "ended"
     """The record is final; the process leaves with the agreed status."""
-
-
-@functools.cache
-def code_digest() -> str:
-    """A digest of the code every rank runs (clustergate and workloads, each file's path and bytes)."""
-    root = Path(clustergate.__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for package in ("clustergate", "workloads"):
-        for path in sorted((root / package).rglob("*")):
-            if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 class Run:
@@ -147,10 +135,14 @@ class Run:
         """This rank's part, stamped on every metric it records."""
         self.progress = Progress(None)
         """progress.jsonl, opened when the session starts (nothing is written before: a usage error leaves none)."""
-        self.version = {"version": clustergate.__version__, "code_digest": code_digest(),
-                        "thresholds_digest": profile.run_digest}
-        """What this rank runs: compared across ranks at collection, recorded in results.json."""
+        self.version = {"version": clustergate.__version__, "thresholds_digest": profile.run_digest}
+        """What this rank runs: compared across ranks at collection (with its suite files), recorded in results.json."""
         self.record.extra["clustergate"] = dict(self.version)
+        self.code = attestation.code()
+        """This rank's suite files, checked against their reference (clustergate.attestation)."""
+        self.plugins_loaded: list[dict[str, Any]] = []
+        """Every plugin pytest loaded on this rank (``attest``)."""
+        self.record.extra["attestation"] = attestation.section(self.code, [], options.dry_run)
         self.identities: list[dict[str, Any]] = [identity.as_dict()]
         self.node_count = 1
         self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
@@ -292,32 +284,56 @@ class Run:
             with self._lock:
                 self.record.extra[name] = data
 
+    def attest(self, loaded: list[dict[str, Any]]) -> None:
+        """The plugins pytest loaded on this rank (``clustergate.run.plugins.listed``), into the attestation; the
+        other ranks' that are not the suite's join them at the collection exchange (``collected``)."""
+        with self._lock:
+            self.plugins_loaded = loaded
+            self.record.extra["attestation"] = attestation.section(self.code, loaded, self.options.dry_run)
+
+    def _attest_peers(self, foreign: list[list[dict[str, Any]]]) -> None:
+        """Every rank's plugins that are not the suite's, in the record beside this rank's (one node's
+        PYTEST_ADDOPTS is that run's as much as rank 0's)."""
+        seen = {(p["name"], p["file"], p["version"]) for p in self.plugins_loaded}
+        added = []
+        for entry in (p for theirs in foreign for p in theirs):
+            key = (entry["name"], entry["file"], entry["version"])
+            if key not in seen:
+                seen.add(key)
+                added.append(entry)
+        if added:
+            with self._lock:
+                self.record.extra["attestation"] = attestation.section(self.code, [*self.plugins_loaded, *added],
+                                                                       self.options.dry_run)
+
     def collected(self, nodeids: list[str]) -> str | None:
-        """None when every rank collected the same tests under the same profile; else why not."""
+        """None when every rank collected the same tests under the same profile, from the same suite files; else
+        why not. Every rank's plugins that are not the suite's are recorded too."""
         digest = hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
         v = self.version
         mine = [digest, len(nodeids), self.profile.name, v["thresholds_digest"], self.level, v["version"],
-                v["code_digest"]]
+                self.code.digest, foreign(self.plugins_loaded)]
         step = Step(None, "collection", self.within(STARTUP_S))
         everyone = self.exchange(step, lambda: self.outside.exchange.all_gather(self.world, mine, step,
                                                                                 check=_collection))
-        differing = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+        self._attest_peers([theirs[7] for theirs in everyone])
+        differing = [r for r, theirs in enumerate(everyone) if theirs[:7] != everyone[0][:7]]
         if not differing:
             return None
         with self._lock:
             if self.record.error is None:  # the caller records the message below as the run's error
                 self.record.extra["error_ranks"] = differing
         what = [name for i, name in ((0, "the tests"), (2, "the profile"), (3, "the thresholds"), (4, "the level"),
-                                     (5, "the clustergate version"), (6, "the clustergate code"))
+                                     (5, "the clustergate version"), (6, "the suite's files"))
                 if any(everyone[r][i] != everyone[0][i] for r in differing)]
         ranks = ", ".join(map(str, differing))
         lines = [f"ranks disagree about what to run ({', '.join(what)}): ranks {ranks} differ from rank 0; "
                  "refusing to start (every node needs the same checkout of clustergate, thresholds.yaml and tests, "
                  "and the same --profile/--level):"]
         for r in [0, *differing[:8]]:
-            d, n, prof, tdig, lvl, ver, code = everyone[r]
-            lines.append(f"  rank {r} ({self.identities[r]['host']}): clustergate {ver} (code {code}), {n} tests "
-                         f"(hash {d}), profile {prof} (thresholds {tdig}), level {lvl}")
+            d, n, prof, tdig, lvl, ver, code, _ = everyone[r]
+            lines.append(f"  rank {r} ({self.identities[r]['host']}): clustergate {ver} (suite {code[:23]}), {n} "
+                         f"tests (hash {d}), profile {prof} (thresholds {tdig}), level {lvl}")
         return "\n".join(lines)
 
     # ---- testing --------------------------------------------------------------------------------------------
@@ -683,10 +699,15 @@ def _identity(message: Any) -> dict[str, Any]:
 
 def _collection(message: Any) -> list[Any]:
     expect(message, list, "a collection summary")
-    if len(message) != 7:
-        raise ValueError(f"a collection summary has 7 fields, not {len(message)}")
-    for i, kind in enumerate((str, int, str, str, str, str, str)):
+    if len(message) != 8:
+        raise ValueError(f"a collection summary has 8 fields, not {len(message)}")
+    for i, kind in enumerate((str, int, str, str, str, str, str, list)):
         expect(message[i], kind, f"collection[{i}]")
+    for plugin in message[7]:
+        expect(plugin, dict, "a plugin")
+        for key, kinds in (("name", str), ("version", (str, type(None))), ("file", (str, type(None))),
+                           ("suite", bool)):
+            expect(plugin.get(key), kinds, f"plugin.{key}")
     return message
 
 

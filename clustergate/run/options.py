@@ -51,6 +51,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--profile", default=None, metavar="NAME",
                     help="profile in the thresholds file (default: chosen from the GPU model NVML "
                          "reports; 'cpu' only where the node has no NVIDIA device)")
+    group.addoption("--dry-run", action="store_true", default=False,
+                    help="rehearse with --profile cpu on a node that has GPUs (or whose site or launcher declares "
+                         "them): recorded as a dry run (results.json attestation.dry_run), never signed off beside "
+                         "GPU nodes; without it --profile cpu is refused there")
     group.addoption("--report-dir", default=None, metavar="DIR",
                     help="where results.json, report.html, junit.xml and progress.jsonl go "
                          "(default: reports/<UTC time>/ in the checkout, else in the current directory)")
@@ -119,6 +123,8 @@ class Options:
     """-m, as results.json records it."""
     collect_only: bool = False
     """--collect-only: tests are listed, none run."""
+    dry_run: bool = False
+    """--dry-run: the cpu profile on a node with GPUs, as a rehearsal (clustergate.attestation.profile_problem)."""
     narrowing: dict[str, Any] = field(default_factory=dict)
     """What else of pytest's command line can narrow or hollow the run (paths and node ids, --deselect, the modes
     that run no test body, -x/--maxfail), as results.json's ``selection`` keeps it (clustergate.completeness)."""
@@ -155,8 +161,8 @@ class Options:
                    collective_timeout_s=config.getoption("collective_timeout"), baseline=config.getoption("baseline"),
                    store=store_path(config.getoption("store")),
                    keyword=config.getoption("keyword") or None, markexpr=config.getoption("markexpr") or None,
-                   collect_only=bool(config.getoption("collectonly", False)), narrowing=recorded_options(config),
-                   key=_site_key(config.getoption("key_file")))
+                   collect_only=bool(config.getoption("collectonly", False)), dry_run=bool(config.getoption("dry_run")),
+                   narrowing=recorded_options(config), key=_site_key(config.getoption("key_file")))
 
     def test_limit_s(self, profile: Profile) -> float:
         """A test's limit: --test-timeout, else the profile's test_timeout_s, else the default."""

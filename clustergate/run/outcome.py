@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from clustergate import inputfile
+
 OUTCOME_ENV = "CLUSTERGATE_RUN_OUTCOME"
 
 
@@ -32,7 +34,7 @@ def tell(**fields: Any) -> None:
 def read(path: Path) -> dict[str, Any]:
     """What rank 0 told (nothing, where it told nothing)."""
     try:
-        told = json.loads(path.read_text())
+        told = json.loads(inputfile.read_text(path, "outcome"))
     except (OSError, ValueError):
         return {}
     return told if isinstance(told, dict) else {}

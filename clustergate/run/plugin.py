@@ -18,7 +18,7 @@ from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
 from clustergate.report import hooks as report_hooks
-from clustergate.run import detectors, outcome
+from clustergate.run import detectors, outcome, plugins
 from clustergate.run import items as pytest_items
 from clustergate.run.drawn import Drawn
 from clustergate.run.lifecycle import Run
@@ -129,6 +129,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                multinode=sum(1 for item in items if item.get_closest_marker("multinode")),
                multinode_deselected=multinode_deselected,
                suite=suite_prefix((item.nodeid, item.path) for item in items))
+    run.attest(plugins.listed(config.pluginmanager))  # every conftest is loaded by now
     problem = run.collected([item.nodeid for item in items])
     if problem:
         run.fail(problem)

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from clustergate import attestation, reportdir
 from clustergate import baseline as baseline_file
-from clustergate import reportdir
 from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
-from clustergate.run import control, memory, outcome
+from clustergate.run import control, memory, outcome, plugins
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -40,7 +40,7 @@ from clustergate.run.world import (
     meet_at_start,
     rendezvous,
 )
-from clustergate.thresholds import Profile, ThresholdsError, load
+from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load
 from workloads.common import PlacementError, rank_device
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
@@ -91,6 +91,9 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         host = node_name()
     except (ThresholdsError, PlacementError, NodeNameError) as exc:
         problem = str(exc)
+    if problem is None:
+        problem = plugins.disabled(config.pluginmanager) or attestation.profile_problem(
+            not expects_gpus(profile.setting("gpus_per_node", None)), found, options.dry_run)
     if problem is None and launch.rank == 0:  # the store is rank 0's alone: its path must be usable there
         problem = memory.problem(options.store)
     if store is not None:

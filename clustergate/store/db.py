@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 import clustergate
-from clustergate import resultsfile
+from clustergate import inputfile, resultsfile
 from clustergate.store import rows as rows_mod
 from clustergate.store.lock import DocumentError, LockNotWritable, StoreError, StoreLock
 from clustergate.store.schema import MIGRATIONS, Migration, check_kind, check_version, migrate
@@ -128,8 +128,9 @@ class Store:
             raise StoreError(f"{self.path}: a symbolic link; give the store's own path (clustergate writes no store "
                              "through a link)")
         try:
-            with open(self.path, "rb") as f:
-                head = f.read(len(SQLITE_MAGIC))
+            head = inputfile.head(self.path, len(SQLITE_MAGIC))
+        except inputfile.InputFileError as exc:
+            raise StoreError(f"{exc}; --store names the store's file") from None
         except FileNotFoundError:
             if creating:
                 return

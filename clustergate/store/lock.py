@@ -126,7 +126,7 @@ class StoreLock:
     def _check_holder(self) -> str | None:
         """Who holds the lock, or None when it is gone or was stale (then removed)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as exc:

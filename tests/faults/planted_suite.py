@@ -4,8 +4,9 @@ whole suite.
 The run holds its verdict to the acceptance suite's manifest (``clustergate.manifest``): a run of a planted
 test file ran none of the suite's tests, so it is partial, never accept. The tests of the run's endings
 (signals, lost ranks, timeouts, the final barrier an accept waits for) need a run that can accept in seconds:
-loaded with ``-p tests.faults.planted_suite``, this makes what the run collected its manifest, so a clean run
-of the planted file is complete and its verdict is the run's own. It exists only here, loaded by a test as it
+loaded with ``-p tests.faults.planted_suite``, this makes what the run collected its manifest, and itself, the
+harness's plugins and the conftest files planted beside the tests the suite's plugins, so a clean run of the planted
+file is complete and its verdict is the run's own. It exists only here, loaded by a test as it
 would load a fault; ``merge``, ``signoff``, ``calibrate`` and the re-render read the shipped manifest, so a
 planted run never counts there.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate import manifest
+from clustergate import attestation, manifest
 from clustergate.completeness import manifest_id, suite_prefix
 
 PLANTED: list[manifest.Manifest] = []
@@ -30,6 +31,12 @@ def _planted() -> manifest.Manifest:
 
 
 manifest.shipped = _planted  # before the plugin reads it (this module is imported when -p names it)
+_suite_places = attestation.suite_places
+# The planted suite's plugins are the suite's: this module, the harness's own (the suite's tests/: a planted fault,
+# gpu_replay), and the conftest files planted beside the test files (under the planted suite's directory, which
+# suite_places takes from the manifest).
+HARNESS = Path(attestation.__file__).resolve().parents[1] / "tests"
+attestation.suite_places = lambda: (*_suite_places(), Path(__file__).resolve(), HARNESS)
 
 
 @pytest.hookimpl(tryfirst=True)  # what was collected, before -k, -m or --deselect leave any of it out

@@ -1,9 +1,11 @@
 """Whether this is a GPU node, asked without torch or CUDA: the rule that keeps a GPU node whose driver or CUDA
 is broken from being judged as a machine without GPUs.
 
-An NVIDIA device exists where NVML lists a GPU, a ``/dev/nvidia<N>`` device file exists, or a PCI device of
-vendor 0x10de is on the bus (``/sys/bus/pci/devices``: the bus lists a GPU whatever its driver's state); the
-site expects GPUs where ``CLUSTERGATE_GPUS_PER_NODE`` (the launchers' setting) is above 0. On such a node the
+An NVIDIA device exists where NVML lists a GPU, a ``/dev/nvidia<N>`` device file exists, the driver lists a GPU
+(``/proc/driver/nvidia/gpus``), or a PCI device of vendor 0x10de is on the bus (``/sys/bus/pci/devices``: the bus
+lists a GPU whatever its driver's state); the site expects GPUs where ``CLUSTERGATE_GPUS_PER_NODE`` (the launchers'
+setting) is above 0, or where the launcher gave the job GPUs (``LAUNCHER_GPU_VARIABLES``: Slurm's, the Kubernetes
+device plugin's). On such a node the
 profile is the GPU model's, or the fallback where no model can be read (``clustergate.thresholds``'s
 ``select``), never the CPU profile; a GPU that NVML (``clustergate health``) or torch (the run) cannot use is a
 failure that names the driver or CUDA (``NvidiaDevices.broken``). Only ``--profile cpu`` says otherwise.
@@ -29,6 +31,13 @@ DISPLAY_CLASS = 0x03
 EXPECTED_GPUS_ENV = "CLUSTERGATE_GPUS_PER_NODE"
 """GPUs the site says this node has (the launchers set it; node.sh requires it)."""
 _DEVICE_FILE = re.compile(r"nvidia\d+$")
+LAUNCHER_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_PER_NODE",
+                          "SLURM_GPUS_PER_TASK", "SLURM_GPUS", "NVIDIA_VISIBLE_DEVICES")
+"""What a launcher sets where it gave the job GPUs: Slurm's GPU allocation (a count, ``type:count``, or GPU
+indexes), and the device list the NVIDIA device plugin gives a Kubernetes container (GPU UUIDs or indexes)."""
+NO_DEVICES = ("", "0", "none", "void", "all")
+"""Launcher values that request no GPU: nothing, zero, the container toolkit's "none"/"void", and "all", which
+CUDA base images set whether or not the container got any GPU (one it did get shows as /dev/nvidia<N>)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +56,16 @@ class NvidiaDevices:
     """PCI addresses of other NVIDIA devices (NVSwitches; a GPU's audio or USB function)."""
     expected: int | None
     """$CLUSTERGATE_GPUS_PER_NODE where set to a whole number."""
+    driver_gpus: tuple[str, ...] = ()
+    """``/proc/driver/nvidia/gpus/<PCI address>``: the GPUs the NVIDIA kernel driver has probed."""
+    requested: tuple[str, ...] = ()
+    """``NAME=value`` of each launcher variable that gave the job GPUs (``LAUNCHER_GPU_VARIABLES``)."""
 
     @property
     def present(self) -> bool:
         """An NVIDIA device exists here, or the site expects GPUs: never a node for the CPU profile."""
-        return bool(self.nvml_gpus or self.device_files or self.pci_gpus or self.pci_other or (self.expected or 0) > 0)
+        return bool(self.nvml_gpus or self.device_files or self.driver_gpus or self.pci_gpus or self.pci_other
+                    or (self.expected or 0) > 0 or self.requested)
 
     @property
     def model(self) -> str | None:
@@ -68,11 +82,14 @@ class NvidiaDevices:
             shown = self.device_files[:3]
             said.append(", ".join(shown) + (f" and {len(self.device_files) - 3} more" if len(shown) < len(
                 self.device_files) else ""))
+        if self.driver_gpus:
+            said.append(f"/proc/driver/nvidia/gpus lists {len(self.driver_gpus)} GPUs")
         if self.pci_gpus or self.pci_other:
             said.append(f"{len(self.pci_gpus)} GPUs and {len(self.pci_other)} other devices of vendor 0x10de on the "
                         f"PCI bus ({(self.pci_gpus or self.pci_other)[0]}{', ...' if len(self.pci_gpus) > 1 else ''})")
         if self.expected:
             said.append(f"{EXPECTED_GPUS_ENV}={self.expected}")
+        said += self.requested
         return "; ".join(said) or "no NVIDIA device"
 
     def broken(self, what: str) -> str:
@@ -106,6 +123,21 @@ def device_files(root: Path) -> list[str]:
     except OSError:
         return []
     return sorted((f"/dev/{n}" for n in names if _DEVICE_FILE.match(n)), key=lambda p: int(p[len("/dev/nvidia"):]))
+
+
+def driver_gpus(root: Path) -> list[str]:
+    """The PCI addresses under ``root``/proc/driver/nvidia/gpus (the driver's own list: no driver, none)."""
+    try:
+        return sorted(os.listdir(root / "proc/driver/nvidia/gpus"))
+    except OSError:
+        return []
+
+
+def launcher_requests(environ: dict[str, str] | None = None) -> list[str]:
+    """``NAME=value`` of each launcher variable that gave this job GPUs."""
+    environ = dict(os.environ) if environ is None else environ
+    return [f"{name}={environ[name]}" for name in LAUNCHER_GPU_VARIABLES
+            if environ.get(name, "").strip().lower() not in NO_DEVICES]
 
 
 def expected_gpus() -> int | None:
@@ -165,4 +197,5 @@ def find(root: Path, nvml: Any | None = None, nvml_error: str | None = None) -> 
         names, nvml_error = nvml_gpus(nvml)
     gpus, other = pci_nvidia(root)
     return NvidiaDevices(nvml_gpus=tuple(names), nvml_error=nvml_error, device_files=tuple(device_files(root)),
-                         pci_gpus=tuple(gpus), pci_other=tuple(other), expected=expected_gpus())
+                         pci_gpus=tuple(gpus), pci_other=tuple(other), expected=expected_gpus(),
+                         driver_gpus=tuple(driver_gpus(root)), requested=tuple(launcher_requests()))
