@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clustergate import inputfile
+
 KEY_ENV = "CLUSTERGATE_KEY_FILE"
 FIELD = "hmac"
 ALG = "HMAC-SHA256"
@@ -44,25 +46,26 @@ def key_path(given: str | Path | None) -> Path | None:
 
 def load_key(path: Path) -> bytes:
     """The key in ``path``: a regular file of the running user that neither group nor others can read or write (it
-    would let them sign records), opened without following a link or blocking on a FIFO; KeyFileError otherwise."""
+    would let them sign records), read through the one reader of inputs (``clustergate.inputfile``: never blocks on a
+    FIFO, size-capped); KeyFileError otherwise. A link is followed (a Kubernetes secret is one) and its target held
+    to the same."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        info = os.stat(path)
     except OSError as exc:
         raise KeyFileError(f"--key-file {path}: cannot open the site key ({exc.strerror or exc}); give a regular "
                            f"file only this user can read (chmod 600 {path})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise KeyFileError(f"--key-file {path}: not a regular file; give the file that holds the site key")
+    if info.st_mode & 0o077:
+        raise KeyFileError(f"--key-file {path}: group or others may read or write the site key (mode "
+                           f"{stat.S_IMODE(info.st_mode):o}), so they could sign records: chmod 600 {path}")
+    if info.st_uid != os.geteuid():
+        raise KeyFileError(f"--key-file {path}: owned by uid {info.st_uid}, not the user who runs "
+                           f"({os.geteuid()}): the key must be this user's own (chown, then chmod 600 {path})")
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise KeyFileError(f"--key-file {path}: not a regular file; give the file that holds the site key")
-        if info.st_mode & 0o077:
-            raise KeyFileError(f"--key-file {path}: group or others may read or write the site key (mode "
-                               f"{stat.S_IMODE(info.st_mode):o}), so they could sign records: chmod 600 {path}")
-        if info.st_uid != os.geteuid():
-            raise KeyFileError(f"--key-file {path}: owned by uid {info.st_uid}, not the user who runs "
-                               f"({os.geteuid()}): the key must be this user's own (chown, then chmod 600 {path})")
-        key = os.read(fd, MAX_KEY_BYTES + 1).strip()
-    finally:
-        os.close(fd)
+        key = inputfile.read_bytes(path, "hmac").strip()
+    except (OSError, inputfile.InputFileError) as exc:
+        raise KeyFileError(f"--key-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if len(key) > MAX_KEY_BYTES or len(key) < MIN_KEY_BYTES:
         raise KeyFileError(f"--key-file {path}: a site key is {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes, this one is "
                            f"{len(key)}: write one with head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}")
