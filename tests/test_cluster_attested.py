@@ -204,8 +204,10 @@ def test_a_keyed_merge_excludes_an_edited_node_file_and_keys_its_digests(tmp_pat
     digests = {n["host"]: n["digest"] for n in cluster["nodes"]}
     plain = "sha256:" + hashlib.sha256((run / "nodes" / "gpu1" / "results.json").read_bytes()).hexdigest()
     assert digests["gpu1"] == keyed.digest(key, plain) and digests["gpu1"].startswith("hmac-sha256:")
-    # The key from the environment is the same key.
-    proc, again = merge(run, env={keyed.KEY_ENV: str(key_file)})
+    # The key from the environment is the same key, through a link as a Kubernetes secret mounts it.
+    link = tmp_path / "mounted.key"
+    link.symlink_to(key_file)
+    proc, again = merge(run, env={keyed.KEY_ENV: str(link)})
     assert again["accepted"] == ["gpu1"] and again["keyed"] is True
 
 
