@@ -58,7 +58,8 @@ def is_node_reader(cg: Recorder) -> bool:
 
 def require_baseline(cg: Recorder, state: Baseline) -> None:
     cg.skip_unless_everywhere(state.taken, f"no snapshot from before the load tests: {BEFORE_TEST} was not "
-                                           "selected (-k/-m) or did not run, so growth cannot be measured")
+                                           "selected (-k/-m) or did not run, so growth cannot be measured",
+                              fact=None)  # a complete run always takes the snapshot
 
 
 def where_of(cg: Recorder, rank: int) -> Where:
@@ -127,13 +128,13 @@ def judge_parts(cg: Recorder, parts: list[Part]) -> Verdicts:
 
 
 def settle_parts(cg: Recorder, title: str, parts: list[Part], unreadable: dict[str, str],
-                 broken: dict[int, list[str]] | None = None) -> None:
+                 broken: dict[int, list[str]] | None = None, unreadable_fact: str = "unsupported") -> None:
     """Record, judge and decide, alike on every rank (every rank holds every part).
 
     Each owner records its worst figure per metric; a part that misses fails its owner (and so the test,
     on every rank); ``broken`` are failures that are not a figure (a GPU NVML could read before the run
     and not after). Where some part could not be read (``unreadable``: where -> why) and nothing failed,
-    the test skips saying why: an unread counter is never a pass.
+    the test skips saying why, on ``unreadable_fact`` (``decide``): an unread counter is never a pass.
     """
     verdicts = judge_parts(cg, parts)
     for owner, lines in (broken or {}).items():
@@ -150,12 +151,14 @@ def settle_parts(cg: Recorder, title: str, parts: list[Part], unreadable: dict[s
             worst[key] = max(worst.get(key, p.value), p.value)
     for (metric, unit, scope), value in worst.items():
         cg.record(metric, value, unit, scope=scope)  # type: ignore[arg-type]
-    decide(cg, title, verdicts.failures, unreadable)
+    decide(cg, title, verdicts.failures, unreadable, unreadable_fact)
 
 
-def decide(cg: Recorder, title: str, failures: dict[int, list[str]], unreadable: dict[str, str]) -> None:
+def decide(cg: Recorder, title: str, failures: dict[int, list[str]], unreadable: dict[str, str],
+           unreadable_fact: str = "unsupported") -> None:
     """The same on every rank: a rank with failures fails naming them; with none anywhere, anything that
-    could not be read makes the test skip saying what and why (never a pass)."""
+    could not be read makes the test skip saying what and why (never a pass), on ``unreadable_fact``: the node
+    does not offer it (a fleet whose other nodes ran the test says otherwise: ``clustergate.completeness``)."""
     mine = failures.get(cg.rank)
     if mine:
         pytest.fail(f"{title}:\n  " + "\n  ".join(mine), pytrace=False)
@@ -163,4 +166,5 @@ def decide(cg: Recorder, title: str, failures: dict[int, list[str]], unreadable:
         return  # the owners fail the test, naming their parts
     if unreadable:
         first = next(iter(unreadable.items()))
-        pytest.skip(f"{title}: not readable on {len(unreadable)} part(s), e.g. {first[0]}: {first[1]}")
+        cg.skip(f"{title}: not readable on {len(unreadable)} part(s), e.g. {first[0]}: {first[1]}",
+                fact=unreadable_fact)

@@ -30,7 +30,7 @@ def expects_gpu(cg: Recorder) -> bool:
 
 def skip_on_cpu_profile(cg: Recorder, why: str = "") -> None:
     if not expects_gpu(cg):
-        pytest.skip(CPU_SKIP + (f" ({why})" if why else ""))
+        cg.skip(CPU_SKIP + (f" ({why})" if why else ""), fact="no_gpu")
 
 
 def require_device(cg: Recorder, *, gpu_only: bool = False) -> None:
@@ -50,7 +50,7 @@ def require_device(cg: Recorder, *, gpu_only: bool = False) -> None:
         pytest.fail(mine, pytrace=False)
     bad = [r for r, problem in enumerate(everyone) if problem]
     if bad:
-        pytest.skip(f"not measured: ranks {bad} have no GPU")
+        cg.skip(f"not measured: ranks {bad} have no GPU", fact=None)  # those ranks fail the test
 
 
 def snapshots(cg: Recorder, *, pcie_load_s: float = 0.0) -> list[dict[str, Any]]:
@@ -88,8 +88,8 @@ def settle(cg: Recorder, checks: list[Check], title: str) -> None:
         return  # the failing ranks fail the test and are named there
     if unsupported:
         first = unsupported[0]
-        pytest.skip(f"{title}: not supported on {len(unsupported)}/{len(checks)} ranks (first rank {first} on "
-                    f"{cg.identities[first]['host']}): {checks[first].message}")
+        cg.skip(f"{title}: not supported on {len(unsupported)}/{len(checks)} ranks (first rank {first} on "
+                f"{cg.identities[first]['host']}): {checks[first].message}", fact="unsupported")
 
 
 def measure(cg: Recorder, workload: Callable[[], Result]) -> Result | None:

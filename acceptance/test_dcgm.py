@@ -88,10 +88,12 @@ def test_dcgm_diagnostic(cg: Recorder, request: pytest.FixtureRequest, dcgm_repo
     """One DCGM diagnostic test (plugin) on every GPU of every node, with DCGM's own verdict and message."""
     level = request.config.getoption("dcgm_diag")
     if not level:
-        pytest.skip("DCGM diagnostics not requested: pass --dcgm-diag 1|2|3|4 (or set CLUSTERGATE_DCGM_DIAG)")
+        cg.skip("DCGM diagnostics not requested: pass --dcgm-diag 1|2|3|4 (or set CLUSTERGATE_DCGM_DIAG)",
+                fact="dcgm_not_requested", requested=None, needs=dcgm.LEVEL_OF.get(name, 1))
     needed = dcgm.LEVEL_OF.get(name, 1)
     if needed > level:
-        pytest.skip(f"DCGM runs {name} at --dcgm-diag {needed} and above (this run: {level})")
+        cg.skip(f"DCGM runs {name} at --dcgm-diag {needed} and above (this run: {level})",
+                fact="dcgm_not_requested", requested=level, needs=needed)
     require_device(cg, gpu_only=True)
     if "nodes" not in dcgm_reports:
         dcgm_reports["nodes"] = _run(cg, level)

@@ -234,10 +234,12 @@ def test_infiniband_errors_during_run(cg: Recorder, error_baseline: Baseline) ->
 
     parts: list[Part] = []
     unreadable: dict[str, str] = {}
+    portless = 0
     for rank, seen in _node_runs(cg, error_baseline, read):
         node = where_of(cg, rank).label("node")
         if seen["why"]:
             unreadable[node] = seen["why"]
+            portless += not seen["states_before"]
             continue
         changes = diff(seen["before"], seen["after"], ib_counters.WIDTHS)
         moved = ib_counters.state_changes(seen["states_before"], seen["states_after"])
@@ -247,4 +249,7 @@ def test_infiniband_errors_during_run(cg: Recorder, error_baseline: Baseline) ->
             parts += found
             parts.append(Part("ib_port_state_changes", rank, "node", port, float(port in moved), "count",
                               "ib_link_down", (moved[port],) if port in moved else ()))
-    settle_parts(cg, "InfiniBand errors during the run", parts, unreadable)
+    # Nodes without a port at all skip on that fact (the record's discovery shows it); a port whose counters cannot be
+    # read is one the node does not offer.
+    settle_parts(cg, "InfiniBand errors during the run", parts, unreadable,
+                 unreadable_fact="no_infiniband" if unreadable and portless == len(unreadable) else "unsupported")

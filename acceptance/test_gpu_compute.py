@@ -33,9 +33,9 @@ def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
     require_device(cg)
     if dtype == "fp8":
         if not expects_gpu(cg):
-            pytest.skip(f"{CPU_SKIP} (fp8 matmul needs fp8 tensor cores)")
+            cg.skip(f"{CPU_SKIP} (fp8 matmul needs fp8 tensor cores)", fact="no_gpu")
         why = matmul.fp8_unsupported(cg.device)
-        cg.skip_unless_everywhere(why is None, f"fp8 not measured: {why}")
+        cg.skip_unless_everywhere(why is None, f"fp8 not measured: {why}", fact="unsupported")
     cfg = matmul.Config.for_level(cg.level, cg.device, dtype, peak_tflops=cg.setting(f"peak_{dtype}_tflops", None),
                                   wallclock_fraction=cg.setting("matmul_wallclock_fraction", None))
     measure(cg, lambda: matmul.run(cfg))
@@ -62,7 +62,8 @@ def test_power_under_load(cg: Recorder) -> None:
     a software power cap is expected at full load; hardware slowdown, thermal slowdown or power brake fail."""
     require_device(cg, gpu_only=True)
     run = burn_in.last_run(cg.device)
-    cg.skip_unless_everywhere(run is not None, "the sustained matmul did not finish on every rank")
+    cg.skip_unless_everywhere(run is not None, "the sustained matmul did not finish on every rank",
+                              fact=None)  # test_sustained_matmul failed or did not run: nothing to read
     assert run is not None
     measure(cg, lambda: burn_in.power_result(run, on_gpu=cg.device.type == "cuda"))
 
@@ -97,6 +98,7 @@ def test_host_link_all_gpus(cg: Recorder, direction: str) -> None:
     require_device(cg)
     # Every rank holds the same identities, so every rank decides alike.
     if max(Counter(ident["node_rank"] for ident in cg.identities).values()) == 1:
-        pytest.skip("one GPU per node: test_host_link measured each alone, which is every GPU of its node at once")
+        cg.skip("one GPU per node: test_host_link measured each alone, which is every GPU of its node at once",
+                fact="one_gpu_per_node")
     cfg = hostlink.Config.for_level(cg.level, cg.device, direction, "together")
     measure(cg, lambda: hostlink.run(cfg))

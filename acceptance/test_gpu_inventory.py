@@ -32,7 +32,8 @@ def _needs(cg: Recorder, name: str) -> object:
     skip_on_cpu_profile(cg)
     value = cg.setting(name, None)
     if value is None:
-        pytest.skip(f"profile {cg.profile_name!r} sets no {name}: nothing to judge against")
+        cg.skip(f"profile {cg.profile_name!r} sets no {name}: nothing to judge against", fact="not_required",
+                setting=f"settings.{name}")
     return value
 
 

@@ -20,7 +20,8 @@ from workloads.result import Result
 def test_gpu_memory_patterns(cg: Recorder) -> None:
     """Walking ones, random words and address in address over >= 90% of free GPU memory: no word may differ."""
     if cg.level != "extended":
-        pytest.skip(f"the memory test runs at --level extended only (this run: {cg.level})")
+        cg.skip(f"the memory test runs at --level extended only (this run: {cg.level})", fact="below_level",
+                level=cg.level)
     require_device(cg)
     try:
         result, error = memtest.run(memtest.Config.for_level(cg.level, cg.device), cg.device), None

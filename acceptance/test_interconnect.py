@@ -25,16 +25,17 @@ def _scope_ready(cg: Recorder, scope: str) -> None:
     lay = comm_groups.layout()
     sizes = [len(n) for n in lay.nodes()]
     cg.skip_unless_everywhere(cg.world_size > 1, "the job has a single rank: no collective traffic to measure "
-                                                 "(start torchrun with --nproc-per-node=gpu)")
+                                                 "(start torchrun with --nproc-per-node=gpu)", fact="one_rank")
     if scope == "node":
         cg.skip_unless_everywhere(min(sizes) > 1, f"a node runs a single rank (ranks per node {sizes}): "
-                                                  "no traffic inside it to measure")
+                                                  "no traffic inside it to measure", fact="one_rank_per_node")
     if scope == "net":
         # Two torchrun agents on one host are two nodes to torchrun but one host to NCCL, which then
         # uses NVLink between them: not the network, and no figure to judge against a NIC.
         one_host = lay.hosts(range(len(lay.node_of))) < 2
         cg.skip_unless_everywhere(not (one_host and cg.device.type == "cuda"),
-                                  "every node is on one host: traffic between them is not the network")
+                                  "every node is on one host: traffic between them is not the network",
+                                  fact=None)  # a rehearsal: it measured no network, so it is no fabric run
 
 
 def _sweep_config(cg: Recorder, collective: str, scope: str) -> collectives.Config:
@@ -48,7 +49,7 @@ def test_nccl_transport(cg: Recorder) -> None:
     """NCCL's version, algorithm and transport per scope, read from its own log; a network channel that
     is not the profile's ``required_transport`` (e.g. NET/Socket where NET/IB is required) fails."""
     require_device(cg)
-    cg.skip_unless_everywhere(cg.device.type == "cuda", "gloo (CPU run): no NCCL to inspect")
+    cg.skip_unless_everywhere(cg.device.type == "cuda", "gloo (CPU run): no NCCL to inspect", fact="no_gpu")
     judge = min(cg.setting("collective_judge_bytes"), cg.setting("collective_max_bytes"))
     result = nccl_transport.run(nccl_transport.Config(
         required=cg.setting("required_transport"), probe_bytes=min(judge, 256 * MiB),
@@ -83,7 +84,7 @@ def test_collective_bandwidth(cg: Recorder, collective: str, scope: str) -> None
     every size's result checked exactly before its time counts."""
     require_device(cg)
     reason = collectives.unsupported_reason(collective)
-    cg.skip_unless_everywhere(reason is None, reason or "")
+    cg.skip_unless_everywhere(reason is None, reason or "", fact="no_gpu")  # only gloo lacks a collective
     _scope_ready(cg, scope)
     cg.record_result(collectives.run(_sweep_config(cg, collective, scope)))
 

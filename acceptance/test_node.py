@@ -125,7 +125,7 @@ def test_same_software_on_every_node(cg: Recorder) -> None:
 def test_cpu_affinity_local_to_gpu(cg: Recorder) -> None:
     """Every rank may run only on CPUs local to its GPU (where the topology has more than one NUMA node)."""
     cg.skip_unless_everywhere(cg.device.type == "cuda", "no GPU on this rank (cpu profile): CPU binding "
-                              "to a GPU's NUMA node does not apply")
+                              "to a GPU's NUMA node does not apply", fact="no_gpu")
     bus = _bus_id(cg)
     where = discovery.gpu_locality(Path("/"), bus) if bus else {"bus_id": None, "numa_node": None, "local_cpus": None}
     affinity = os.sched_getaffinity(0)
@@ -138,8 +138,8 @@ def test_cpu_affinity_local_to_gpu(cg: Recorder) -> None:
                              "applies": applies, "problem": problem})
     cg.record_result(Result(metrics=(), details={"binding": everyone}))
     if not any(e["applies"] for e in everyone):
-        pytest.skip("no GPU's sysfs entry names a NUMA node with a subset of the CPUs (one NUMA node, or "
-                    "numa_node -1 as in many VMs): binding cannot matter here")
+        cg.skip("no GPU's sysfs entry names a NUMA node with a subset of the CPUs (one NUMA node, or "
+                "numa_node -1 as in many VMs): binding cannot matter here", fact="unsupported")
     bad = [f"rank {e['rank']} ({_node_label(cg.identities[e['rank']])} gpu {e['gpu']} {e['bus_id']}, "
            f"NUMA node {e['numa_node']}): {e['problem']}" for e in everyone if e["problem"]]
     if bad:
@@ -154,8 +154,8 @@ def test_infiniband_ports_active(cg: Recorder) -> None:
     required = cg.setting("ib_ports_per_node", None) or 0
     rate = cg.setting("ib_rate_gbps", None)
     if not required:
-        pytest.skip(f"profile {cg.profile_name!r} requires no InfiniBand ports (settings.ib_ports_per_node "
-                    "absent or 0)")
+        cg.skip(f"profile {cg.profile_name!r} requires no InfiniBand ports (settings.ib_ports_per_node "
+                "absent or 0)", fact="not_required", setting="settings.ib_ports_per_node")
     me = cg.identities[cg.rank]
     mine = discovery.read_infiniband(Path("/")) if me["local_rank"] == 0 else None
     gathered = cg.all_ranks((mine, discovery.read_gpudirect(Path("/")) if mine is not None else None))
@@ -177,8 +177,8 @@ def test_shared_directory_is_shared(cg: Recorder, shared_dir: str | None) -> Non
     """A token rank 0 writes is read back on every rank of every node; write and read GB/s per node."""
     everyone = cg.all_ranks(shared_dir)
     if all(d is None for d in everyone):
-        pytest.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
-                    "launch/ set it to the report directory) or settings.shared_dir in the profile")
+        cg.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
+                "launch/ set it to the report directory) or settings.shared_dir in the profile", fact="no_shared_dir")
     differing = sorted({(d, _node_label(cg.identities[r])) for r, d in enumerate(everyone) if d != everyone[0]})
     if differing:
         pytest.fail(f"ranks name different shared directories (rank 0: {everyone[0]!r}): "

@@ -30,7 +30,8 @@ from workloads.result import Result
 def _expected(cg: Recorder, key: str) -> Expected:
     expected = cg.profile.expect.get(key)
     if expected is None:
-        pytest.skip(f"profile {cg.profile_name!r} sets no expect.{key} ({RULES[key].what}): not checked")
+        cg.skip(f"profile {cg.profile_name!r} sets no expect.{key} ({RULES[key].what}): not checked",
+                fact="not_required", setting=f"expect.{key}")
     return expected
 
 
@@ -115,7 +116,7 @@ def test_nccl_uses_gdr(cg: Recorder) -> None:
     """NCCL's own log shows GPUDirect RDMA ('/GDRDMA') on every channel it runs over InfiniBand."""
     expected = _expected(cg, "nccl_gdr")
     require_device(cg, gpu_only=True)
-    cg.skip_unless_everywhere(cg.world_size > 1, "a single rank: NCCL opens no network channel")
+    cg.skip_unless_everywhere(cg.world_size > 1, "a single rank: NCCL opens no network channel", fact="one_rank")
     comm = comm_groups.scope_comm("world", cg.setting("nccl_algo", ""))
     with comm.window():  # a large all_reduce makes NCCL connect (and log) its ring over the network
         dist.all_reduce(torch.ones(16 << 20, device=cg.device), group=comm.group)

@@ -40,7 +40,7 @@ def test_gpt_original_settings(cg: Recorder) -> None:
     software of the old benchmark, not the cluster). CPU ranks run it at every level (seconds)."""
     gpu = cg.device.type == "cuda"
     if gpu and cg.level != "extended":
-        pytest.skip("the original benchmark's settings run at --level extended")
+        cg.skip("the original benchmark's settings run at --level extended", fact="below_level", level=cg.level)
     cfg = gpt.Config.for_level(cg.level, cg.device, "original" if gpu else "tiny", _peak(cg), compile="off")
     result = gpt.run(cfg)
     cg.record_result(Result(
@@ -68,8 +68,8 @@ def test_checkpoint_round_trip(cg: Recorder, shared_dir: str | None, tmp_path: P
                     "pass --shared-dir (or set CLUSTERGATE_SHARED_DIR) alike on every node", pytrace=False)
     nodes = len({ident["node_rank"] for ident in cg.identities})
     if everyone[0] is None and nodes > 1:
-        pytest.skip(f"a checkpoint across {nodes} nodes needs a directory every node mounts: pass --shared-dir, "
-                    "set CLUSTERGATE_SHARED_DIR or settings.shared_dir in the profile")
+        cg.skip(f"a checkpoint across {nodes} nodes needs a directory every node mounts: pass --shared-dir, "
+                "set CLUSTERGATE_SHARED_DIR or settings.shared_dir in the profile", fact="no_shared_dir")
     # pytest's tmp_path differs per process; rank 0's serves every rank of a one-node job.
     directory = everyone[0] or cg.all_ranks(str(tmp_path))[0]
     cg.record_result(checkpoint.run(checkpoint.Config.for_level(cg.level, cg.device, directory)))

@@ -1,14 +1,21 @@
 """The completeness rule: whether a run ran the whole suite, or only part of it.
 
 A **complete node run** contains every node-run test of the manifest (``clustergate.manifest``), each of
-which ran its body (its call phase) or skipped itself, saying why. A **complete fabric run** contains every
-fabric-run test (marked ``multinode``) the same way, on two or more nodes. A run may be both (the whole
-suite on two nodes). A run that is neither is *partial*, whatever narrowed or hollowed it: ``-k``, ``-m``,
-file paths or node ids, ``--deselect``, ``--setup-only``/``--setup-plan`` (no body ran), an older record
-that does not say which phases ran. The rule reads only what the record says ran; the options the run
-recorded (``selection``) only explain it. (A run that stopped early, ``-x``, is a reject already.) A run that does
-not attest the shipped suite's code run with its plugins alone (``clustergate.attestation.problems``) is partial
-too, whatever its tests did.
+which ran its body (its call phase) or skipped on a recorded fact that earns the skip. A **complete fabric
+run** contains every fabric-run test (marked ``multinode``) the same way, on two or more nodes. A run may be
+both (the whole suite on two nodes). A run that is neither is *partial*, whatever narrowed or hollowed it:
+``-k``, ``-m``, file paths or node ids, ``--deselect``, ``--setup-only``/``--setup-plan`` (no body ran), an
+older record that does not say which phases ran, a skip that is not earned, a run that does not attest the
+shipped suite's code run with its plugins alone (``clustergate.attestation.problems``). The rule reads only what
+the record says ran; the options the run recorded (``selection``) only explain it. (A run that stopped early,
+``-x``, is a reject already.)
+
+A skip is earned when it records its fact (``tests[].skip_fact``, ``clustergate.skip_facts``), the manifest
+lets the test skip on that fact under the run's profile kind at the run's level, and the record bears the fact
+out (its nodes, ranks, discovery, environment, level; the profile where the reader knows it). The level is
+proven by what ran: a skip taken at one level in a record that says another is not earned. Across a fleet
+(``fleet_problems``, merge) a node that skips for lacking what another node has (it ran the test, it lists an
+InfiniBand port) has not earned the skip either.
 
 One pure function, ``partial``, used alike by the run's own verdict (``clustergate.results``), the
 re-render (``clustergate.verdict.of_record``), ``merge`` (a node run, at the level the site requires),
@@ -21,9 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clustergate import attestation
+from clustergate import attestation, skip_facts
 from clustergate import manifest as suite_manifest
 from clustergate.manifest import LEVELS, Manifest
+from clustergate.thresholds import Profile
 
 SHOWN = 6
 """How many left-out tests a reason names (the rest are counted)."""
@@ -102,13 +110,94 @@ def _level_problem(level: Any, required: str, manifest: Manifest) -> str | None:
     return f"it ran at level {level}, the site requires {required} or more{what}"
 
 
+def _skipped(results: Mapping[str, Any], manifest: Manifest) -> list[tuple[Mapping[str, Any], Any]]:
+    """Every skipped test of the suite in ``results``, with its manifest entry."""
+    selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+    out = []
+    for test in results.get("tests") or []:
+        if isinstance(test, Mapping) and test.get("outcome") == "skipped":
+            known = manifest.get(manifest_id(str(test.get("nodeid")), selection, manifest) or "")
+            if known is not None:  # a test that is not the suite's counts for nothing anyway
+                out.append((test, known))
+    return out
+
+
+def _dcgm_problem(results: Mapping[str, Any], manifest: Manifest) -> str | None:
+    """DCGM's skips must agree on the level asked for; one that says it was not asked for at all while a DCGM test
+    ran contradicts the record."""
+    facts = [t.get("skip_fact") for t, _ in _skipped(results, manifest)]
+    asked = {f.get("requested") for f in facts if isinstance(f, Mapping) and f.get("fact") == "dcgm_not_requested"}
+    if len(asked) > 1:
+        return f"its DCGM skips disagree on the --dcgm-diag level asked for ({sorted(map(str, asked))})"
+    if None in asked:
+        selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+        for test in results.get("tests") or []:
+            known = manifest.get(manifest_id(str(test.get("nodeid")), selection, manifest) or "")
+            if (known is not None and test.get("outcome") in ("passed", "failed")
+                    and any(r.fact == "dcgm_not_requested" for r in known.skips)):
+                return f"DCGM skips say it was not asked for, yet {_short(str(test.get('nodeid')))} ran"
+    return None
+
+
+def unearned(results: Mapping[str, Any], manifest: Manifest, profile: Profile | None = None) -> list[str]:
+    """Why some skips of ``results`` are not earned ([] when every one is): no fact recorded, a fact the manifest
+    does not allow for the test under the run's profile kind and level, or one the record contradicts."""
+    kind, level = skip_facts.profile_kind(results, profile), str(results.get("level"))
+    bad = []
+    for test, known in _skipped(results, manifest):
+        fact = test.get("skip_fact")
+        why = skip_facts.problem(fact, results, profile)
+        if why is None and not known.earns(str(fact["fact"]), kind, level):
+            why = f"the manifest does not let it skip on {fact['fact']} under a {kind} profile at level {level}"
+        if why is not None:
+            bad.append(f"{_short(str(test.get('nodeid')))} ({why})")
+    reasons = []
+    if bad:
+        more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
+        reasons.append(f"{len(bad)} skips are not earned by a recorded fact: {'; '.join(bad[:SHOWN])}{more}")
+    if (dcgm := _dcgm_problem(results, manifest)) is not None:
+        reasons.append(dcgm)
+    return reasons
+
+
+def fleet_problems(records: Mapping[str, Mapping[str, Any]], manifest: Manifest) -> dict[str, list[str]]:
+    """Host -> why its skips are not earned in this fleet (``records``: each node run of one cluster run by host): it
+    skipped a test as unsupported that another node ran, or as having no InfiniBand port where another node lists
+    one. A node that lacks what its fleet has is missing it."""
+    ran: dict[str, set[str]] = {}
+    for host, results in records.items():
+        selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+        for test in results.get("tests") or []:
+            if test.get("outcome") in ("passed", "failed") and "call" in (test.get("phases") or []):
+                ran.setdefault(manifest_id(str(test.get("nodeid")), selection, manifest) or "", set()).add(host)
+    with_ib = {host for host, results in records.items() if skip_facts.ib_hosts(results)}
+    out: dict[str, list[str]] = {}
+    for host, results in records.items():
+        bad = []
+        for test, known in _skipped(results, manifest):
+            fact = (test.get("skip_fact") or {}).get("fact") if isinstance(test.get("skip_fact"), Mapping) else None
+            others = sorted((ran.get(known.nodeid, set()) if fact == "unsupported" else
+                             with_ib if fact == "no_infiniband" else set()) - {host})
+            if others:
+                shown = ", ".join(others[:4]) + (f" (and {len(others) - 4} more)" if len(others) > 4 else "")
+                bad.append(f"{_short(known.nodeid)} skipped on {fact}, yet "
+                           f"{'InfiniBand ports are listed on' if fact == 'no_infiniband' else 'it ran on'} {shown}")
+        if bad:
+            more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
+            out[host] = [f"{len(bad)} skips are not earned in this fleet (this node lacks what others have): "
+                         f"{'; '.join(bad[:SHOWN])}{more}"]
+    return out
+
+
 def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = None,
-            level: str | None = None) -> list[str]:
+            level: str | None = None, profile: Profile | None = None) -> list[str]:
     """Why ``results`` is not a complete run; [] when it is.
 
     ``need``: ``node`` or ``fabric`` for a run that must be a complete run of that kind (merge takes node runs,
     sign-off a fabric run); None for a run that may be either (the run's own verdict, the re-render,
-    calibrate). ``level``: the least level the run must have run at (merge's ``--level``)."""
+    calibrate). ``level``: the least level the run must have run at (merge's ``--level``). ``profile``: the
+    profile the reader holds the run to (merge and sign-off), against which the skips on the profile's settings
+    are checked."""
     tests = [t for t in results.get("tests") or [] if isinstance(t, Mapping)]
     selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
     present = {i for i in (manifest_id(str(t.get("nodeid")), selection, manifest) for t in tests) if i}
@@ -131,6 +220,7 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
     if need == "fabric" and nodes < 2:
         reasons.append(f"a fabric run needs two or more nodes; this one ran on {nodes}")
     reasons += _hollow(tests)
+    reasons += unearned(results, manifest, profile)
     reasons += attestation.problems(results)  # the code ran was the shipped suite, with the suite's plugins alone
     if level is not None and (problem := _level_problem(results.get("level"), level, manifest)):
         reasons.append(problem)

@@ -6,10 +6,12 @@ physical GPU's even when CUDA_VISIBLE_DEVICES renumbers devices.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
@@ -103,8 +105,14 @@ def gpu_node_problem(found: NvidiaDevices, device: torch.device) -> str | None:
                         f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
 
 
+OPTIONAL_PACKAGES = ("deepspeed",)
+"""Packages of the optional extras whose absence lets a test skip (``clustergate.skip_facts``: package_missing): the
+record names the version of each that is installed, so a skip for one that is there contradicts it."""
+
+
 def environment() -> dict[str, str]:
-    """Software versions that decide what a figure means."""
+    """Software versions that decide what a figure means, the optional packages installed among them (read from
+    their metadata, never imported: importing DeepSpeed costs seconds)."""
     env = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -121,6 +129,9 @@ def environment() -> dict[str, str]:
             env["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
         except Exception as exc:
             env["driver"] = f"unknown (NVML: {exc})"
+    for package in OPTIONAL_PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env[package] = metadata.version(package)
     for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES"):
         if var in os.environ:
             env[var] = os.environ[var]

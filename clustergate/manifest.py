@@ -3,12 +3,14 @@
 ``clustergate/manifest.json`` lists every test of the ``acceptance`` suite that ships with this
 clustergate: its node id, whether it belongs to the fabric run (marked ``multinode``) or the node run,
 the metrics it declares with the scope each is recorded in (``gpu``: one figure per rank, ``node``: one
-per node, ``world``: one for the job), and the levels that skip it by design on every profile (the LoRA
-and ZeRO-3 fine-tunes at quick). It is data, read without torch, so that ``merge``, ``signoff``,
-``calibrate`` and the re-render hold every results.json to the same list the run itself was held to
-(``clustergate.completeness``). ``tests/test_manifest.py`` fails when the suite's collection and this
-file disagree; ``python -m clustergate.manifest --write`` writes it again from the collection, keeping
-the scopes and by-design skips it already states (a new metric's scope is written by hand).
+per node, ``world``: one for the job), the levels that skip it by design on every profile (the LoRA
+and ZeRO-3 fine-tunes at quick), and the facts on which it may skip (``skips``: each a fact of
+``clustergate.skip_facts``, for the profile kinds and levels it earns a skip at). It is data, read without
+torch, so that ``merge``, ``signoff``, ``calibrate`` and the re-render hold every results.json to the same list
+the run itself was held to (``clustergate.completeness``). ``tests/test_manifest.py`` fails when the suite's
+collection and this file disagree; ``python -m clustergate.manifest --write`` writes it again from the
+collection, keeping the scopes, by-design skips and skip facts it already states (a new metric's scope and a
+new test's skip facts are written by hand).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from clustergate.skip_facts import FACTS, PROFILE_KINDS
+
 MANIFEST = Path(__file__).resolve().parent / "manifest.json"
 SCHEMA = 1
 SCOPES = ("gpu", "node", "world")
@@ -40,6 +44,26 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class SkipRule:
+    """A fact on which a test may skip, for the profile kinds and run levels where it earns the skip."""
+
+    fact: str
+    """A fact of ``clustergate.skip_facts.FACTS``."""
+    profiles: tuple[str, ...] = PROFILE_KINDS
+    """``cpu`` (the cpu profile), ``gpu`` (any GPU profile) or both."""
+    levels: tuple[str, ...] = LEVELS
+    """The run levels at which the fact earns the skip (a level that needs the test leaves it out)."""
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fact": self.fact}
+        if self.profiles != PROFILE_KINDS:
+            out["profiles"] = list(self.profiles)
+        if self.levels != LEVELS:
+            out["levels"] = list(self.levels)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class SuiteTest:
     """One test of the suite as the manifest states it."""
 
@@ -51,12 +75,23 @@ class SuiteTest:
     """Every metric the test declares (``@pytest.mark.metrics``) and the scope it is recorded in."""
     skipped_by_design: dict[str, str] = field(default_factory=dict)
     """Level -> why that level leaves the test out on every profile (the test skips itself, saying so)."""
+    skips: tuple[SkipRule, ...] = ()
+    """The facts on which the test may skip besides its by-design levels; a skip on any other is not earned."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeid": self.nodeid, "run": self.run, "metrics": self.metrics}
         if self.skipped_by_design:
             out["skipped_by_design"] = self.skipped_by_design
+        if self.skips:
+            out["skips"] = [r.as_json() for r in self.skips]
         return out
+
+    def earns(self, fact: str, kind: str, level: str) -> bool:
+        """Whether a skip on ``fact`` is earned by this test under a profile of ``kind`` (cpu | gpu) at ``level``:
+        a rule says so, or the level leaves the test out by design on every profile."""
+        if fact == "below_level" and level in self.skipped_by_design:
+            return True
+        return any(r.fact == fact and kind in r.profiles and level in r.levels for r in self.skips)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +135,24 @@ def _fail(path: Path, where: str, problem: str) -> ManifestError:
     return ManifestError(f"{path}: {where}: {problem}")
 
 
+def _rule(path: Path, where: str, raw: Any) -> SkipRule:
+    if not isinstance(raw, dict) or "fact" not in raw or set(raw) - {"fact", "profiles", "levels"}:
+        raise _fail(path, where, "must be a mapping of fact and (optional) profiles and levels")
+    if raw["fact"] not in FACTS:
+        raise _fail(path, f"{where}.fact", f"must be one of {', '.join(FACTS)}, got {raw['fact']!r}")
+    profiles, levels = tuple(raw.get("profiles", PROFILE_KINDS)), tuple(raw.get("levels", LEVELS))
+    if not profiles or set(profiles) - set(PROFILE_KINDS):
+        raise _fail(path, f"{where}.profiles", f"must list some of {', '.join(PROFILE_KINDS)}, got {list(profiles)}")
+    if not levels or set(levels) - set(LEVELS):
+        raise _fail(path, f"{where}.levels", f"must list some of {', '.join(LEVELS)}, got {list(levels)}")
+    return SkipRule(raw["fact"], profiles, levels)
+
+
 def _test(path: Path, i: int, raw: Any) -> SuiteTest:
     where = f"tests[{i}]"
-    if not isinstance(raw, dict) or set(raw) - {"nodeid", "run", "metrics", "skipped_by_design"}:
-        raise _fail(path, where, "must be a mapping of nodeid, run, metrics and (optional) skipped_by_design")
+    if not isinstance(raw, dict) or set(raw) - {"nodeid", "run", "metrics", "skipped_by_design", "skips"}:
+        raise _fail(path, where, "must be a mapping of nodeid, run, metrics and (optional) skipped_by_design and "
+                                 "skips")
     nodeid, run, metrics = raw.get("nodeid"), raw.get("run"), raw.get("metrics")
     if not isinstance(nodeid, str) or "::" not in nodeid:
         raise _fail(path, f"{where}.nodeid", f"must be a pytest node id FILE::NAME, got {nodeid!r}")
@@ -114,7 +163,11 @@ def _test(path: Path, i: int, raw: Any) -> SuiteTest:
     skips = raw.get("skipped_by_design") or {}
     if not isinstance(skips, dict) or not all(k in LEVELS and isinstance(v, str) and v for k, v in skips.items()):
         raise _fail(path, f"{nodeid}: skipped_by_design", f"must map a level ({', '.join(LEVELS)}) to why it skips")
-    return SuiteTest(nodeid, run, dict(metrics), dict(skips))
+    rules = raw.get("skips") or []
+    if not isinstance(rules, list):
+        raise _fail(path, f"{nodeid}: skips", "must be a list of {\"fact\", \"profiles\"?, \"levels\"?}")
+    return SuiteTest(nodeid, run, dict(metrics), dict(skips),
+                     tuple(_rule(path, f"{nodeid}: skips[{j}]", r) for j, r in enumerate(rules)))
 
 
 def parse(text: bytes, path: Path) -> Manifest:
@@ -161,8 +214,8 @@ def dumps(manifest_tests: list[SuiteTest], suite: str = "acceptance") -> str:
 
 
 def from_collection(collected: list[dict[str, Any]], known: Manifest | None) -> tuple[list[SuiteTest], list[str]]:
-    """The manifest's tests from the suite's collection (``collect``), with the scopes and by-design skips
-    ``known`` states; and what must be written by hand (a metric whose scope no manifest states yet)."""
+    """The manifest's tests from the suite's collection (``collect``), with the scopes, by-design skips and skip
+    facts ``known`` states; and what must be written by hand (a metric whose scope no manifest states yet)."""
     scopes: dict[str, str] = {}
     for t in known.tests if known else ():
         scopes.update(t.metrics)
@@ -177,7 +230,7 @@ def from_collection(collected: list[dict[str, Any]], known: Manifest | None) -> 
                 missing.append(f"{item['nodeid']}: the scope of {name} (gpu, node or world)")
             metrics[name] = scope or "?"
         out.append(SuiteTest(item["nodeid"], "fabric" if item["multinode"] else "node", metrics,
-                             dict(old.skipped_by_design) if old else {}))
+                             dict(old.skipped_by_design) if old else {}, old.skips if old else ()))
     return out, missing
 
 

@@ -111,6 +111,8 @@ class PhaseOutcome:
     said: str = ""
     """The failure or skip in one line, taken from the exception itself (``ValueError: ...``, the skip's
     reason), never read back out of ``message``: what the other ranks are told and the mixed-outcome line shows."""
+    fact: dict[str, Any] | None = None
+    """The fact a skip rests on (``clustergate.skip_facts``), as the skip carried it; None for any other outcome."""
 
     def as_message(self) -> dict[str, Any]:
         """What travels to rank 0 (JSON)."""
@@ -127,6 +129,7 @@ class PhaseOutcome:
         expect(d["stop"], (int, float), "outcome.stop")
         expect(d["poisoned"], bool, "outcome.poisoned")
         expect(d["details"], dict, "outcome.details")
+        expect(d["fact"], (dict, type(None)), "outcome.fact")
         d["records"] = [_record(r) for r in expect(d["records"], list, "outcome.records")]
         return cls(**d)
 
@@ -144,6 +147,8 @@ class PhaseVerdict:
     problems: list[str] = field(default_factory=list)
     """What failed besides the metrics' criteria (a rank raised, outcomes differ, a record is missing):
     ``message`` is these lines, then the metric block."""
+    fact: dict[str, Any] | None = None
+    """The fact a skip rests on (rank 0's: every rank skips alike); None unless the outcome is skipped."""
 
     def as_message(self) -> dict[str, Any]:
         """What rank 0 sends every rank (JSON)."""
@@ -157,6 +162,7 @@ class PhaseVerdict:
         expect(d["message"], str, "verdict.message")
         expect(d["poisoned"], bool, "verdict.poisoned")
         expect(d["details"], dict, "verdict.details")
+        expect(d["fact"], (dict, type(None)), "verdict.fact")
         d["failed_ranks"] = [expect(r, int, "verdict.failed_ranks[]") for r in expect(d["failed_ranks"], list,
                                                                                     "verdict.failed_ranks")]
         d["problems"] = [expect(p, str, "verdict.problems[]") for p in expect(d["problems"], list, "verdict.problems")]
@@ -202,4 +208,5 @@ def merge(outcomes: list[PhaseOutcome], profile: Profile, when: str, expected_me
     if outcome == "failed" and not failed_ranks:
         failed_ranks = sorted(set(record_ranks) | {p["rank"] for j in metrics for p in j.per_rank if not p["passed"]})
     return PhaseVerdict(outcome=outcome, message=message, failed_ranks=failed_ranks, metrics=metrics,
-                        details=outcomes[0].details, poisoned=poisoned, problems=lines)
+                        details=outcomes[0].details, poisoned=poisoned, problems=lines,
+                        fact=outcomes[0].fact if outcome == "skipped" else None)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import actions, completeness
+from clustergate import actions, completeness, keyed
 from clustergate import manifest as suite_manifest
 from clustergate import redact as redact_mod
 from clustergate.judge import warnings
@@ -47,6 +47,8 @@ class TestEntry:
     phases: list[str] = field(default_factory=list)
     """The phases that ran (setup, call, teardown): a test that passed without a call phase never ran its body
     (``--setup-only``), so it measured nothing (``clustergate.completeness``)."""
+    skip_fact: dict[str, Any] | None = None
+    """The fact a skipped test rests on (``clustergate.skip_facts``); None for a test that did not skip."""
 
     def note(self, text: str) -> None:
         """A failure that is not a metric's: added to ``problems`` and the message."""
@@ -69,6 +71,7 @@ class TestEntry:
         elif verdict.outcome == "skipped" and self.outcome == "passed":
             self.outcome = "skipped"
             self.message = verdict.message
+            self.skip_fact = verdict.fact
 
 
 @dataclass(slots=True)
@@ -114,9 +117,12 @@ class RunRecord:
         return decide(outcomes, error=self.error, finished=self.finished, sign_off=self.sign_off, partial=partial)
 
     def _coverage(self) -> dict[str, Any]:
-        """What the completeness rule reads of the record (tests, phases, selection, nodes, level, attestation)."""
-        return {"tests": [{"nodeid": t.nodeid, "outcome": t.outcome, "phases": t.phases} for t in self.tests.values()],
-                "selection": self.selection, "nodes": self.nodes, "level": self.level,
+        """What the completeness rule reads of the record (tests, phases, skip facts, selection, nodes, ranks,
+        level, environment, and the discovery and attestation sections)."""
+        return {"tests": [{"nodeid": t.nodeid, "outcome": t.outcome, "phases": t.phases, "skip_fact": t.skip_fact}
+                          for t in self.tests.values()],
+                "selection": self.selection, "nodes": self.nodes, "level": self.level, "world_size": self.world_size,
+                "environment": self.environment, "discovery": self.extra.get("discovery"),
                 "attestation": self.extra.get("attestation")}
 
     @property
@@ -132,7 +138,7 @@ class RunRecord:
         tests = [
             {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
              "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
-             "phases": t.phases, "metrics": t.metrics, "details": t.details}
+             "phases": t.phases, "skip_fact": t.skip_fact, "metrics": t.metrics, "details": t.details}
             for t in self.tests.values() if only_test is None or t.nodeid == only_test
         ]
         record = {
@@ -190,6 +196,16 @@ def selection_line(results: dict[str, Any]) -> str | None:
 def encode(data: dict[str, Any]) -> str:
     """results.json text: redacted, strict JSON (ValueError on NaN or Infinity: no reader accepts them)."""
     return json.dumps(redact(data), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def signed(data: dict[str, Any], key: bytes, host: str) -> dict[str, Any]:
+    """``data`` as it is written (redacted, plain JSON), signed with the site key on ``host`` (``clustergate.keyed``):
+    the HMAC covers exactly what a reader reads back."""
+    out = keyed.sign(json.loads(encode(data)), key, host)
+    value = out[keyed.FIELD]["value"]
+    if redact(value) != value:  # the record's own: never taken for a secret (rarely needed: kept only then)
+        redact_mod.keep(value)
+    return out
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

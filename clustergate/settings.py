@@ -90,6 +90,10 @@ SETTINGS: dict[str, Setting] = {
                                                  "calls must reach by the host's clock (a GPU shared with another job "
                                                  "falls short)", fraction),
     "shared_dir": Setting((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
+    "gpu_serial_readable": Setting((bool,), "false for a GPU model whose serial NVML cannot read (it answers a "
+                                            "placeholder such as [N/A]): merge and sign-off then know each GPU by its "
+                                            "UUID alone; otherwise a placeholder serial leaves its node unbound "
+                                            "(default true)"),
     "drift_fraction": Setting(NUMBER, "with a results store (--store): a figure more than this fraction below its "
                                       "own first accepted figure (a GPU's by its serial, a node's by its name) has "
                                       f"drifted (default {DRIFT_FRACTION:g})", below_one),

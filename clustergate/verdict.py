@@ -21,6 +21,7 @@ from clustergate import completeness
 from clustergate import manifest as suite_manifest
 from clustergate.criteria import Criterion, Figure
 from clustergate.manifest import Manifest
+from clustergate.thresholds import Profile
 
 VerdictName = Literal["running", "accept", "reject", "partial", "unjudged"]
 PASSING = ("passed", "skipped")
@@ -187,11 +188,11 @@ def contradiction(results: Mapping[str, Any], manifest: Manifest | None = None) 
 
 
 def of_record(results: Mapping[str, Any], *, need: str | None = None, level: str | None = None,
-              manifest: Manifest | None = None) -> Verdict:
+              manifest: Manifest | None = None, profile: Profile | None = None) -> Verdict:
     """The verdict a stored results.json's records support, by the rule the run used. A record that still
     says "running" never finished; one whose records contradict themselves or the suite's manifest is
-    rejected, saying where; one that ran less than a complete run (of kind ``need``, at ``level`` or more:
-    ``clustergate.completeness.partial``) is partial."""
+    rejected, saying where; one that ran less than a complete run (of kind ``need``, at ``level`` or more, its
+    skips earned under ``profile``: ``clustergate.completeness.partial``) is partial."""
     manifest = manifest or suite_manifest.shipped()
     error = results.get("error")
     if error is None and results.get("verdict") == "running":
@@ -200,4 +201,4 @@ def of_record(results: Mapping[str, Any], *, need: str | None = None, level: str
         error = contradiction(results, manifest)
     outcomes = [str(t.get("outcome")) for t in results.get("tests") or []]
     return decide(outcomes, error=error, finished=True, sign_off=bool(results.get("sign_off", True)),
-                  partial=completeness.partial(results, manifest, need, level))
+                  partial=completeness.partial(results, manifest, need, level, profile))

@@ -17,11 +17,13 @@ from typing import Any
 from complete_runs import complete
 
 from clustergate.judge import Record, Where, judge
-from clustergate.thresholds import load
+from clustergate.manifest import shipped
+from clustergate.thresholds import Profile, load
 
 from torchrun_job import ROOT
 
 PROFILE = load(ROOT / "thresholds.yaml").profile("h100-sxm-80gb")
+MANIFEST = shipped()
 
 TESTS: dict[str, dict[str, tuple[float, str, str]]] = {  # test -> {metric: (typical value, unit, scope)}
     "acceptance/test_gpu_inventory.py::test_gpu_count": {"gpu_count": (8.0, "GPUs", "node")},
@@ -41,6 +43,18 @@ TESTS: dict[str, dict[str, tuple[float, str, str]]] = {  # test -> {metric: (typ
                        ("sendrecv", "sendrecv_bw_gbps", 360.0))},
     "acceptance/test_interconnect.py::test_allreduce_latency[node]": {
         "intranode_allreduce_latency_us": (30.0, "us", "node")},
+    "acceptance/test_interconnect.py::test_allreduce_latency[world]": {"allreduce_latency_us": (40.0, "us", "world")},
+    **{f"acceptance/test_interconnect.py::test_collective_bandwidth[world-{c}]": {m: (v, "GB/s", "world")}
+       for c, m, v in (("all_reduce", "allreduce_busbw_gbps", 370.0), ("all_gather", "allgather_busbw_gbps", 330.0),
+                       ("reduce_scatter", "reducescatter_busbw_gbps", 330.0),
+                       ("all_to_all", "alltoall_busbw_gbps", 300.0), ("broadcast", "broadcast_busbw_gbps", 360.0),
+                       ("sendrecv", "sendrecv_bw_gbps", 360.0))},
+    "acceptance/test_gpu_compute.py::test_sustained_matmul": {"matmul_bf16_sustained_tflops": (700.0, "TFLOPS", "gpu")},
+    "acceptance/test_gpu_compute.py::test_power_under_load": {
+        "sustained_power_w": (690.0, "W", "gpu"), "sustained_power_fraction": (0.98, "fraction", "gpu"),
+        "sustained_sm_clock_mhz": (1750.0, "MHz", "gpu")},
+    **{f"acceptance/test_gpu_compute.py::test_host_link_all_gpus[{d}]": {f"{d}_bandwidth_all_gpus_gbps": (
+        30.0, "GB/s", "node")} for d in ("h2d", "d2h")},
     "acceptance/test_training.py::test_gpt_throughput": {
         "train_tokens_per_s_per_gpu": (520000.0, "tokens/s", "gpu"), "train_mfu": (0.45, "fraction", "gpu"),
         "train_local_tokens_per_s_per_gpu": (530000.0, "tokens/s", "gpu")},
@@ -68,15 +82,19 @@ def _details(rng: random.Random, nodeid: str) -> dict[str, Any]:
             "note": f"synthetic details of {nodeid}"}
 
 
-def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], float] | None = None) -> dict[str, Any]:
-    """A complete node run's results.json (``complete_runs``); ``faults[(metric, gpu)]`` multiplies that GPU's
-    figure (gpu None: every GPU). ``write_node`` stamps the run id of the directory it writes into."""
+def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], float] | None = None,
+                 level: str = "standard", profile: Profile = PROFILE) -> dict[str, Any]:
+    """A complete node run's results.json at ``level`` under ``profile`` (``complete_runs``: the tests the level
+    leaves out skip on that fact); ``faults[(metric, gpu)]`` multiplies that GPU's figure (gpu None: every GPU).
+    ``write_node`` stamps the run id of the directory it writes into."""
     rng = random.Random(seed)
     faults = faults or {}
     wheres = [Where(rank=r, host=host, node_rank=0, gpu_index=r, gpu_serial=f"1654{seed:05d}{r}",
                     gpu_uuid=f"GPU-{host}-{r}") for r in range(8)]
     tests = []
     for nodeid, metrics in TESTS.items():
+        if level in MANIFEST.get(nodeid).skipped_by_design:
+            continue
         records = []
         for name, (typical, unit, scope) in metrics.items():
             for w in wheres:
@@ -84,7 +102,7 @@ def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], floa
                 noise = rng.uniform(0.98, 1.02) if scope == "gpu" and name != "gpu_memory_gib" else 1.0
                 value = typical * noise * scale
                 records.append(Record(name, value, unit, scope, "", w))
-        judged = judge(records, PROFILE)
+        judged = judge(records, profile)
         failures = [f for j in judged for f in j.failures]
         bad_ranks = sorted({p["rank"] for j in judged for p in j.per_rank if not p["passed"]})
         message = f"[call] {len(failures)} metric checks failed:\n" + "\n".join(f"  {f}" for f in failures)
@@ -101,15 +119,15 @@ def node_results(host: str, seed: int, faults: dict[tuple[str, int | None], floa
                                                    for b in range(64)}}]}
     failed = any(t["outcome"] == "failed" for t in tests)
     verdict = "reject" if failed else "accept"
-    return complete({"schema": 1, "verdict": verdict, "profile": PROFILE.name, "sign_off": True,
-            "level": "standard", "started": "2026-01-01T00:00:00+00:00", "duration_s": 600.0, "world_size": 8,
+    return complete({"schema": 1, "verdict": verdict, "profile": profile.name, "sign_off": True,
+            "level": level, "started": "2026-01-01T00:00:00+00:00", "duration_s": 600.0, "world_size": 8,
             "error": None, "nodes": [{"host": host, "node_rank": 0, "ranks": list(range(8)),
                                       "gpus": [{"index": w.gpu_index, "uuid": w.gpu_uuid, "serial": w.gpu_serial,
                                                 "name": "NVIDIA H100 80GB HBM3", "rank": w.rank, "local_rank": w.rank}
                                                for w in wheres]}],
             "environment": {"torch": "2.8.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.133.20"},
-            "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": PROFILE.run_digest},
-            "tests": tests})
+            "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
+            "tests": tests}, profile=profile)
 
 
 def write_node(nodes_dir: Path, host: str, results: dict[str, Any]) -> Path:

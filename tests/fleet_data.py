@@ -32,6 +32,13 @@ def real_run() -> dict[str, Any]:
     return complete(json.loads((DATA / "node-run.json").read_text()))
 
 
+def parts(results: dict[str, Any], serial: str | None = None) -> int:
+    """How many figures ``results`` holds (of the GPU of ``serial`` alone, where given): what a store keeps of it. The
+    recorded run's three metrics, and those of the tests ``complete_runs`` measured to make it complete."""
+    return sum(1 for t in results["tests"] for m in t["metrics"] for p in m["per_rank"]
+               if serial is None or (m["scope"] == "gpu" and p.get("gpu_serial") == serial))
+
+
 def figure(results: dict[str, Any], metric: str, serial: str | None = None) -> float:
     """A part's figure: a GPU's (by serial), or the node's."""
     for test in results["tests"]:

@@ -93,25 +93,8 @@ def test_one_nodes_file_copied_as_anothers_excludes_both(tmp_path: Path) -> None
     assert "also appears on gpu3" in excluded(cluster)["gpu2"] and "also appears on gpu2" in excluded(cluster)["gpu3"]
 
 
-def test_a_serial_nvml_cannot_read_is_no_identity(tmp_path: Path) -> None:
-    changes = {}
-    for i, host in enumerate(["gpu1", "gpu2", "gpu3"]):
-        res = node_results(host, i + 1)
-        for gpu in res["nodes"][0]["gpus"]:
-            gpu["serial"] = "[N/A]"
-        changes[host] = {"nodes": res["nodes"]}
-    proc, cluster = merge(_nodes(tmp_path, changes))
-    assert proc.returncode == 0 and len(cluster["accepted"]) == 3, proc.stdout
-
-
 def test_a_node_run_below_the_level_the_site_requires_ran_less(tmp_path: Path) -> None:
-    quick = node_results("gpu2", 2)
-    quick["level"] = "quick"
-    for test in quick["tests"]:
-        if test["nodeid"].endswith(("test_lora_finetune_learns", "test_zero3_finetune")):
-            test.update(outcome="skipped", metrics=[], message="--level quick leaves it out", phases=["setup", "call",
-                                                                                                      "teardown"])
-    run = _nodes(tmp_path, {"gpu2": quick})
+    run = _nodes(tmp_path, {"gpu2": node_results("gpu2", 2, level="quick")})
     proc, cluster = merge(run)
     assert proc.returncode == 1 and "gpu2" not in cluster["accepted"], proc.stdout
     assert ("it ran at level quick, the site requires standard or more (level quick leaves out "

@@ -18,6 +18,7 @@ from cluster_runs import node_results, write_node
 
 from clustergate.cluster.merge import merge
 from clustergate.cluster.signoff import signoff
+from clustergate.thresholds import load
 
 from torchrun_job import ROOT
 
@@ -39,9 +40,10 @@ def pair_thresholds(path: Path, fraction: float = 0.2) -> Path:
 
 def test_slow_node_is_excluded_after_repairing_with_a_known_good_node(tmp_path: Path) -> None:
     thresholds = pair_thresholds(tmp_path / "thresholds.yaml")
-    # A node phase that accepted all four (synthetic results under the same names), merged first.
+    # A node phase that accepted all four (synthetic results under the same names and profile: one profile judges
+    # a cluster run), merged first.
     for i, name in enumerate(NAMES):
-        write_node(tmp_path / "nodes", name, node_results(name, i))
+        write_node(tmp_path / "nodes", name, node_results(name, i, profile=load(thresholds).profile("cpu")))
     merge(sorted((tmp_path / "nodes").iterdir()), tmp_path, thresholds=thresholds)
     agents = fabric_phase(tmp_path, NAMES, ["acceptance/test_interconnect.py", "-k", "internode",
                                             "--thresholds", str(thresholds)],

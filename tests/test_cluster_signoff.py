@@ -13,14 +13,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from cluster_runs import node_results, write_node
+from cluster_runs import fabric_results, node_results, write_node
 from complete_runs import complete
 
 from clustergate.cluster.merge import merge
@@ -68,20 +67,24 @@ def signoff_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def merged(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A merged node phase: h1-h4 accepted, h5 excluded (its HBM fails its own test)."""
-    base = tmp_path_factory.mktemp("merged")
-    for i, host in enumerate([*HOSTS, "h5"]):
-        write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
-                                                      else None))
-    merge(sorted((base / "nodes").iterdir()), base / "run", thresholds=SITE)
-    return base / "run"
+def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A merged node phase under each site profile (one profile judges a cluster run, its fabric phase too): h1-h4
+    accepted, h5 excluded (its HBM fails its own test)."""
+    out = {}
+    for name in ("fabric-fail", "fabric-warn"):
+        base = tmp_path_factory.mktemp(name)
+        for i, host in enumerate([*HOSTS, "h5"]):
+            write_node(base / "nodes", host, node_results(host, i, {("hbm_bandwidth_tbps", 1): 0.5} if host == "h5"
+                                                          else None, profile=SITE_THRESHOLDS.profile(name)))
+        merge(sorted((base / "nodes").iterdir()), base / "run", thresholds=SITE)
+        out[name] = base / "run"
+    return out
 
 
 @pytest.fixture
-def run(merged: Path, tmp_path: Path) -> Path:
-    """Each test's own copy of the merged run directory, to add a fabric phase to."""
-    return Path(shutil.copytree(merged, tmp_path / "run"))
+def run(merged: dict[str, Path], tmp_path: Path) -> Path:
+    """Each test's own copy of the merged run directory (judged by fabric-fail), to add a fabric phase to."""
+    return Path(shutil.copytree(merged["fabric-fail"], tmp_path / "run"))
 
 
 def metric(name: str, scope: str, per_rank: list[tuple[str, float, bool]], criterion: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +96,8 @@ def metric(name: str, scope: str, per_rank: list[tuple[str, float, bool]], crite
 
 def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = "passed", **top: Any) -> None:
     """The fabric phase's results.json: a net all_reduce test (``net``: its outcome) and ``tests``, the rest of a
-    complete fabric run skipped; of the merged run (its run id), started now (after the merge)."""
+    complete fabric run measured and passed (``cluster_runs.fabric_results``, one rank a host); of the merged run
+    (its run id), started now (after the merge)."""
     tests = [{"nodeid": "acceptance/test_interconnect.py::test_collective_bandwidth[net-all_reduce]",
               "outcome": net, "duration_s": 1.0, "failed_ranks": [],
               "message": "no network to measure" if net == "skipped" else "", "problems": [],
@@ -104,18 +108,17 @@ def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = 
     for m in (m for t in tests for m in t["metrics"]):  # what the run's judge stores: the profile's criterion
         assert Criterion.parse(m["criterion"], m["name"]).as_json() == profile.metrics[m["name"]].as_json()
         m["criterion"] = profile.metrics[m["name"]].as_json()
-    res = {"schema": 1, "verdict": "accept" if all(t["outcome"] == "passed" for t in tests) else "reject",
-           "profile": profile.name, "sign_off": True,
-           "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
-           "level": "standard", "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "run_id": json.loads((run / "results.json").read_text())["run_id"],
-           "duration_s": 60.0, "world_size": len(hosts), "error": None,
-           "nodes": [{"host": h, "node_rank": i, "ranks": [i], "gpus": []} for i, h in enumerate(hosts)],
-           "environment": {}, "tests": tests,
-           "selection": {"k": None, "m": "multinode", "level": "standard", "selected": len(tests), "deselected": 40},
-           **top}
-    complete(res, run="fabric")
-    res["selection"]["selected"] = len(res["tests"])
+    res = fabric_results(hosts, json.loads((run / "results.json").read_text())["run_id"], gpus=1)
+    given = {t["nodeid"] for t in tests}
+    for m in (m for t in res["tests"] for m in t["metrics"]):  # figures that pass the site's criteria too
+        m["criterion"] = profile.metrics[m["name"]].as_json()
+    tests += [t for t in res["tests"] if t["nodeid"] not in given]
+    res.update({"verdict": "accept" if all(t["outcome"] == "passed" for t in tests) else "reject",
+                "profile": profile.name,
+                "clustergate": {"version": "0.1.0", "code_digest": "0" * 16, "thresholds_digest": profile.run_digest},
+                "tests": tests, **top})
+    res["selection"]["selected"] = len(tests)
+    complete(res, run="fabric", profile=profile)
     (run / "fabric").mkdir(exist_ok=True)
     (run / "fabric" / "results.json").write_text(json.dumps(res))
 
@@ -151,7 +154,7 @@ def test_fabric_exclusion_leaves_the_rest_signed_off(run: Path) -> None:
     h3 = out["excluded"][0]["reasons"]
     assert h3[0].startswith("test_gpu_pairs[internode]: round 1:") and "known good" in h3[1]
     assert out["phases"]["fabric"]["rounds"] == 3
-    assert out["phases"]["fabric"]["tests"] == {"passed": 1, "failed": 1, "skipped": 7}
+    assert out["phases"]["fabric"]["tests"] == {"passed": 8, "failed": 1}
     assert (run / "signoff-accepted-hostlist.txt").read_text() == "h[1-2,4]\n"
     lines = (run / "signoff-excluded-hosts.txt").read_text().splitlines()
     assert lines[0].startswith("h3\tfabric: test_gpu_pairs[internode]: round 1") and lines[1].startswith("h5\tnode: ")
@@ -180,7 +183,8 @@ def test_a_failed_per_gpu_figure_names_its_host(run: Path) -> None:
     ("running", "still says running"),
     ("outside", "the fabric phase ran on hosts the node phase did not accept (h5)"),
     ("none", "no fabric phase results at"),
-    ("skipped", "fabric phase: all 9 tests were skipped: nothing was measured"),
+    ("skipped", "fabric phase: ran less than a complete run: 1 skips are not earned by a recorded fact: "
+                "test_collective_bandwidth[net-all_reduce] (no skip fact recorded)"),
     ("ceiling", "above the physical ceiling 64: a measurement error"),
 ])
 def test_what_keeps_the_accepted_set_from_being_signed_off(run: Path, case: str, reason: str) -> None:
@@ -232,7 +236,8 @@ def test_an_accepted_host_missing_from_the_fabric_job_is_excluded_and_nothing_si
         ["accepted by the node phase but not in the fabric phase's job: its links were never tested"]]
 
 
-def test_warn_severity_pair_criterion_warns(run: Path) -> None:
+def test_warn_severity_pair_criterion_warns(merged: dict[str, Path], tmp_path: Path) -> None:
+    run = Path(shutil.copytree(merged["fabric-warn"], tmp_path / "run"))
     fabric(run, HOSTS, [pair_test(HOSTS, "h3", severity="warn")])
     out = signoff(run, thresholds=SITE)
     assert out["verdict"] == "accept" and out["accepted"] == HOSTS

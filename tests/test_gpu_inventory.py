@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from acceptance import gpu_helpers
+from clustergate.run.recorder import Recorder, fact_of
 from clustergate.thresholds import REQUIRED, ThresholdsError
 from workloads import clocks
 from workloads.gpu import inventory as inv
@@ -147,6 +148,8 @@ class FakeCg:
         self.metrics += result.metrics
         self.details.update(result.details)
 
+    skip = Recorder.skip  # the run's own: a skip carries its fact
+
 
 def test_settle_fails_only_the_bad_rank_and_records_the_table() -> None:
     checks = [Check("ok", "fine"), Check("fail", "3 uncorrectable"), Check("ok", "fine")]
@@ -161,13 +164,15 @@ def test_settle_fails_only_the_bad_rank_and_records_the_table() -> None:
 def test_settle_skips_everywhere_when_unsupported() -> None:
     checks = [Check("ok", "fine"), Check("unsupported", "NVML ecc: not supported")]
     for rank in (0, 1):
-        with pytest.raises(pytest.skip.Exception, match="not supported on 1/2 ranks"):
+        with pytest.raises(pytest.skip.Exception, match="not supported on 1/2 ranks") as skipped:
             gpu_helpers.settle(FakeCg(rank, 2, {}), checks, "ecc")
+        assert fact_of(skipped.value) == {"fact": "unsupported"}
 
 
 def test_cpu_profile_skips_gpu_only_tests() -> None:
-    with pytest.raises(pytest.skip.Exception, match="cpu profile: no GPU"):
+    with pytest.raises(pytest.skip.Exception, match="cpu profile: no GPU") as skipped:
         gpu_helpers.require_device(FakeCg(0, 1, {"gpus_per_node": 0}), gpu_only=True)
+    assert fact_of(skipped.value) == {"fact": "no_gpu"}
     gpu_helpers.require_device(FakeCg(0, 1, {"gpus_per_node": 0}))  # compute tests run on the CPU
 
 

@@ -1,30 +1,40 @@
-"""What binds the parts of one cluster run: its id, its times and its GPUs.
+"""What binds the parts of one cluster run: its id, its suite, its profile, its times and its GPUs.
 
 Every node run of a cluster run records the run's id (``CLUSTERGATE_RUN_ID``, which the launchers set to
 RUN_ID of ``REPORTS/RUN_ID/nodes/``). The merge takes a node file only when
 
 - it carries the run's id (``--run-id``, by default the name of the directory above ``nodes/``): a node
   file of an earlier or another cluster run, copied in, is not this run's;
+- it ran this clustergate's suite: its ``attestation.suite_digest`` is the merge's own
+  (``clustergate.attestation.suite_digest``): one version across the cluster run;
+- it was judged by the fleet's profile (``--profile``, else the one every node run agrees on; runs that
+  disagree without ``--profile`` are an input error), and it is no dry run (the cpu profile) beside GPU nodes;
 - it started within the run's window: within ``--window`` hours of the node phase's median start, and
   not after the merge (a file from days before, or from the future, is not this node phase's);
-- none of its GPUs' serials or UUIDs appears on another host: one GPU cannot sit in two hosts, so every
-  host that shares one is excluded (one node's file copied as another's).
+- under a GPU profile, every GPU it names has a UUID and a serial that are identities, not NVML's placeholders
+  (``[N/A]``, zeros; the serial only where the profile does not say the model has none readable:
+  ``settings.gpu_serial_readable: false``), and none of them appears on another host: one GPU cannot sit in two
+  hosts, so every host that shares one is excluded (one node's file copied as another's).
 
 A node that fails any of these is ``unbound``: excluded, its figures left out of the fleet. The merged
-record keeps each node file's digest; the sign-off checks the files still match, that the fabric run
-carries the same id and started after the merge (``clustergate.cluster.signoff``).
+record keeps each node file's digest (keyed with a site key: ``clustergate.keyed``); the sign-off checks the
+files still match, and holds the fabric run to the same id, suite and profile, started after the merge
+(``clustergate.cluster.signoff``).
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate import attestation, skip_facts
 from clustergate.cluster.node_runs import MergeInputError, NodeRun
+from clustergate.thresholds import Profile, Thresholds
 
 WINDOW_H = 24.0
 """The node phase runs every node at once; a node run again after a repair the same day still belongs.
@@ -66,9 +76,74 @@ def started(results: dict[str, Any]) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def bind(runs: list[NodeRun], run_id: str, window_h: float, now: datetime) -> dict[str, Any]:
-    """Unbind every node that is not a part of run ``run_id`` (id, window, GPUs); the window, as the merged
-    record states it."""
+def fleet_profile(runs: list[NodeRun], given: str | None, thresholds: Thresholds) -> Profile | None:
+    """The profile that judges the cluster run: ``given`` (``--profile``), else the one every node run with a result
+    was judged by (None when none has one); MergeInputError when it is not in ``thresholds``, or the runs disagree
+    and none was given."""
+    if given is not None:
+        if given not in thresholds.profiles:
+            raise MergeInputError(f"--profile {given}: {thresholds.path} has no such profile (profiles: "
+                                  f"{', '.join(thresholds.profiles)})")
+        return thresholds.profiles[given]
+    seen = Counter(str(r.results.get("profile")) for r in runs if r.results is not None)
+    if len(seen) > 1:
+        said = ", ".join(f"{name} ({n} node{'s' if n > 1 else ''})" for name, n in seen.most_common())
+        raise MergeInputError(f"the node runs were judged by different profiles: {said}; one profile judges a "
+                              "cluster run: give the fleet's with --profile NAME (the others are excluded)")
+    return thresholds.profiles.get(next(iter(seen))) if seen else None
+
+
+def suite_problem(results: Mapping[str, Any]) -> str | None:
+    """Why ``results`` did not run this clustergate's suite (another suite digest, or none recorded); None when it
+    did."""
+    theirs = (results.get("attestation") or {}).get("suite_digest") if isinstance(results.get("attestation"),
+                                                                                   Mapping) else None
+    if theirs is None:
+        return ("its results.json does not say which suite ran it (no attestation.suite_digest: written by an older "
+                "clustergate, or edited): run it again with this clustergate")
+    ours = attestation.suite_digest()
+    if theirs != ours:
+        return (f"it ran another version of the suite ({theirs}, this clustergate's is {ours}): one version across "
+                "the cluster run; install the same clustergate on every node and where merge and signoff run")
+    return None
+
+
+def profile_problem(results: Mapping[str, Any], profile: Profile, source: str) -> str | None:
+    """Why ``results`` cannot stand in a cluster run judged by ``profile`` (``source`` says where that came from):
+    judged by another profile, or a dry run (the cpu profile) beside GPU nodes; None when it can."""
+    theirs = results.get("profile")
+    if theirs != profile.name:
+        return (f"it was judged by profile {theirs!r}, not the fleet's {profile.name!r} ({source}): one profile "
+                "judges a cluster run")
+    gpu_fleet = skip_facts.profile_kind(results, profile) == "gpu"
+    if gpu_fleet and (results.get("attestation") or {}).get("dry_run") is True:
+        return "it is a dry run (--dry-run, the cpu profile): a dry run is never signed off beside GPU nodes"
+    return None
+
+
+def identity_problem(results: Mapping[str, Any], profile: Profile) -> str | None:
+    """Why the GPUs ``results`` names are not identities under ``profile`` (a GPU profile): none named, or a UUID or
+    serial that is missing or NVML's placeholder (the serial only where the profile says the model has one)."""
+    if skip_facts.profile_kind(results, profile) != "gpu":
+        return None
+    gpus = [g for n in results.get("nodes") or [] for g in n.get("gpus") or [] if isinstance(g, Mapping)]
+    if not gpus:
+        return f"it names no GPU, though profile {profile.name!r} expects them: which hardware ran it is unknown"
+    keys = ("uuid", "serial") if profile.settings.get("gpu_serial_readable", True) else ("uuid",)
+    for gpu in gpus:
+        for key in keys:
+            value = gpu.get(key)
+            if not isinstance(value, str) or not value.strip() or PLACEHOLDER.fullmatch(value.strip()):
+                return (f"GPU {gpu.get('index')} has no {key} ({value!r}): a placeholder is not an identity, so "
+                        f"which GPU ran it is unknown (a model without a readable serial: settings."
+                        "gpu_serial_readable: false in its profile)")
+    return None
+
+
+def bind(runs: list[NodeRun], run_id: str, window_h: float, now: datetime, profile: Profile | None = None,
+         profile_source: str = "the one every node run agrees on") -> dict[str, Any]:
+    """Unbind every node that is not a part of run ``run_id`` judged by ``profile`` (id, suite, profile, window,
+    GPUs); the window, as the merged record states it."""
     with_results = [r for r in runs if r.results is not None]
     for run in with_results:
         theirs = run.results.get("run_id") if run.results else None
@@ -76,6 +151,11 @@ def bind(runs: list[NodeRun], run_id: str, window_h: float, now: datetime) -> di
             said = f"run {theirs!r}" if theirs else "no run (CLUSTERGATE_RUN_ID was not set)"
             run.unbind(f"its results.json belongs to {said}, not to this run {run_id!r}: a node file of another "
                        "cluster run is not this node phase's")
+        results = run.results or {}
+        for problem in (suite_problem(results), profile and profile_problem(results, profile, profile_source),
+                        profile and identity_problem(results, profile)):
+            if problem:
+                run.unbind(problem)
     times = {r.host: started(r.results) for r in with_results if r.verdict != "unbound" and r.results}
     known = [t for t in times.values() if t is not None]
     window: dict[str, Any] = {"hours": window_h, "median_start": None, "from": None, "to": None}

@@ -1,7 +1,8 @@
 """``clustergate merge``: the node phase's directories -> one cluster report.
 
     clustergate merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/ [--expect-hosts FILE_OR_HOSTLIST]
-        [--thresholds FILE] [--level LEVEL] [--run-id RUN_ID] [--window HOURS]
+        [--thresholds FILE] [--profile NAME] [--level LEVEL] [--run-id RUN_ID] [--window HOURS]
+        [--key-file FILE]
 
 Writes into the output directory:
 
@@ -32,13 +33,19 @@ contradict the stored verdict". Every run
 is held to ``--thresholds`` (default the shipped file, ``clustergate.cluster.judged_by``): its profile must be
 there, its recorded digest that profile's and each stored criterion the profile's. The host the file names
 must be its directory's name. Each node file must be this cluster run's (``clustergate.cluster.binding``):
-its run id ``--run-id`` (default: the name of the directory above ``nodes/``), started within ``--window``
-hours of the node phase's median start, and no GPU serial or UUID that another host names. The merged
-results.json keeps each node file's digest. Expected hosts (``--expect-hosts``) with no directory,
-directories without a usable results.json, and results that still say "running" (a killed or hung run)
-are excluded as missing; a host with results that is not expected is excluded too. ``-o`` may not be a
-node directory, nor hold a node's results; an earlier merge's outputs there are moved to
-``earlier/<UTC time>/`` first, and every file is written whole, never through a link.
+its run id ``--run-id`` (default: the name of the directory above ``nodes/``), the suite this clustergate
+runs (its suite digest), the fleet's profile (``--profile``, else the one every node run agrees on; runs that
+disagree without it are an input error) and no dry run beside GPU nodes, started within ``--window`` hours of
+the node phase's median start, and under a GPU profile GPUs whose serials and UUIDs are identities (not
+NVML's placeholders) that no other host names. Its skips must be earned in the fleet too: a node that skips
+a test as unsupported that another node ran, or for having no InfiniBand port where another has one, is
+partial (``clustergate.completeness.fleet_problems``). With a site key (``--key-file``, else
+``$CLUSTERGATE_KEY_FILE``: ``clustergate.keyed``) every node file must carry a valid HMAC, and the merged
+results.json is signed and keeps each node file's keyed digest; without one, the sha256 digest of each.
+Expected hosts (``--expect-hosts``) with no directory, directories without a usable results.json, and results
+that still say "running" (a killed or hung run) are excluded as missing; a host with results that is not
+expected is excluded too. ``-o`` may not be a node directory, nor hold a node's results; an earlier merge's
+outputs there are moved to ``earlier/<UTC time>/`` first, and every file is written whole, never through a link.
 
 Exit status: 0 when every node (every expected node, and every node given) was accepted; 1 when any
 was excluded or missing; 2 when an input cannot be used.
@@ -48,6 +55,8 @@ Cluster results.json (schema 1)::
     {"schema": 1, "kind": "cluster", "verdict": "accept" | "reject", "sign_off": bool,
      "created": ISO-8601, "merge_s": float (reading and judging, before the report is drawn), "output": DIR,
      "run_id": str, "level": str (the level required), "manifest": str (digest of the suite's manifest),
+     "profile": str | null (the fleet's), "profile_source": str, "dry_run": bool (a cpu-profile fleet),
+     "suite_digest": "sha256:..." (this clustergate's), "keyed": bool,
      "window": {"hours", "median_start", "from", "to"},
      "expected": {"source": str, "hosts": [str]} | null,
      "counts": {"expected": int | null, "results": int, "accepted": int, "excluded": int, "missing": int,
@@ -56,7 +65,8 @@ Cluster results.json (schema 1)::
      "excluded": [{"host", "phase": "node", "reasons": [str], "action": str, "steps": [step],
                    "evidence": "evidence/evidence-HOST.tar.gz" | null}], "excluded_hostlist": str,
      "thresholds": str, "profiles": [str], "levels": [str], "warnings": [str],
-     "nodes": [{"host", "directory", "digest": "sha256:..." | null, "run_id", "status": "accepted" | "excluded",
+     "nodes": [{"host", "directory", "digest": "sha256:..." | "hmac-sha256:..." | null, "run_id",
+                "status": "accepted" | "excluded",
                 "verdict": "accept" | "reject" | "partial" | "unjudged" | "running" | "unreadable" | "missing"
                            | "unbound",
                 "profile", "level", "started", "duration_s", "ranks", "gpus", "gpu_models": [str],
@@ -82,8 +92,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate import attestation, completeness, keyed, openmetrics, resultsfile, skip_facts
 from clustergate import manifest as suite_manifest
-from clustergate import openmetrics, resultsfile
 from clustergate.cluster import binding, remember
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
@@ -93,11 +103,12 @@ from clustergate.evidence_bundle import BundleError
 from clustergate.manifest import LEVELS
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
 from clustergate.redact import keep, redact
-from clustergate.results import encode
+from clustergate.results import encode, signed
 from clustergate.store import Store, store_path
 from clustergate.store.command import add_store_options
-from clustergate.thresholds import Thresholds, ThresholdsError, load, shipped_thresholds
+from clustergate.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
+from workloads.node.name import node_name
 
 SCHEMA = 1
 DEFAULT_LEVEL = "standard"
@@ -119,6 +130,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the hosts that should have a result: a file (one name or hostlist a line) or a Slurm "
                         "hostlist such as gpu[001-016]; a host without a result is excluded as missing")
     add_thresholds_option(p)
+    p.add_argument("--profile", default=None, metavar="NAME",
+                   help="the profile that judges this cluster run (default: the one every node run was judged by; "
+                        "runs that disagree need it): a node run judged by another is excluded")
     add_level_option(p)
     p.add_argument("--run-id", default=None, metavar="RUN_ID",
                    help="the cluster run the node files must belong to (their CLUSTERGATE_RUN_ID; default: the name "
@@ -126,8 +140,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_hours, default=binding.WINDOW_H, metavar="HOURS",
                    help=f"a node file must have started within this many hours of the node phase's median start "
                         f"(default {binding.WINDOW_H:g})")
+    add_key_option(p)
     add_store_options(p)
     return p
+
+
+def add_key_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help=f"the site key (default: ${keyed.KEY_ENV}): every results.json read must carry a valid HMAC "
+                        "(a file without one is excluded, naming it), and what is written is signed; a file only "
+                        "this user can read (chmod 600)")
+
+
+def site_key(given: str | None) -> bytes | None:
+    """The site key of ``--key-file`` or ``$CLUSTERGATE_KEY_FILE`` (MergeInputError naming the file: exit 2)."""
+    try:
+        return keyed.given_key(given)
+    except keyed.KeyFileError as exc:
+        raise MergeInputError(str(exc)) from None
+
+
+def signed_text(record: dict[str, Any], key: bytes | None) -> str:
+    """A merged record or sign-off as written: signed on this host with the site key where there is one."""
+    return encode(signed(record, key, node_name()) if key is not None else record)
 
 
 def _hours(text: str) -> float:
@@ -161,7 +196,7 @@ def load_thresholds(path: Path | None) -> Thresholds:
 
 
 def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds,
-           level: str = DEFAULT_LEVEL) -> tuple[list[NodeRun], list[str]]:
+           level: str = DEFAULT_LEVEL, key: bytes | None = None) -> tuple[list[NodeRun], list[str]]:
     """Every node given or expected, in host order, and warnings about the input."""
     runs: dict[str, NodeRun] = {}
     warnings: list[str] = []
@@ -171,7 +206,7 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
         if path.is_file() and path.name != "results.json":
             warnings.append(f"{path}: not a node directory, left out")
             continue
-        run = read_node(path, thresholds, level)
+        run = read_node(path, thresholds, level, key)
         if run.host in runs:
             first = runs[run.host]
             first.reasons.append(f"two result directories name this host ({first.directory} and {run.directory}): "
@@ -199,19 +234,38 @@ class Judged:
     outliers: int
     warnings: list[str]
     window: dict[str, Any]
+    profile: Profile | None = None
+    """The profile that judges the cluster run (None when no node has a result)."""
+    profile_source: str = ""
 
 
 def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thresholds, *, run_id: str,
-                level: str = DEFAULT_LEVEL, window_h: float = binding.WINDOW_H,
-                now: datetime | None = None) -> Judged:
-    """Every node read and judged, bound to run ``run_id``, then set against the fleet: what merge writes and
-    sign-off checks again (``now``: the time the parts must have started before: the merge's)."""
-    runs, warnings = gather(paths, expected, thresholds, level)
-    window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc))
+                level: str = DEFAULT_LEVEL, window_h: float = binding.WINDOW_H, now: datetime | None = None,
+                profile: str | None = None, key: bytes | None = None) -> Judged:
+    """Every node read (each file's HMAC checked with ``key``) and judged, bound to run ``run_id`` and to the fleet's
+    profile (``profile``, else the one the runs agree on), its skips held to the fleet, then set against the fleet:
+    what merge writes and sign-off checks again (``now``: the time the parts must have started before: the
+    merge's)."""
+    runs, warnings = gather(paths, expected, thresholds, level, key)
+    chosen = binding.fleet_profile(runs, profile, thresholds)
+    source = "--profile" if profile is not None else "the one every node run agrees on"
+    window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc), chosen, source)
+    hold_skips_to_fleet(runs)
     fleet = fleet_mod.collect(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
     fleet_mod.judge_shapes(runs)
-    return Judged(runs, fleet, outliers, warnings, window)
+    return Judged(runs, fleet, outliers, warnings, window, chosen, source)
+
+
+def hold_skips_to_fleet(runs: list[NodeRun]) -> None:
+    """A node whose skips its fleet contradicts (``clustergate.completeness.fleet_problems``) lacks what the others
+    have: partial, saying so. Only the node runs of this cluster run count as its fleet."""
+    fleet = {r.host: r.results for r in runs if r.results is not None and r.verdict in ("accept", "reject", "partial")}
+    for host, reasons in completeness.fleet_problems(fleet, suite_manifest.shipped()).items():
+        run = next(r for r in runs if r.host == host)
+        if run.verdict == "accept":
+            run.verdict = "partial"
+        run.reasons += reasons
 
 
 def check_output(output: Path, paths: list[Path]) -> None:
@@ -269,6 +323,9 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": [excluded_mod.entry(r, fleet) for r in excluded],
         "excluded_hostlist": compress(r.host for r in excluded),
+        "profile": judged.profile.name if judged.profile else None, "profile_source": judged.profile_source,
+        "dry_run": bool(judged.profile) and skip_facts.profile_kind({}, judged.profile) == "cpu",
+        "suite_digest": attestation.suite_digest(),
         "profiles": sorted({str(r.get("profile")) for r in with_results}), "levels": levels,
         "warnings": warnings, "nodes": nodes, "fleet": [fm.as_json() for fm in fleet],
     }
@@ -296,9 +353,10 @@ def write_lists(output: Path, lists: dict[str, Any], prefix: str = "",
 
 def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds: Path | None = None, *,
           level: str = DEFAULT_LEVEL, run_id: str | None = None, window_h: float = binding.WINDOW_H,
-          store: Store | None = None) -> dict[str, Any]:
+          store: Store | None = None, profile: str | None = None, key: bytes | None = None) -> dict[str, Any]:
     """Read, judge the fleet, write every output; the cluster results dict. ``store``: the results store the node
-    runs read and the cluster results.json are recorded into. Raises MergeInputError, HostlistError (ValueErrors)
+    runs read and the cluster results.json are recorded into; ``profile``: the fleet's (default: the one the runs
+    agree on); ``key``: the site key (``clustergate.keyed``). Raises MergeInputError, HostlistError (ValueErrors)
     and OSError with what to fix."""
     t0 = time.perf_counter()
     now = datetime.now(timezone.utc)
@@ -318,17 +376,21 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     keep(run_id, str(output), str(output.resolve()), *{str(p.parent) for p in paths},
          *{str(p.resolve().parent) for p in paths})
     judged = judge_nodes(paths, expected[0] if expected else None, site, run_id=run_id, level=level,
-                         window_h=window_h, now=now)
+                         window_h=window_h, now=now, profile=profile, key=key)
     cluster = cluster_results(judged, (expected[1], expected[0]) if expected else None, output,
                               time.perf_counter() - t0)
     cluster.update(thresholds=str(site.path), run_id=run_id, level=level, window=judged.window,
-                   manifest=suite_manifest.shipped().digest, created=now.isoformat(timespec="seconds"))
+                   manifest=suite_manifest.shipped().digest, created=now.isoformat(timespec="seconds"),
+                   keyed=key is not None)
+    if key is None and any(keyed.FIELD in (r.results or {}) for r in judged.runs):
+        cluster["warnings"].append("the node files carry HMACs, but no site key was given (--key-file): they were "
+                                   "not checked, and this merge is not signed")
     add_evidence(cluster, judged.runs, output, site.path)
     cluster["warnings"] += remember.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
                                                           if r.directory and r.verdict not in excluded_mod.NO_RESULT])
     cluster = redact(cluster)  # every output below shows it: metrics.prom and the lists as results.json does
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
-    write_text(output / "results.json", encode(cluster))
+    write_text(output / "results.json", signed_text(cluster, key))
     write_lists(output, cluster)
     write_text(output / "metrics.prom", openmetrics.render(cluster))
     if (said := remember.record_output(store, output / "results.json")) is not None:
@@ -363,7 +425,7 @@ def _main(args: argparse.Namespace) -> int:
     where = store_path(args.store)
     try:
         cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds, level=args.level,
-                        run_id=args.run_id, window_h=args.window,
+                        run_id=args.run_id, window_h=args.window, profile=args.profile, key=site_key(args.key_file),
                         store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, HostlistError, OSError) as exc:
         print(f"clustergate merge: {exc}", file=sys.stderr)

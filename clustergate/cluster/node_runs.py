@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import inputfile, resultsfile
+from clustergate import inputfile, keyed, resultsfile
 from clustergate.cluster import judged_by
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
@@ -49,7 +49,8 @@ class NodeRun:
     results: dict[str, Any] | None = None
     """The node's results.json (not written into the cluster results)."""
     digest: str | None = None
-    """sha256 of the node's results.json as merge read it: sign-off checks the file is still that one."""
+    """sha256 of the node's results.json as merge read it (keyed with a site key: ``clustergate.keyed.digest``):
+    sign-off checks the file is still that one."""
 
     def unbind(self, reason: str) -> None:
         """Not a part of this cluster run (``clustergate.cluster.binding``): excluded, its figures out of the fleet."""
@@ -149,10 +150,10 @@ def _identity_problem(host: str | None, directory: Path) -> str | None:
     return None
 
 
-def read_node(path: Path, thresholds: Thresholds, level: str = "standard") -> NodeRun:
+def read_node(path: Path, thresholds: Thresholds, level: str = "standard", key: bytes | None = None) -> NodeRun:
     """One node's directory (or its results.json), judged again by the run's rule against ``thresholds``, as
-    a complete node run at ``level`` or more; never raises for what a dead run, a broken disk or a hand-edited
-    file leaves behind: such a node is excluded, saying why."""
+    a complete node run at ``level`` or more; with the site ``key``, only when its HMAC matches. Never raises for
+    what a dead run, a broken disk or a hand-edited file leaves behind: such a node is excluded, saying why."""
     directory = path.parent if path.name == "results.json" else path
     if not directory.is_dir():
         raise MergeInputError(f"{path}: not a directory; give the node directories, e.g. REPORTS/RUN_ID/nodes/*")
@@ -169,12 +170,17 @@ def read_node(path: Path, thresholds: Thresholds, level: str = "standard") -> No
         results, digest = resultsfile.read_with_digest(results_path)
     except resultsfile.ResultsFileError as exc:
         return NodeRun(host, str(directory), "unreadable", [_cut(str(exc))])
+    if key is not None:  # nothing in a file is believed before its HMAC is
+        digest = keyed.digest(key, digest)
+        if (why := keyed.problem(results, key, keyed.writer(results))) is not None:
+            return NodeRun(host, str(directory), "unbound", [_cut(f"{results_path}: {why}")], digest=digest)
     if problem := _identity_problem(_host_of(results, directory), directory):
         return NodeRun(host, str(directory), "unreadable", [problem])
     if (why := judged_by.problem(results, thresholds)) is not None:  # its figures stay out of the fleet
         return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")],
                        digest=digest)
-    stored, decision = str(results["verdict"]), of_record(results, need="node", level=level)
+    stored = str(results["verdict"])
+    decision = of_record(results, need="node", level=level, profile=thresholds.profiles.get(str(results["profile"])))
     run = NodeRun(host, str(directory), decision.verdict, results=results, digest=digest)
     run.warnings += [_cut(f"{w.get('metric', '?')}={w.get('value')} ({w.get('where', '')}): warning")
                      for w in results.get("warnings") or []]

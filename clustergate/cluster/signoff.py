@@ -1,6 +1,6 @@
 """``clustergate signoff``: the final word on a cluster signed off in phases.
 
-    clustergate signoff REPORTS/RUN_ID [--fabric DIR]
+    clustergate signoff REPORTS/RUN_ID [--fabric DIR] [--thresholds FILE] [--key-file FILE]
 
 Reads the merged node phase (REPORTS/RUN_ID/results.json, from ``merge``) and the fabric phase's run
 (REPORTS/RUN_ID/fabric/results.json) and writes into REPORTS/RUN_ID:
@@ -18,10 +18,14 @@ The accepted set is the hosts the node phase accepted, less those the fabric pha
 its pair rounds excluded (slow with a known-good partner, or unresolved), or a host a failed per-GPU
 or per-node fabric figure names. The accepted set is signed off only when the fabric run is a complete
 fabric run (every multinode test of the suite's manifest, at the merge's level or more) of the same
-cluster run (its run id), started after the merge, on exactly the node phase's accepted hosts, every node
-file still the one the merge read (its digest), and every fabric failure is one of those exclusions;
+cluster run (its run id, the same suite digest and the merge's profile, no dry run beside GPU nodes), started
+after the merge, on exactly the node phase's accepted hosts, every node file still the one the merge read (its
+digest), and every fabric failure is one of those exclusions;
 anything else (a whole-job figure missed, a test that raised, a run that died) keeps the set from being
-signed off, and ``reasons`` says why. One accepted node needs no fabric phase. An earlier sign-off's
+signed off, and ``reasons`` says why. With a site key (``--key-file``, else ``$CLUSTERGATE_KEY_FILE``:
+``clustergate.keyed``), the merged record, every node file and the fabric run must carry a valid HMAC (a node
+file without one is excluded, naming it; a merge or fabric run without one is not signed off), the node files'
+keyed digests must match, and signoff.json is signed. One accepted node needs no fabric phase. An earlier sign-off's
 outputs in REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` first (each sign-off is kept), and one that
 does not sign off writes no ``signoff-accepted-*`` list.
 
@@ -30,7 +34,7 @@ Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an 
 signoff.json (schema 1)::
 
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
-     "run_id": str, "level": str,
+     "run_id": str, "level": str, "profile": str | null (the merge's), "keyed": bool,
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node" | "fabric", "reasons": [str]}], "excluded_hostlist": str,
      "reasons": [str], "warnings": [str],
@@ -48,18 +52,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import completeness, openmetrics, resultsfile
+from clustergate import completeness, keyed, openmetrics, resultsfile
 from clustergate import manifest as suite_manifest
 from clustergate.cluster import binding, judged_by, remember
 from clustergate.cluster.hostlist import compress
-from clustergate.cluster.merge import add_thresholds_option, judge_nodes, load_thresholds, write_lists
+from clustergate.cluster.merge import (
+    add_key_option,
+    add_thresholds_option,
+    judge_nodes,
+    load_thresholds,
+    signed_text,
+    site_key,
+    write_lists,
+)
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
 from clustergate.redact import keep, redact
 from clustergate.rejudge import problems_of
-from clustergate.results import encode, short_test_name
+from clustergate.results import short_test_name
 from clustergate.store import Store, store_path
 from clustergate.store.command import add_store_options
 from clustergate.thresholds import Thresholds
@@ -81,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric", type=Path, default=None, metavar="DIR",
                    help="the fabric phase's report directory (default: REPORTS/RUN_ID/fabric)")
     add_thresholds_option(p)
+    add_key_option(p)
     add_store_options(p)
     return p
 
@@ -103,17 +116,19 @@ def _node_directory(stored: str, run_dir: Path) -> Path:
     return path if path.is_absolute() or path.exists() else run_dir / path
 
 
-def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds) -> tuple[list[str], dict[str, list[str]]]:
-    """The node phase judged again from its node directories, as merge judged it (the same run id, level and
-    window, the merge's time), each node file checked against the digest merge kept: the hosts accepted now,
-    and, for each host the merged file accepts but its directory no longer supports, why. The merged
-    results.json's own lists are never taken on trust."""
+def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds,
+                 key: bytes | None = None) -> tuple[list[str], dict[str, list[str]]]:
+    """The node phase judged again from its node directories, as merge judged it (the same run id, level, profile
+    and window, the merge's time; each file's HMAC with the site ``key``), each node file checked against the digest
+    merge kept: the hosts accepted now, and, for each host the merged file accepts but its directory no longer
+    supports, why. The merged results.json's own lists are never taken on trust."""
     paths = [_node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
     expected = (cluster.get("expected") or {}).get("hosts")
     created = binding.started({"started": cluster.get("created")})
     judged = judge_nodes([p for p in paths if p.is_dir()], expected, site, run_id=str(cluster.get("run_id")),
                          level=str(cluster.get("level")), window_h=float((cluster.get("window") or {}).get("hours")
-                                                                          or binding.WINDOW_H), now=created)
+                                                                          or binding.WINDOW_H), now=created,
+                         profile=cluster.get("profile"), key=key)
     now = {r.host: r for r in judged.runs}
     kept = {n["host"]: n.get("digest") for n in cluster["nodes"]}
     for run in judged.runs:
@@ -130,9 +145,23 @@ def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds) -> tu
     return accepted, unsupported
 
 
-def binding_problems(fabric: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
-    """Why the fabric run is not this cluster run's fabric phase: another run id, or started before the merge."""
-    out = []
+def keyed_problems(cluster: dict[str, Any], path: Path, key: bytes | None) -> list[str]:
+    """Why the merged record cannot be taken under the site key: a merge made with a key, signed off without one; or,
+    with the key, an HMAC that is missing or does not match."""
+    if key is None:
+        return ["the merge was signed with a site key: give signoff the same key (--key-file or "
+                f"${keyed.KEY_ENV})"] if cluster.get("keyed") else []
+    why = keyed.problem(cluster, key)
+    return [f"{path}: {why}"] if why else []
+
+
+def binding_problems(fabric: dict[str, Any], cluster: dict[str, Any], site: Thresholds) -> list[str]:
+    """Why the fabric run is not this cluster run's fabric phase: another run id, another suite, another profile
+    than the merge's (or a dry run beside GPU nodes), or started before the merge."""
+    out = [f"the fabric run: {why}" for why in (binding.suite_problem(fabric),) if why]
+    if (profile := site.profiles.get(str(cluster.get("profile")))) is not None and \
+            (why := binding.profile_problem(fabric, profile, "the merge's")) is not None:
+        out.append(f"the fabric run: {why}")
     if fabric.get("run_id") != cluster.get("run_id"):
         out.append(f"the fabric run belongs to run {fabric.get('run_id')!r}, not to this run {cluster.get('run_id')!r} "
                    "(CLUSTERGATE_RUN_ID): run the fabric phase of this run")
@@ -164,7 +193,8 @@ class Fabric:
 
     def read(self) -> Fabric:
         res = self.results
-        decision = of_record(res, need="fabric", level=self.level)
+        profile = self.site.profiles.get(str(res.get("profile")))  # its skips on the profile's settings are checked
+        decision = of_record(res, need="fabric", level=self.level, profile=profile)
         if res.get("verdict") == "running":
             self.blocking.append("the fabric run did not finish: its results.json still says running (killed or hung)")
         elif res.get("error"):
@@ -174,7 +204,8 @@ class Fabric:
         elif decision.verdict == "unjudged":
             self.blocking.append(f"fabric phase: {decision.reason}")
         # Whatever else it says (its failures exclude hosts below), a fabric run signs only what it tested.
-        if ran_less := completeness.partial(res, suite_manifest.shipped(), need="fabric", level=self.level):
+        if ran_less := completeness.partial(res, suite_manifest.shipped(), need="fabric", level=self.level,
+                                            profile=profile):
             self.blocking.append("fabric phase: ran less than a complete run: " + "; ".join(ran_less))
         if (problem := judged_by.problem(res, self.site)) is not None:
             self.blocking.append(f"the fabric run was not judged by the site's thresholds: {problem}")
@@ -233,9 +264,10 @@ class Fabric:
 
 
 def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | None = None, *,
-            store: Store | None = None) -> dict[str, Any]:
+            store: Store | None = None, key: bytes | None = None) -> dict[str, Any]:
     """The sign-off of ``run_dir``, written there (and recorded into ``store``, with the merge and the fabric run it
-    read); raises MergeInputError when an input cannot be used."""
+    read; signed with the site ``key``, every file it reads held to it); raises MergeInputError when an input cannot
+    be used."""
     keep(str(run_dir), str(run_dir.resolve()), *([str(fabric_dir), str(fabric_dir.resolve())] if fabric_dir else []))
     if run_dir.is_dir():
         try:  # every sign-off is kept, and one that fails leaves none of an earlier one's lists as its own
@@ -245,17 +277,17 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     site = load_thresholds(thresholds)
     cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `clustergate "
                                                          "merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/` wrote")
-    if not isinstance(cluster.get("run_id"), str) or cluster.get("level") is None:
-        raise MergeInputError(f"{run_dir / 'results.json'} does not say which run and level it merged (written by an "
-                              "older clustergate): run merge again")
+    if not isinstance(cluster.get("run_id"), str) or cluster.get("level") is None or "profile" not in cluster:
+        raise MergeInputError(f"{run_dir / 'results.json'} does not say which run, level and profile it merged "
+                              "(written by an older clustergate): run merge again")
     keep(cluster["run_id"])
-    reasons: list[str] = []
+    reasons: list[str] = keyed_problems(cluster, run_dir / "results.json", key)
     warnings: list[str] = list(cluster.get("warnings", []))
     merged_with = cluster.get("thresholds")
     if merged_with is not None and Path(merged_with).resolve() != site.path.resolve():
         reasons.append(f"the merge held the nodes to {merged_with}, this sign-off to {site.path}: give merge and "
                        "signoff the same --thresholds")
-    node_accepted, unsupported = merged_again(cluster, run_dir, site)
+    node_accepted, unsupported = merged_again(cluster, run_dir, site, key)
     node_accepted = [h for h in cluster["accepted"] if h in node_accepted]  # accepted by the file and the records
     if unsupported:
         reasons.append(f"the merged results.json accepts {len(unsupported)} hosts its node directories do not "
@@ -273,7 +305,9 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         fabric = Fabric(_load(fabric_path, "results", "the fabric phase's results.json"), site,
                         str(cluster["level"])).read()
         reasons += fabric.blocking
-        reasons += binding_problems(fabric.results, cluster)
+        reasons += binding_problems(fabric.results, cluster, site)
+        if key is not None and (why := keyed.problem(fabric.results, key, keyed.writer(fabric.results))):
+            reasons.append(f"{fabric_path}: {why}")
         warnings += fabric.warnings
         outside = sorted(set(fabric.hosts) - set(node_accepted))
         if outside:
@@ -306,7 +340,8 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     out = {
         "schema": SCHEMA, "kind": "signoff", "verdict": "accept" if accepted and not reasons else "reject",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": str(run_dir),
-        "run_id": cluster["run_id"], "level": cluster["level"],
+        "run_id": cluster["run_id"], "level": cluster["level"], "profile": cluster.get("profile"),
+        "keyed": key is not None,
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),
@@ -320,8 +355,8 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     }
     warnings += remember.record_inputs(store, [run_dir / "results.json",
                                                *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
-    out = redact(out)  # every output below shows it: the metrics and the lists as signoff.json does
-    write_text(run_dir / "signoff.json", encode(out))
+    out = redact(out)  # every output below shows it (signed as written): the metrics and the lists as signoff.json does
+    write_text(run_dir / "signoff.json", signed_text(out, key))
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
     write_text(run_dir / "signoff-metrics.prom", openmetrics.render(out))
@@ -345,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     where = store_path(args.store)
     try:
-        out = signoff(args.run_dir, args.fabric, args.thresholds,
+        out = signoff(args.run_dir, args.fabric, args.thresholds, key=site_key(args.key_file),
                       store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, OSError) as exc:
         print(f"clustergate signoff: {exc}", file=sys.stderr)

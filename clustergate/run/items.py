@@ -13,7 +13,8 @@ import pytest
 
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, poisons
 from clustergate.redact import Scrubber, scrub_strings
-from clustergate.run.recorder import Recorder
+from clustergate.run.recorder import Recorder, fact_of
+from clustergate.skip_facts import fact as skip_fact
 from clustergate.thresholds import Profile
 
 
@@ -44,11 +45,23 @@ def problem(items: list[pytest.Item], profile: Profile) -> str | None:
     return None
 
 
+MARKED_FACT = pytest.StashKey[dict]()
+"""The fact of a skip the run marks on an item before it runs (pytest raises that skip itself)."""
+
+
 def skip_multinode(items: list[pytest.Item], node_count: int) -> None:
     if node_count < 2:
         for item in items:
             if item.get_closest_marker("multinode"):
                 item.add_marker(pytest.mark.skip(reason=f"needs 2+ nodes; this job has {node_count}"))
+                item.stash[MARKED_FACT] = skip_fact("one_node")
+
+
+def _fact(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> dict | None:
+    """The fact this rank's skip rests on: the one its ``Skip`` carries, or the one the run marked on the item."""
+    if report.outcome != "skipped":
+        return None
+    return fact_of(call.excinfo.value if call.excinfo else None) or item.stash.get(MARKED_FACT, None)
 
 
 def phase_outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None],
@@ -60,6 +73,7 @@ def phase_outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
         stop=call.stop, records=recorder.records if call.when == "call" else [],
         details=recorder.details if call.when == "call" else {}, gpu_label=run.gpu_label(),
         poisoned=poisons(call.excinfo.value if call.excinfo else None), said=_said(report, call),
+        fact=_fact(item, report, call),
     )
 
 

@@ -35,7 +35,7 @@ from clustergate.judge import Where
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
 from clustergate.redact import Scrubber, scrub_file
 from clustergate.reportdir import write_atomic
-from clustergate.results import RunRecord, nodes_from_identities
+from clustergate.results import RunRecord, nodes_from_identities, signed
 from clustergate.run import control, detectors
 from clustergate.run.control import Step
 from clustergate.run.ending import Ending, Kind, first_cause
@@ -259,6 +259,8 @@ class Run:
             self._last_write = now
 
     def _write(self, data: dict[str, Any]) -> None:
+        if self.options.key is not None:  # with a site key, every write is signed (clustergate.keyed)
+            data = signed(data, self.options.key, self.identity.host)
         self.outside.write(self.results_path, data)
         self.written = data["verdict"]
         self._write_metrics(data)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from clustergate import keyed
 from clustergate.completeness import recorded_options
 from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, TEST_LIMIT_S
 from clustergate.store import STORE_ENV, store_path
@@ -78,6 +79,10 @@ def add_options(parser: pytest.Parser) -> None:
                     help=f"the results store (an SQLite file a shared file system may hold): drift is judged against "
                          f"each figure's own first accepted figure there, and the run is recorded into it when it "
                          f"ends (default: ini clustergate_store, else ${STORE_ENV}; --store '' uses none)")
+    group.addoption("--key-file", default=None, metavar="FILE",
+                    help=f"the site key: rank 0 signs results.json (HMAC-SHA256) at every write, and merge and signoff "
+                         f"given the key take only signed files (default: ${keyed.KEY_ENV}); a file only this user "
+                         "can read (chmod 600)")
     for name, (kind, text) in INI_KEYS.items():
         parser.addini(f"clustergate_{name}", type=kind, default=[] if kind == "paths" else None,
                       help=f"clustergate: {text}")
@@ -123,6 +128,8 @@ class Options:
     narrowing: dict[str, Any] = field(default_factory=dict)
     """What else of pytest's command line can narrow or hollow the run (paths and node ids, --deselect, the modes
     that run no test body, -x/--maxfail), as results.json's ``selection`` keeps it (clustergate.completeness)."""
+    key: bytes | None = field(default=None, repr=False)
+    """The site key (--key-file, else $CLUSTERGATE_KEY_FILE): results.json is signed with it (clustergate.keyed)."""
 
     def __post_init__(self) -> None:
         for option, value in (("--test-timeout", self.test_timeout_s),
@@ -155,7 +162,7 @@ class Options:
                    store=store_path(config.getoption("store")),
                    keyword=config.getoption("keyword") or None, markexpr=config.getoption("markexpr") or None,
                    collect_only=bool(config.getoption("collectonly", False)), dry_run=bool(config.getoption("dry_run")),
-                   narrowing=recorded_options(config))
+                   narrowing=recorded_options(config), key=_site_key(config.getoption("key_file")))
 
     def test_limit_s(self, profile: Profile) -> float:
         """A test's limit: --test-timeout, else the profile's test_timeout_s, else the level's (TEST_LIMIT_S)."""
@@ -170,6 +177,14 @@ class Options:
         """results.json's ``selection`` as the run starts (the counts come with the collection)."""
         return {"k": self.keyword, "m": self.markexpr, "level": self.level, "selected": None, "deselected": None,
                 **self.narrowing}
+
+
+def _site_key(given: str | None) -> bytes | None:
+    """The site key, read once at configure on every rank: a key file that is not the user's own is a usage error."""
+    try:
+        return keyed.given_key(given)
+    except keyed.KeyFileError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _given_or(given: float | None, default: float) -> float:

@@ -8,6 +8,11 @@ A test measures on every rank and records what it measured:
 
 The plugin gathers every rank's records after the test body, judges them on rank 0 against the
 profile, and fails the test on every rank if any figure misses its criterion.
+
+A test that does not apply skips through ``cg.skip(reason, fact=...)`` (or ``skip_unless_everywhere``), naming
+the fact it rests on (``clustergate.skip_facts``): the run records the fact with the test, and a skip on no
+fact, or on one the manifest or the record does not bear out, makes the run partial
+(``clustergate.completeness``).
 """
 
 from __future__ import annotations
@@ -20,12 +25,27 @@ import torch
 
 from clustergate.judge import Record
 from clustergate.run import control
+from clustergate.skip_facts import fact as skip_fact
 from clustergate.thresholds import REQUIRED
 from workloads.result import Metric, Result, Scope
 
 if TYPE_CHECKING:
     from clustergate.run.lifecycle import Run
     from clustergate.thresholds import Profile
+
+
+class Skip(pytest.skip.Exception):
+    """A skip that carries the fact it rests on (``{"fact": NAME, ...}``, or None: a skip no complete run takes), as
+    data: the run records it beside the reason and never reads the reason again."""
+
+    def __init__(self, reason: str, fact: dict[str, Any] | None) -> None:
+        super().__init__(reason)
+        self.fact = fact
+
+
+def fact_of(exc: BaseException | None) -> dict[str, Any] | None:
+    """The fact a skip exception carries (None for any other, and for pytest's own skips)."""
+    return getattr(exc, "fact", None) if isinstance(exc, Skip) else None
 
 
 @dataclass(slots=True)
@@ -101,10 +121,15 @@ class Recorder:
         """Every rank's ``value`` on every rank (over the control group, not the workloads' group)."""
         return control.all_gather(self.run.world, value, f"{self.nodeid}: all_ranks")
 
-    def skip_unless_everywhere(self, ok: bool, reason: str) -> None:
-        """Skip on every rank if the condition fails on any rank: skips must not differ by rank."""
+    def skip(self, reason: str, *, fact: str | None, **params: Any) -> None:
+        """Skip this test saying ``reason``, on the recorded ``fact`` (``clustergate.skip_facts.FACTS``, with its
+        parameters); ``fact=None`` for a skip no complete run takes (what should have run before did not)."""
+        raise Skip(reason, skip_fact(fact, **params) if fact is not None else None)
+
+    def skip_unless_everywhere(self, ok: bool, reason: str, *, fact: str | None, **params: Any) -> None:
+        """Skip on every rank, on ``fact``, if the condition fails on any rank: skips must not differ by rank."""
         votes = self.all_ranks((ok, reason, self.run.identity.host))
         bad = [(r, why, host) for r, (fine, why, host) in enumerate(votes) if not fine]
         if bad:
             rank, why, host = bad[0]
-            pytest.skip(f"{why} (on {len(bad)}/{len(votes)} ranks, first rank {rank} on {host})")
+            self.skip(f"{why} (on {len(bad)}/{len(votes)} ranks, first rank {rank} on {host})", fact=fact, **params)

@@ -43,8 +43,10 @@ attestation.suite_places = lambda: (*_suite_places(), Path(__file__).resolve(), 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     planted = _planted()
     where = {"suite": suite_prefix((item.nodeid, item.path) for item in items)}  # as the run records it
+    # A multinode test may skip on one node, as the suite's own do (the run records that fact for it).
     tests = tuple(manifest.SuiteTest(str(manifest_id(item.nodeid, where, planted)),
                                      "fabric" if item.get_closest_marker("multinode") else "node",
-                                     {n: "gpu" for m in item.iter_markers("metrics") for n in m.args})
+                                     {n: "gpu" for m in item.iter_markers("metrics") for n in m.args}, {},
+                                     (manifest.SkipRule("one_node"),) if item.get_closest_marker("multinode") else ())
                   for item in items if manifest_id(item.nodeid, where, planted))
     PLANTED[:] = [manifest.Manifest("planted", tests, Path("planted"), "planted", directory=Path.cwd())]

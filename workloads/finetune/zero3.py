@@ -19,6 +19,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, ClassVar
 
 import torch
@@ -50,6 +51,15 @@ class Config(ff.Config):
         ff.Config.__post_init__(self)  # not super(): slots=True makes a new class, which zero-argument super() misses
         if self.communication_dtype not in ("bf16", "fp32"):
             raise ValueError(f"communication_dtype={self.communication_dtype!r} must be 'bf16' or 'fp32'")
+
+
+def installed() -> bool:
+    """Whether deepspeed is installed at all (its package metadata), imported or not."""
+    try:
+        metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def available() -> tuple[bool, str]:
