@@ -200,7 +200,7 @@ def test_a_keyed_merge_excludes_an_edited_node_file_and_keys_its_digests(tmp_pat
     assert excluded(cluster)["gpu2"] == (f"{edited}: its HMAC does not match its content: edited after it was "
                                          "written, or signed with another key")
     assert excluded(cluster)["gpu3"].startswith(f"{unsigned}: it carries no HMAC")
-    assert cluster["keyed"] is True and keyed.problem(cluster, key) is None  # the merged record is signed
+    assert cluster["signed"] is True and keyed.problem(cluster, key) is None  # the merged record is signed
     digests = {n["host"]: n["digest"] for n in cluster["nodes"]}
     plain = "sha256:" + hashlib.sha256((run / "nodes" / "gpu1" / "results.json").read_bytes()).hexdigest()
     assert digests["gpu1"] == keyed.digest(key, plain) and digests["gpu1"].startswith("hmac-sha256:")
@@ -208,7 +208,7 @@ def test_a_keyed_merge_excludes_an_edited_node_file_and_keys_its_digests(tmp_pat
     link = tmp_path / "mounted.key"
     link.symlink_to(key_file)
     proc, again = merge(run, env={keyed.KEY_ENV: str(link)})
-    assert again["accepted"] == ["gpu1"] and again["keyed"] is True
+    assert again["accepted"] == ["gpu1"] and again["signed"] is True
 
 
 def test_a_recomputed_plain_digest_no_longer_passes_the_sign_off(tmp_path: Path, key_file: Path) -> None:

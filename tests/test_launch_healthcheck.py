@@ -243,13 +243,15 @@ def test_a_passing_node_is_resumed_only_from_a_clustergate_drain(node: Node, tmp
 
 @pytest.mark.parametrize(("results", "resumed"), [
     ({"verdict": "partial", "error": None, "reason": "ran less than a complete run: (-k 'test_world')",
+      "attestation": {"problems": []},
       "tests": [{"nodeid": "acceptance/test_world.py::test_world_matches_profile", "outcome": "passed"}]}, True),
     (REJECT, False),
 ])
 def test_a_check_the_site_narrowed_passes_when_all_it_ran_passed(node: Node, tmp_path: Path,
                                                                  results: dict[str, object], resumed: bool) -> None:
-    """The quick tier with -k in the site's arguments ends partial (status 1): the node is healthy and its
-    clustergate drain undone; a failed test among the narrowed ones still drains it."""
+    """The quick tier with -k in the site's arguments ends partial (status 1): where it ran the shipped suite (its
+    attestation records no problem) the node is healthy and its clustergate drain undone; a failed test among the
+    narrowed ones still drains it."""
     node.set_state("IDLE+DRAIN", "clustergate: reject: test_matmul_tflops[bf16]: ...")
     node.set_verdict(results)
     proc = node.check(tmp_path / "health")

@@ -56,7 +56,7 @@ Cluster results.json (schema 1)::
      "created": ISO-8601, "merge_s": float (reading and judging, before the report is drawn), "output": DIR,
      "run_id": str, "level": str (the level required), "manifest": str (digest of the suite's manifest),
      "profile": str | null (the fleet's), "profile_source": str, "dry_run": bool (a cpu-profile fleet),
-     "suite_digest": "sha256:..." (this clustergate's), "keyed": bool,
+     "suite_digest": "sha256:..." (this clustergate's), "signed": bool,
      "window": {"hours", "median_start", "from", "to"},
      "expected": {"source": str, "hosts": [str]} | null,
      "counts": {"expected": int | null, "results": int, "accepted": int, "excluded": int, "missing": int,
@@ -381,7 +381,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
                               time.perf_counter() - t0)
     cluster.update(thresholds=str(site.path), run_id=run_id, level=level, window=judged.window,
                    manifest=suite_manifest.shipped().digest, created=now.isoformat(timespec="seconds"),
-                   keyed=key is not None)
+                   signed=key is not None)
     if key is None and any(keyed.FIELD in (r.results or {}) for r in judged.runs):
         cluster["warnings"].append("the node files carry HMACs, but no site key was given (--key-file): they were "
                                    "not checked, and this merge is not signed")

@@ -34,7 +34,7 @@ Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an 
 signoff.json (schema 1)::
 
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
-     "run_id": str, "level": str, "profile": str | null (the merge's), "keyed": bool,
+     "run_id": str, "level": str, "profile": str | null (the merge's), "signed": bool,
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node" | "fabric", "reasons": [str]}], "excluded_hostlist": str,
      "reasons": [str], "warnings": [str],
@@ -150,7 +150,7 @@ def keyed_problems(cluster: dict[str, Any], path: Path, key: bytes | None) -> li
     with the key, an HMAC that is missing or does not match."""
     if key is None:
         return ["the merge was signed with a site key: give signoff the same key (--key-file or "
-                f"${keyed.KEY_ENV})"] if cluster.get("keyed") else []
+                f"${keyed.KEY_ENV})"] if cluster.get("signed") else []
     why = keyed.problem(cluster, key)
     return [f"{path}: {why}"] if why else []
 
@@ -341,7 +341,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         "schema": SCHEMA, "kind": "signoff", "verdict": "accept" if accepted and not reasons else "reject",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": str(run_dir),
         "run_id": cluster["run_id"], "level": cluster["level"], "profile": cluster.get("profile"),
-        "keyed": key is not None,
+        "signed": key is not None,
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),
