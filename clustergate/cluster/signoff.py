@@ -149,7 +149,7 @@ def keyed_problems(cluster: dict[str, Any], path: Path, key: bytes | None) -> li
     """Why the merged record cannot be taken under the site key: a merge made with a key, signed off without one; or,
     with the key, an HMAC that is missing or does not match."""
     if key is None:
-        return ["the merge was signed with a site key: give signoff the same key (--key-file or "
+        return ["the merge was signed with a site key, so the sign-off needs the same key (--key-file or "
                 f"${keyed.KEY_ENV})"] if cluster.get("signed") else []
     why = keyed.problem(cluster, key)
     return [f"{path}: {why}"] if why else []
