@@ -1,5 +1,5 @@
-"""The hangs of the README's fault table, planted on this machine's GPUs and timed: for one call of a lent 2-GPU
-machine (about 5 minutes; each plant is bounded).
+"""The hangs of the fault table (docs/how-it-works.md), planted on this machine's GPUs and timed: for one call of a
+lent 2-GPU machine (about 5 minutes; each plant is bounded).
 
     python benchmarks/hang_plants.py [--out DIR] [--plants stop,spin,skip,kill] [--budget 330] [--dry-run]
 

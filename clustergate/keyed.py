@@ -9,7 +9,7 @@ the node files are keyed too (``digest``). A record edited after it was written,
 stripped of its section is refused, naming the file; without the key nobody can make one that passes.
 
 Without a key nothing is keyed: digests and records are plain, and whoever can write the report directories can
-write a record that reads as a run (the README's contract table says what is and is not protected then).
+write a record that reads as a run (docs/contract.md, "What an accept attests", says what is and is not protected then).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A cluster on one machine: "nodes" are torchrun agents, each named through CLUSTERGATE_NODE_NAME.
 
-The phases run exactly the commands README.md gives under "Signing off a cluster", from the
+The phases run exactly the commands docs/cluster-signoff.md gives under "The phases", from the
 checkout: every node alone (``torchrun --standalone ... -m "not multinode"``, all at once, each into
 ``RUN/nodes/NAME``), the report command's ``merge`` and ``signoff``, and the fabric phase (one
 torchrun agent per node, c10d rendezvous on 127.0.0.1) into ``RUN/fabric``. A fault is planted in one

@@ -64,7 +64,7 @@ late), ends it BLOCKED_S later (up to POLL_S late again); then exit and teardown
 
 
 def measured(what: str, seconds: float) -> None:
-    """Say the time taken (shown with -s; the README's fault table quotes them)."""
+    """Say the time taken (shown with -s; docs/how-it-works.md's fault table quotes them)."""
     print(f"\nmeasured: {what}: {seconds:.1f} s")
 
 

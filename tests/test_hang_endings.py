@@ -10,7 +10,7 @@ test without the all_reduce rank 0 waits in; rank 1 holding the interpreter's lo
 Python); rank 1 killed with SIGKILL mid-collective. The jobs that wait out
 a liveness bound run side by side with the suite's other such jobs (tests/waited_out_runs.py). Times are from the
 fault (the signal sent, or the planted code's file as it goes astray) to the end of the job; the bound is the
-product's promise, 60 s; each test's docstring says what it takes (the fault table of the README quotes them).
+product's promise, 60 s; each test's docstring says what it takes (the fault table of docs/how-it-works.md quotes them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """--level quick, the day-2 node check: what it shortens, and that the standard level is untouched.
 
-The settings only (pure configs); the quick level's own run on CPU is timed by hand (README.md,
-"Signing off a cluster") and on GPUs by the lead.
+The settings only (pure configs); the quick level's own run on CPU is timed by hand (docs/day-2.md,
+"The quick level, timed") and on GPUs by the lead.
 """
 
 from __future__ import annotations

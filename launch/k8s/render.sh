@@ -25,7 +25,7 @@
 #                      or under /reports (pass the same file with --thresholds in CG_PYTEST_ARGS) [the shipped one]
 #   CG_STORE           the results store, a file on the reports volume (/reports/clustergate.db): every phase's run
 #                      judges drift against it and is recorded into it, and so are the merge and the sign-off
-#                      (README: "Running clustergate over a cluster's life") []
+#                      (docs/cluster-signoff.md: "Running clustergate over a cluster's life") []
 #   CG_REPORT_DIR      where the job's reports go [/reports/<job>-<job uid>; fabric: /reports/<run>/fabric]
 #   CG_NAME            Job and Service name, also the pods' DNS subdomain [clustergate; with CG_PHASE:
 #                      cg-<run>-<phase>]
