@@ -519,10 +519,11 @@ def redact(data: Any, scrub: Scrubber | None = None) -> Any:
     """
     scrub = Scrubber.from_environment() if scrub is None else scrub
     found: set[str] = set()
+    site_list = os.environ.get(SITE_LIST, "")  # read once: a record has thousands of keys
 
     def walk(value: Any, secret: bool) -> Any:
         if isinstance(value, Mapping):
-            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or is_secret_name(str(k)))
+            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or _is_secret_name(str(k), site_list))
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [walk(v, secret) for v in value]
