@@ -25,27 +25,13 @@ MATMUL_DTYPES = [pytest.param(d, id=d, marks=pytest.mark.metrics(f"matmul_{d}_tf
 SUSTAINED_DTYPE = "bf16"
 
 
-@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
-def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
-    """Dense matmul TFLOPS per GPU the MAMF way (best shape's median), checked against float64 first; the same
-    calls by the host's clock must reach the profile's matmul_wallclock_fraction of it (a GPU shared with
-    another job keeps its per-call figure but not its wall-clock one)."""
-    require_device(cg)
-    if dtype == "fp8":
-        if not expects_gpu(cg):
-            cg.skip(f"{CPU_SKIP} (fp8 matmul needs fp8 tensor cores)", fact="no_gpu")
-        why = matmul.fp8_unsupported(cg.device)
-        cg.skip_unless_everywhere(why is None, f"fp8 not measured: {why}", fact="unsupported")
-    cfg = matmul.Config.for_level(cg.level, cg.device, dtype, peak_tflops=cg.setting(f"peak_{dtype}_tflops", None),
-                                  wallclock_fraction=cg.setting("matmul_wallclock_fraction", None))
-    measure(cg, lambda: matmul.run(cfg))
-
-
 @pytest.mark.metrics(burn_in.metric_name(SUSTAINED_DTYPE))
 @pytest.mark.time_limit(BURN_IN_LIMIT_S)
 def test_sustained_matmul(cg: Recorder) -> None:
-    """The best matmul shape held (the profile's burn_in_s at --level extended, seconds below it): the
-    sustained TFLOPS per GPU, every product compared with the first."""
+    """A matmul shape held back to back (seconds below --level extended, the profile's burn_in_s at it): the
+    sustained TFLOPS per GPU, every product compared with the first. Below extended it runs before the matmul
+    sweeps and warms the GPU for them (their warm-up counts it); at extended it runs after them and holds their
+    best shape (acceptance/conftest.py)."""
     require_device(cg)
     seconds = float(cg.setting("burn_in_s"))
     if cg.level == "extended" and seconds > BURN_IN_LIMIT_S - 300:
@@ -66,6 +52,22 @@ def test_power_under_load(cg: Recorder) -> None:
                               fact=None)  # test_sustained_matmul failed or did not run: nothing to read
     assert run is not None
     measure(cg, lambda: burn_in.power_result(run, on_gpu=cg.device.type == "cuda"))
+
+
+@pytest.mark.parametrize("dtype", MATMUL_DTYPES)
+def test_matmul_tflops(cg: Recorder, dtype: str) -> None:
+    """Dense matmul TFLOPS per GPU the MAMF way (best shape's median), checked against float64 first; the same
+    calls by the host's clock must reach the profile's matmul_wallclock_fraction of it (a GPU shared with
+    another job keeps its per-call figure but not its wall-clock one)."""
+    require_device(cg)
+    if dtype == "fp8":
+        if not expects_gpu(cg):
+            cg.skip(f"{CPU_SKIP} (fp8 matmul needs fp8 tensor cores)", fact="no_gpu")
+        why = matmul.fp8_unsupported(cg.device)
+        cg.skip_unless_everywhere(why is None, f"fp8 not measured: {why}", fact="unsupported")
+    cfg = matmul.Config.for_level(cg.level, cg.device, dtype, peak_tflops=cg.setting(f"peak_{dtype}_tflops", None),
+                                  wallclock_fraction=cg.setting("matmul_wallclock_fraction", None))
+    measure(cg, lambda: matmul.run(cfg))
 
 
 @pytest.mark.metrics("hbm_bandwidth_tbps")

@@ -4,7 +4,8 @@
     python benchmarks/session_tools.py setting peak_bf16_tflops --thresholds OUT/thresholds.yaml --profile NAME
     python benchmarks/session_tools.py mamf --finder .peers/.../mamf-finder.py --dtype bfloat16 --gpus 8 --out DIR
     python benchmarks/session_tools.py table OUT/session
-    python benchmarks/session_tools.py timing REPORT_DIR/results.json --t0 EPOCH_S --t1 EPOCH_S
+
+(Where a run's time went: benchmarks/quick_time.py.)
 
 The table puts the suite's figures beside the peers' from the same session: matmul against
 mamf-finder's best median (per shape too), small-message latency and busbw against nccl-tests, with
@@ -16,7 +17,6 @@ once, MFU). The parsers read the peers' own output formats (mamf-finder's result
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -218,43 +218,6 @@ def table(session: Path) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), summary
 
 
-def timing(results: dict[str, Any], t0: float, t1: float, top: int = 12,
-           progress: list[dict[str, Any]] | None = None) -> str:
-    """Where a run's wall time went: the command's start (``t0``) to the session's, the session, its end to the
-    command's exit (``t1``), the tests' sum and the longest tests. ``started`` has whole seconds: +-1 s. With the
-    run's progress.jsonl events (exact times), the start and the end are split further: to the session's first
-    event, to the first test; from the last test's end to the final barrier's end (verdict, report, outputs),
-    and from there to the exit (the processes' own teardown)."""
-    from datetime import datetime
-
-    began = datetime.fromisoformat(results["started"]).timestamp()
-    session = float(results["duration_s"])
-    tests = sorted(((t["nodeid"].split("::")[-1], float(t["duration_s"]), t["outcome"]) for t in results["tests"]),
-                   key=lambda t: -t[1])
-    lines = [f"wall {t1 - t0:.1f} s = start {began - t0:.1f} + session {session:.1f} + end {t1 - began - session:.1f} "
-             f"(start +-1 s); tests {sum(t[1] for t in tests):.1f} s over {len(tests)}, verdict {results['verdict']}"]
-    times = {e["event"]: float(e["time"]) for e in progress or [] if e.get("event") in ("session_start", "session_end")}
-    first = next((float(e["time"]) for e in progress or [] if e.get("event") == "test_start"), None)
-    last = max((float(e["time"]) for e in progress or [] if e.get("event") == "test_end"), default=None)
-    if "session_start" in times and first is not None:
-        lines.append(f"  start: {times['session_start'] - t0:.1f} s to the session's first event, "
-                     f"{first - times['session_start']:.1f} s more to the first test")
-    if "session_end" in times and last is not None:
-        lines.append(f"  end: {times['session_end'] - last:.1f} s from the last test to the final barrier's end, "
-                     f"{t1 - times['session_end']:.1f} s more to the exit")
-    lines += [f"  {d:6.1f} s  {o:8s} {n}" for n, d, o in tests[:top]]
-    return "\n".join(lines)
-
-
-def _events(progress: Path) -> list[dict[str, Any]]:
-    """progress.jsonl's events; a line cut short (a run killed while writing it) is left out."""
-    events = []
-    for line in progress.read_text(errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            events.append(json.loads(line))
-    return [e for e in events if isinstance(e, dict)]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -274,11 +237,6 @@ def main() -> int:
     p.add_argument("--out", required=True)
     sub.add_parser("mamf-args").add_argument("level")
     sub.add_parser("table").add_argument("session")
-    p = sub.add_parser("timing")
-    p.add_argument("results")
-    p.add_argument("--t0", type=float, required=True, help="the command's start, seconds since the epoch")
-    p.add_argument("--t1", type=float, required=True, help="its exit")
-    p.add_argument("--top", type=int, default=12, help="the longest tests listed")
     args = parser.parse_args()
     if args.cmd == "profile":
         name, text = session_profile(Path(args.thresholds), args.gpus, args.gpu_name)
@@ -288,10 +246,6 @@ def main() -> int:
         print(load(args.thresholds).profile(args.profile).setting(args.name, ""))
     elif args.cmd == "mamf":
         return run_mamf(args.finder, args.dtype, args.gpus, Path(args.out))
-    elif args.cmd == "timing":
-        progress = Path(args.results).with_name("progress.jsonl")
-        events = _events(progress) if progress.is_file() else None
-        print(timing(json.loads(Path(args.results).read_text()), args.t0, args.t1, args.top, events))
     elif args.cmd == "mamf-args":
         print(mamf_args(args.level))
     else:

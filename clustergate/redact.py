@@ -361,7 +361,23 @@ def _cut_parts(text: str, secret: str) -> str:
 
 
 _LIVE: list[Any] = [None, None]
-"""The scrubber of the live environment and the environment it was built from (``Scrubber.from_environment``)."""
+"""The secrets of the live environment (and the kept names) and the scrubber built of them
+(``Scrubber.from_environment``)."""
+
+
+def _environment_secrets(environ: Mapping[str, str]) -> Iterator[str]:
+    """The secrets an environment holds: each secret-named variable's value, and what any value holds
+    (``embedded_secrets``)."""
+    site_list = environ.get(SITE_LIST, "")
+    for name, value in environ.items():
+        yield from _variable_secrets(name, value, site_list)
+
+
+@lru_cache(maxsize=1 << 12)
+def _variable_secrets(name: str, value: str, site_list: str) -> tuple[str, ...]:
+    # Remembered per variable: the live environment is read at every write of an output, and between two
+    # writes at most a variable or two changed (pytest's PYTEST_CURRENT_TEST at every phase).
+    return ((value,) if _is_secret_name(name, site_list) else ()) + tuple(embedded_secrets(value))
 
 
 @lru_cache(maxsize=1 << 16)
@@ -402,20 +418,19 @@ class Scrubber:
                          extra: Mapping[str, Any] | None = None) -> Scrubber:
         """Secrets = values of secret-named environment variables (and of ``extra``, e.g. metadata)."""
         if environ is None and not extra:
-            # The live environment's scrubber, built again only when the environment changed: redacting
-            # results.json asks for it at every write, and a test may set a variable between two.
-            snapshot = (tuple(os.environ.items()), tuple(_KEPT))
-            if _LIVE[0] != snapshot:
-                _LIVE[:] = [snapshot, cls._of(os.environ, {})]
+            # The live environment's scrubber, built again only when the secrets it holds changed: redacting
+            # results.json asks for it at every write, and a test may set a variable between two. pytest sets
+            # PYTEST_CURRENT_TEST at every phase of every test: the same secrets, the same scrubber (and what it
+            # remembers of the record's texts).
+            secrets = (tuple(_environment_secrets(os.environ)), tuple(_KEPT))
+            if _LIVE[0] != secrets:
+                _LIVE[:] = [secrets, cls(list(secrets[0]))]
             return _LIVE[1]
         return cls._of(os.environ if environ is None else environ, extra or {})
 
     @classmethod
     def _of(cls, environ: Mapping[str, str], extra: Mapping[str, Any]) -> Scrubber:
-        found = [v for k, v in environ.items() if is_secret_name(k, environ)]
-        found += [s for v in environ.values() for s in embedded_secrets(v)]
-        found += _secret_values(extra)
-        return cls(found)
+        return cls([*_environment_secrets(environ), *_secret_values(extra)])
 
     def knowing(self, secrets: Iterable[str]) -> Scrubber:
         """This scrubber, with ``secrets`` (of a known format, found in a record) known too: a token one string
@@ -504,10 +519,11 @@ def redact(data: Any, scrub: Scrubber | None = None) -> Any:
     """
     scrub = Scrubber.from_environment() if scrub is None else scrub
     found: set[str] = set()
+    site_list = os.environ.get(SITE_LIST, "")  # read once: a record has thousands of keys
 
     def walk(value: Any, secret: bool) -> Any:
         if isinstance(value, Mapping):
-            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or is_secret_name(str(k)))
+            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or _is_secret_name(str(k), site_list))
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [walk(v, secret) for v in value]

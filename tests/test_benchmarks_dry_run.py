@@ -107,14 +107,65 @@ def dry_session_tools(tmp: Path) -> None:
     assert "727.1" in (session / "mamf" / "bf16-gpu0.txt").read_text()
     table = ok(script("session_tools.py", "table", str(session), cwd=tmp))
     assert "727.1" in table and (session / "summary.json").exists()
-    results = tmp / "results.json"
-    results.write_text(json.dumps({"started": "2026-11-25T12:00:10+00:00", "duration_s": 20.0, "verdict": "accept",
-                                   "tests": [{"nodeid": "a.py::test_slow", "duration_s": 12.5, "outcome": "passed"},
-                                             {"nodeid": "a.py::test_fast", "duration_s": 1.0, "outcome": "passed"}]}))
-    t0 = 1795608000.0  # 2026-11-25T12:00:00Z: 10 s to start, 20 s of session, 5 s to exit
-    timing = ok(script("session_tools.py", "timing", str(results), "--t0", str(t0), "--t1", str(t0 + 35), cwd=tmp))
-    assert timing.startswith("wall 35.0 s = start 10.0 + session 20.0 + end 5.0")
-    assert "12.5 s  passed   test_slow" in timing
+
+
+FAKE_RUN = """
+import json, os, sys, time
+report = sys.argv[sys.argv.index("--report-dir") + 1]
+os.makedirs(report)
+t = time.time()
+events = [("session_start", None), ("test_start", "a.py::test_x"), ("test_end", "a.py::test_x")]
+with open(os.path.join(report, "progress.jsonl"), "w") as f:
+    for i, (event, nodeid) in enumerate(events):
+        f.write(json.dumps({"time": t + i * 0.01, "event": event, "nodeid": nodeid, "outcome": "passed"}) + "\\n")
+    f.write("{cut short\\n")
+    f.write(json.dumps({"time": t + 0.05, "event": "session_end"}) + "\\n")
+with open(os.path.join(report, "results.json"), "w") as f:
+    json.dump({"verdict": "reject", "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"],
+               "tests": [{"nodeid": "a.py::test_x", "duration_s": 0.004}]}, f)
+sys.exit(1)
+"""
+
+
+def dry_quick_time(tmp: Path) -> None:
+    """The breakdown's figures from a made-up run (exact), the cold and warm caches of ``run`` with a stand-in
+    command, and one real ``clustergate run`` on a CPU rank broken down."""
+    report = tmp / "report"
+    report.mkdir()
+    t0 = 1795608000.0  # the command started; 8.5 s to the session's first event, 2.5 s more to the first test
+    events = [("session_start", 8.5, None), ("test_start", 11.0, "a.py::test_slow"),
+              ("test_end", 23.5, "a.py::test_slow"), ("test_start", 23.6, "a.py::test_fast"),
+              ("test_end", 24.6, "a.py::test_fast"), ("session_end", 26.0, None)]
+    (report / "progress.jsonl").write_text("".join(
+        json.dumps({"time": t0 + at, "event": e, "nodeid": n, "outcome": "passed"}) + "\n" for e, at, n in events))
+    (report / "results.json").write_text(json.dumps({"verdict": "accept", "tests": [
+        {"nodeid": "a.py::test_slow", "duration_s": 12.0}, {"nodeid": "a.py::test_fast", "duration_s": 0.9}]}))
+    text = ok(script("quick_time.py", "breakdown", str(report), "--t0", str(t0), "--t1", str(t0 + 27.0), "--json",
+                     str(tmp / "b.json"), cwd=tmp))
+    assert text.startswith("wall 27.00 s = start 11.00 + tests 13.50 + between tests 0.10 + end 2.40"), text
+    figures = json.loads((tmp / "b.json").read_text())
+    assert figures["to_session"] == pytest.approx(8.5) and figures["to_session_end"] == pytest.approx(1.4)
+    assert figures["session_end_to_exit"] == pytest.approx(1.0)
+    assert [round(t["plugin_s"], 3) for t in figures["per_test"]] == [0.5, 0.1]
+    assert "12.50   12.00    0.50  passed   test_slow" in text
+    gone = script("quick_time.py", "breakdown", str(tmp / "nowhere"), "--t0", "0", "--t1", "1", cwd=tmp)
+    assert gone.returncode == 2 and "progress.jsonl does not exist" in gone.stderr
+    # run: each cold run compiles into an empty cache of its own, the warm ones keep the last one's.
+    (tmp / "fake_run.py").write_text(FAKE_RUN)
+    ok(script("quick_time.py", "run", "--cold", "2", "--warm", "2", "--out", str(tmp / "fake"), "--",
+              sys.executable, str(tmp / "fake_run.py"), cwd=tmp))
+    runs = json.loads((tmp / "fake" / "quick_time.json").read_text())["runs"]
+    caches = [json.loads((tmp / "fake" / r["name"] / "results.json").read_text())["cache"] for r in runs]
+    assert [r["name"] for r in runs] == ["cold1", "cold2", "warm1", "warm2"] and [r["exit"] for r in runs] == [1] * 4
+    assert caches[0] != caches[1] and caches[1] == caches[2] == caches[3], caches
+    # A real run: clustergate run on one CPU rank, one test (partial: -k narrows it, so exit 1).
+    out = ok(script("quick_time.py", "run", "--cold", "0", "--warm", "1", "--out", str(tmp / "real"), "--",
+                    sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "1", "--profile", "cpu", "-k",
+                    "test_world_matches_profile", cwd=tmp))
+    [real] = json.loads((tmp / "real" / "quick_time.json").read_text())["runs"]
+    assert real["exit"] == 1 and real["verdict"] == "partial" and real["test_count"] == 1, out
+    parts = real["start"] + real["tests"] + real["between_tests"] + real["end"]
+    assert parts == pytest.approx(real["wall"]) and real["start"] > real["to_session"] > 0 and real["end"] > 0
 
 
 def dry_gpu_contender(tmp: Path) -> None:
@@ -174,7 +225,8 @@ def dry_hang_plants(tmp: Path) -> None:
 DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "hang_plants.py": dry_hang_plants,
             "health_time.py": dry_health_time, "hostlink_contender.py": dry_hostlink_contender,
             "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
-            "plugin_overhead.py": dry_plugin_overhead, "redaction_cost.py": dry_redaction_cost,
+            "plugin_overhead.py": dry_plugin_overhead, "quick_time.py": dry_quick_time,
+            "redaction_cost.py": dry_redaction_cost,
             "session_tools.py": dry_session_tools}
 
 

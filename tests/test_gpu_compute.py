@@ -61,15 +61,27 @@ def test_each_call_is_timed_alone_and_the_refresh_is_not_timed() -> None:
 
 def test_the_device_warms_as_long_as_mamf_finder_and_load_moments_ago_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert matmul.GPU_CALLS["standard"][2] == 30.0  # mamf-finder's warm-up: a cool GPU reads high
-    monkeypatch.setattr(matmul, "_LOADED", {"cuda:0": (100.0, 130.0)})
-    assert matmul.warmed_for("cuda:0", now=135.0) == 30.0  # the last sweep ended 5 s ago: still warm
-    assert matmul.warmed_for("cuda:0", now=130.0 + matmul.STILL_WARM_S + 1) == 0.0  # it has cooled
-    assert matmul.warmed_for("cuda:1", now=135.0) == 0.0  # never loaded
+    monkeypatch.setattr(hw, "_LOADED", {"cuda:0": (100.0, 130.0)})
+    assert hw.warmed_for("cuda:0", now=135.0) == 30.0  # the last sweep ended 5 s ago: still warm
+    assert hw.warmed_for("cuda:0", now=130.0 + hw.STILL_WARM_S + 1) == 0.0  # it has cooled
+    assert hw.warmed_for("cuda:1", now=135.0) == 0.0  # never loaded
+    hw.loaded("cuda:0", began=133.0, ended=140.0)  # a stretch 3 s after the last one continues it
+    assert hw.warmed_for("cuda:0", now=141.0) == 40.0
     out = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warm_s=0.2))
     settle = out.details["settle"]
     assert settle["warm_s"] == 0.2 and settle["seconds"] >= 0.2  # this CPU "device" was cold: warmed first
     again = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warm_s=0.2))
     assert again.details["settle"]["already_warm_s"] > 0  # the first run's load counted
+
+
+def test_the_sustained_hold_before_a_sweep_is_its_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below --level extended the hold runs first: its load counts, so the sweep settles no further."""
+    monkeypatch.setattr(hw, "_LOADED", {})
+    held = burn_in.run(burn_in.Config(duration_s=0.3, shape=(64, 64, 64), interval_s=0.1))
+    assert held.details["duration_s"] == 0.3 and hw.warmed_for("cpu") >= 0.3
+    out = matmul.run(matmul.Config(dtype="bf16", shapes=((64, 64, 64),), calls=2, warm_s=0.3))
+    settle = out.details["settle"]
+    assert settle["already_warm_s"] >= 0.3 and settle["seconds"] == 0 and settle["bursts"] == 0, settle
 
 
 def test_each_shape_is_timed_as_mamf_finder_times_it(monkeypatch: pytest.MonkeyPatch) -> None:

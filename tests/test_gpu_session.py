@@ -186,16 +186,3 @@ exec '{sys.executable}' "$@"
     assert target.startswith(f"{tmp}/gpu-session-site.") and "/tmp/site" not in pip, pip
     assert listing.startswith("drwx------ ") and listing.endswith(target), listing  # 0700, made by mktemp -d
     assert not Path(target).exists()  # removed when the session ends
-
-
-def test_the_timing_splits_a_runs_start_and_end_by_its_progress_events() -> None:
-    results = {"started": "2026-11-27T10:00:10+00:00", "duration_s": 20.0, "verdict": "accept",
-               "tests": [{"nodeid": "a.py::test_x", "duration_s": 12.0, "outcome": "passed"}]}
-    t = 1795773610.0  # 2026-11-27T10:00:10Z
-    progress = [{"event": "session_start", "time": t + 0.5}, {"event": "test_start", "time": t + 3.0},
-                {"event": "test_end", "time": t + 15.0}, {"event": "session_end", "time": t + 24.0}]
-    text = session_tools.timing(results, t - 8.0, t + 30.0, progress=progress).splitlines()
-    assert text[0].startswith("wall 38.0 s = start 8.0 + session 20.0 + end 10.0")
-    assert text[1] == "  start: 8.5 s to the session's first event, 2.5 s more to the first test"
-    assert text[2] == "  end: 9.0 s from the last test to the final barrier's end, 6.0 s more to the exit"
-    assert session_tools.timing(results, t - 8.0, t + 30.0).splitlines()[1].strip().startswith("12.0 s")

@@ -125,6 +125,25 @@ def test_a_site_names_its_own_secret_variables(monkeypatch: pytest.MonkeyPatch) 
     assert redact({"DB_URL": "x", "other": "y"}, Scrubber([])) == {"DB_URL": REDACTED, "other": "y"}
 
 
+def test_the_live_scrubber_follows_the_secrets_of_the_environment_not_every_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest sets PYTEST_CURRENT_TEST at every phase of every test: the live scrubber (and what it remembers) is
+    kept while the secrets stay the same, and follows a secret set, a site's list or a value that holds a token."""
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "acceptance/test_a.py::test_one (setup)")
+    before = Scrubber.from_environment()
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "acceptance/test_a.py::test_two (call)")
+    assert Scrubber.from_environment() is before
+    monkeypatch.setenv("SOME_API_TOKEN", "tok-live-0123456")
+    assert Scrubber.from_environment()("saw tok-live-0123456") == f"saw {REDACTED}"
+    monkeypatch.setenv("MYCO_LICENSE", "lic-live-9f8e7d")
+    monkeypatch.setenv("CLUSTERGATE_REDACT_VARS", "MYCO_*")
+    assert Scrubber.from_environment()("lic-live-9f8e7d") == REDACTED
+    monkeypatch.setenv("NCCL_PLANTED", "auth=x password=hunter2live")
+    assert Scrubber.from_environment()("hunter2live") == REDACTED
+    monkeypatch.delenv("SOME_API_TOKEN")
+    assert Scrubber.from_environment()("saw tok-live-0123456") == "saw tok-live-0123456"
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("https://ghp_tok3n@github.com/org/repo.git", "https://[redacted]@github.com/org/repo.git"),
     ("http://:hunter22@db.example:5432/x", "http://[redacted]@db.example:5432/x"),

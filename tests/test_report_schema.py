@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,14 @@ def test_baseline_lands_in_results_json(demo_baseline: Path) -> None:  # noqa: F
     base = results(demo_baseline)["baseline"]
     assert base["tolerance"] == 0.05 and base["flagged"] > 0
     assert base["source"].endswith("results.json")
+
+
+def test_a_row_names_its_failed_ranks_with_their_hosts(demo_reject: Path) -> None:  # noqa: F811
+    """The report's extra columns: the failed ranks of a test with their hosts (read from the record only where a
+    rank failed), the count of its metrics that failed."""
+    data = results(demo_reject)
+    page = html.unescape((demo_reject / "report" / "report.html").read_text()).replace('\\"', '"')
+    [failed] = [t for t in data["tests"] if t["nodeid"].endswith("test_demo_gpu_figures")]
+    host = data["nodes"][0]["host"]
+    assert failed["failed_ranks"] == [1] and f'<td class="col-failedranks">1 ({host})</td>' in page
+    assert '<td class="col-metrics">1 of 2 fail</td>' in page and page.count('<td class="col-failedranks"></td>') == 3

@@ -97,3 +97,19 @@ def test_two_ranks(tmp_path: Path) -> None:
         assert "ranks 0 and 1 both received 32 samples" in results["sampler_rank_zero"]
     written = sorted(p.name for d in (tmp_path / "ckpt").iterdir() for p in d.iterdir())
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(written)  # each rank wrote its shard
+
+
+def test_the_round_trip_compares_copies_where_the_state_lies() -> None:
+    """The expected state is a copy kept on the state's own device (no host round trip): a tensor changed after it
+    was taken differs, an equal one on another device does not, nor does a non-tensor leaf."""
+    from workloads.training.checkpoint import flatten, mismatches
+
+    weight = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    state = {"model": {"w": weight}, "optim": {"state": {0: {"step": torch.tensor(3.0)}}, "lr": [1e-3]}}
+    expected = flatten(state)
+    assert set(expected) == {"model.w", "optim.state.0.step", "optim.lr.0"}
+    assert expected["model.w"].device == weight.device and expected["model.w"].data_ptr() != weight.data_ptr()
+    assert mismatches(expected, flatten(state)) == []
+    weight[0, 0] = 42.0  # a load that changed what it should not have
+    assert mismatches(expected, flatten(state)) == ["model.w"]
+    assert mismatches({"k": torch.ones(2, dtype=torch.float64)}, {"k": torch.ones(2)}) == ["k"]  # dtype counts

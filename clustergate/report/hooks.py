@@ -212,7 +212,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = yield
     if not _active(item.config):
         return report
-    results = results_of(item.config, only_test=item.nodeid) or {}
+    # The record is read where the row needs it: the call phase's extras, or the hosts of failed ranks. Reading it
+    # costs a redaction of the run's record, three times a test otherwise.
+    needed = call.when == "call" or bool(_prop(report, "failed_ranks", []))
+    results = (results_of(item.config, only_test=item.nodeid) or {}) if needed else {}
     # pytest-html's row and log hooks get the report but not the config: what they need rides on it.
     report.clustergate_cells = _row_cells(report, results)  # type: ignore[attr-defined]
     report.clustergate_scrub = _scrub(item.config)  # type: ignore[attr-defined]

@@ -164,6 +164,31 @@ def settle(chunk: Callable[[], float], most_s: float, least_s: float, window: in
             "first": rates[0] if rates else None, "last": statistics.median(rates[-window:]) if rates else None}
 
 
+STILL_WARM_S = 10.0
+"""Load that ended less than this long ago left the device warm: it counts towards the next workload's warm-up
+(the next test starts within seconds of the last one's end)."""
+_LOADED: dict[str, tuple[float, float]] = {}
+"""Per device: (monotonic time its current stretch of load began, time it last ended)."""
+
+
+def loaded(device: str, began: float, ended: float | None = None) -> None:
+    """The device was under full load from ``began`` to ``ended`` (now): a stretch that began less than
+    ``STILL_WARM_S`` after the last one ended continues it."""
+    since, last_end = _LOADED.get(device, (began, began))
+    _LOADED[device] = (since if began - last_end < STILL_WARM_S else began,
+                       time.monotonic() if ended is None else ended)
+
+
+def warmed_for(device: str, now: float | None = None) -> float:
+    """Seconds the device has been under load (``loaded``) in this process, counting stretches less than
+    ``STILL_WARM_S`` apart as one; 0 after a longer pause (it has cooled)."""
+    if device not in _LOADED:
+        return 0.0
+    since, last_end = _LOADED[device]
+    now = time.monotonic() if now is None else now
+    return last_end - since if now - last_end < STILL_WARM_S else 0.0
+
+
 def l2_cache_bytes(device: torch.device) -> int:
     """Last-level cache of a GPU as CUDA reports it (``DEFAULT_L2_BYTES`` on CPU or when unknown)."""
     if device.type == "cuda":

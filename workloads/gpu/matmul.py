@@ -9,11 +9,11 @@ bracketed by its own CUDA events; one synchronize ends the shape, and the produc
 in C is checked against float64 before any figure of the shape counts. A shape's figure is 2*M*N*K / its
 median call time; the metric is the best shape's figure, the shape recorded. Before the sweep the device
 runs the first shape until it has been under load for ``warm_s`` (mamf-finder's 30 s at the standard
-level; load from a sweep that ended moments ago counts) and its throughput stops drifting: a GPU fresh
-from idle is cool, and under its power cap a cool GPU holds higher clocks (an H100 read 807 TFLOPS after a
-3 s warm-up where mamf-finder, after its 30 s, read 737 on the same GPU in the same session). B is stored
-(N, K) and used transposed, as nn.Linear does (and as fp8's torch._scaled_mm requires). Every rank
-measures at once.
+level; load that ended moments ago counts, a sweep's or the sustained hold's: ``_hw.loaded``) and its
+throughput stops drifting: a GPU fresh from idle is cool, and under its power cap a cool GPU holds higher
+clocks (an H100 read 807 TFLOPS after a 3 s warm-up where mamf-finder, after its 30 s, read 737 on the same
+GPU in the same session). B is stored (N, K) and used transposed, as nn.Linear does (and as fp8's
+torch._scaled_mm requires). Every rank measures at once.
 
 Why each shape straight after its operands are made, as mamf-finder does, and not after a second of
 untimed calls: under its power cap a 700 W H100 lets its clocks rise in the short pause between shapes,
@@ -83,11 +83,6 @@ SECOND_PASS_SHAPES = 2
 """The best shapes of the sweep timed once more, each shape's figure the better of its two medians: one
 pass's figure moves by 1-2% with the power controller's state (2 H200s: 692.7 once, 708-736 otherwise), so
 a best shape that met a dip is not judged on it. The passes' difference is recorded as the run's spread."""
-STILL_WARM_S = 10.0
-"""A sweep that ended less than this long ago left the device warm: its load counts towards ``warm_s``
-(the next dtype's test starts within seconds of the last one's end)."""
-_LOADED: dict[str, tuple[float, float]] = {}
-"""Per device: (monotonic time its current stretch of load began, time it last ended)."""
 CPU_CALLS = {"quick": (1, 5, 0.0), "standard": (2, 10, 0.0), "extended": (2, 30, 0.0)}
 FLUSH_BYTES = 256 << 20
 """Written before every call on a GPU: mamf-finder's 256 MiB (4x H200's L2), so the gap between calls
@@ -279,19 +274,9 @@ def second_pass(shapes: list[dict[str, Any]], top: list[int], again: list[dict[s
 _BEST: dict[tuple[str, str], Shape] = {}
 
 
-def warmed_for(device: str, now: float | None = None) -> float:
-    """Seconds the device has been under matmul load in this process, counting sweeps less than
-    ``STILL_WARM_S`` apart as one stretch; 0 after a longer pause (it has cooled)."""
-    if device not in _LOADED:
-        return 0.0
-    since, last_end = _LOADED[device]
-    now = time.monotonic() if now is None else now
-    return last_end - since if now - last_end < STILL_WARM_S else 0.0
-
-
 def best_shape(device: torch.device, dtype: str) -> Shape | None:
     """The best shape the last sweep in this process found for ``dtype`` on ``device`` (None before one):
-    the shape the sustained measurement holds."""
+    the shape the sustained measurement holds where it follows the sweep (``--level extended``)."""
     return _BEST.get((str(device), dtype))
 
 
@@ -306,7 +291,7 @@ def run(cfg: Config) -> Result:
     def measure(shape: Shape, gen: torch.Generator) -> dict[str, Any]:
         bench = Bench(shape, cfg, device, gen, flush)
         if not settled:  # the first shape warms the device before anything is timed
-            already = warmed_for(cfg.device)
+            already = hw.warmed_for(cfg.device)
             needed = max(cfg.warm_s - already, 0.0)
             settled.update(hw.settle(bench.burst_tflops, 2 * needed, least_s=needed),
                            warm_s=cfg.warm_s, already_warm_s=round(already, 1))
@@ -318,8 +303,7 @@ def run(cfg: Config) -> Result:
         top = sorted(range(len(shapes)), key=lambda i: -shapes[i]["tflops"])[:SECOND_PASS_SHAPES]
         again, _ = hw.measure_each([cfg.shapes[i] for i in top], measure, device, cfg.seed + 1)
     passes = second_pass(shapes, top, again)
-    loaded_since, last_end = _LOADED.get(cfg.device, (began, began))
-    _LOADED[cfg.device] = (loaded_since if began - last_end < STILL_WARM_S else began, time.monotonic())
+    hw.loaded(cfg.device, began)
     best = max(shapes, key=lambda s: s["tflops"])
     what = f"{cfg.dtype} matmul {'x'.join(map(str, best['shape']))} on {device} ({hw.device_name(device)})"
     problem = wallclock_problem({"per_call_tflops": best["tflops"], **best}, cfg.wallclock_fraction, what)
