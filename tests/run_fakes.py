@@ -91,7 +91,7 @@ class FakeLauncher:
     pid: int = 4242
     is_gone: bool = False
 
-    def gone(self) -> bool:
+    def gone(self, settle: bool = True) -> bool:
         return self.is_gone
 
     def follow(self, signum: int) -> bool:

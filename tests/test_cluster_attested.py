@@ -240,7 +240,8 @@ def test_a_recomputed_plain_digest_no_longer_passes_the_sign_off(tmp_path: Path,
         "; ".join(e for x in out["excluded"] if x["host"] == "gpu1" for e in x["reasons"])
     # Without the key, a keyed merge is not signed off at all.
     proc = cli("signoff", str(run))
-    assert proc.returncode == 1 and "the merge was signed with a site key, so the sign-off needs the same key" in proc.stdout
+    assert proc.returncode == 1
+    assert "the merge was signed with a site key, so the sign-off needs the same key" in proc.stdout
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o622])

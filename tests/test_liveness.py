@@ -24,7 +24,7 @@ from run_fakes import HOSTS, SUITE, Clock, Exited, Harness
 from waited_out_runs import alive
 
 from clustergate import manifest
-from clustergate.run import flight, interrupts
+from clustergate.run import interrupts
 from clustergate.run.flight import Group, Recorder
 from clustergate.run.limits import BEAT_S, BLOCKED_S, NO_PROGRESS_S, SILENT_S
 from clustergate.run.liveness import Finding, Liveness, Position, Wait, judge, stack
@@ -323,6 +323,22 @@ def test_the_evidence_of_a_hang_is_in_results_json(tmp_path: Path, monkeypatch: 
     assert res["hang"]["kind"] == "silent" and res["hang"]["culprits"] == [1]
     assert h.run.liveness.published["cause"] == res["error"] and h.run.liveness.stopped_beside == {1: os.getpid()}
     assert json.loads(json.dumps(res["hang"])) == res["hang"]
+
+
+# ---- the launcher's death, read at start and for a signal ----------------------------------------------------------
+def test_a_live_launcher_is_read_once_at_start_and_settled_only_for_a_signal() -> None:
+    """At start the thread that set the parent-death signal reads its parent once (no wait on every rank's start);
+    a signal's watcher, on another thread, reads a live parent for 0.25 s before it says the launcher lives."""
+    launcher = interrupts.Launcher()
+    began = time.monotonic()
+    assert not launcher.gone(settle=False)
+    once = time.monotonic() - began
+    began = time.monotonic()
+    assert not launcher.gone()
+    settled = time.monotonic() - began
+    assert once < 0.05 and settled >= 0.25, (once, settled)
+    launcher.pid = -1  # a parent that is no longer this process's
+    assert launcher.gone(settle=False) and launcher.gone()
 
 
 # ---- a stack from a process none of whose threads can run ----------------------------------------------------------

@@ -79,13 +79,18 @@ class Launcher:
     def __init__(self) -> None:
         self.pid = os.getppid()
 
-    def gone(self) -> bool:
+    def gone(self, settle: bool = True) -> bool:
         """Whether the launcher has died. The kernel re-parents a rank one thread at a time and signals it at the
-        first: this thread may still see the old parent for a moment."""
-        for _ in range(5):
+        first: a thread other than the one the parent-death signal was set on may still see the old parent for
+        a moment, so with ``settle`` (a signal's watcher asking why it came) a live parent is read for 0.25 s.
+        Without it (the thread that set the signal, asking once after setting it) one reading is the answer:
+        either this thread is re-parented already or its signal is still to come. That wait was 0.25 s of every
+        rank's start."""
+        for _ in range(5 if settle else 1):
             if os.getppid() != self.pid:
                 return True
-            time.sleep(0.05)
+            if settle:
+                time.sleep(0.05)
         return False
 
     def follow(self, signum: int) -> bool:

@@ -208,7 +208,7 @@ class Run:
         if self.world.launched:
             # A rank dies with its launcher: SIGTERM records why (the watcher), SIGKILL where none watches.
             self.outside.launcher.follow(signal.SIGTERM if self.signals.handles_sigterm else signal.SIGKILL)
-            if self.outside.launcher.gone():  # the launcher died before that was set
+            if self.outside.launcher.gone(settle=False):  # the launcher died before that was set
                 self.on_signal(signal.SIGTERM)
             # Progress is watched from here on, whatever the limits: every rank's beat, and its keeper.
             control = self.world.control.group_name if self.world.control is not None else None
