@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -143,6 +144,11 @@ def launch(args: list[str]) -> Launched:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
+    # torchrun logs each failed rank as an error line of its own ("failed (exitcode: 2) local_rank: 0 ..."); the
+    # command's last line says the same with the run's word, so that logger is quiet while the ranks run here.
+    failures = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = failures.level
+    failures.setLevel(logging.CRITICAL)
     try:
         run(parse_args(args))
     except ChildFailedError as exc:
@@ -152,6 +158,8 @@ def launch(args: list[str]) -> Launched:
         return Launched(signal=exc.sigval.name)
     except RendezvousError as exc:
         return Launched(could_not=f"{type(exc).__name__}: {exc}")
+    finally:
+        failures.setLevel(level)
     return Launched()
 
 
