@@ -201,6 +201,8 @@ def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_r
     launcher = _ran(tmp_path, command.Launched(codes={1: -11, 0: -15}, first=1), rank_said=(1, "Segmentation fault\n"))
     assert command.main(["--nproc-per-node", "2"], launcher=launcher) == Exit.NOT_ACCEPTED
     said = capsys.readouterr()
+    assert "clustergate run: torchrun: rank 0 was ended by SIGTERM (exit status -15)\n" in said.err, said.err
+    assert "clustergate run: torchrun: rank 1 was ended by SIGSEGV (exit status -11)\n" in said.err, said.err
     where = said.err.split("every rank's own output is under ", 1)[1].split()[0]
     assert "clustergate run: rank 1 stopped first" in said.err and (Path(where) / "run-id").is_dir(), said.err
     assert said.out.splitlines()[-1] == ("clustergate run: not accepted: no results.json was written; rank 1 ended "
@@ -234,7 +236,8 @@ def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -
     assert failed.stdout.splitlines()[-1].startswith("clustergate run: REJECT: 1 of 2 tests did not pass (exit 1; "
                                                      f"{tmp_path / 'report' / 'results.json'})"), said
     assert "FAILED acceptance/test_world.py::test_world_matches_profile" in said, said
-    for noise in ("Traceback", "ChildFailedError", "SignalException", "PytestAssertRewriteWarning", "../"):
+    for noise in ("Traceback", "ChildFailedError", "SignalException", "PytestAssertRewriteWarning", "../",
+                  "failed (exitcode: "):  # torchrun's own error line per failed rank: the verdict line says it
         assert noise not in said, noise
     refused = run("--no-such-option")
     assert refused.returncode == Exit.USAGE

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -163,6 +164,20 @@ def launch(args: list[str]) -> Launched:
     return Launched()
 
 
+def signalled_ranks(launched: Launched) -> list[str]:
+    """The ranks a signal ended, as torchrun saw them: what a record written by the survivors cannot know (they
+    see a peer gone, not why), and what torchrun's own error line said before it was kept quiet."""
+    said = []
+    for rank, code in sorted(launched.codes.items()):
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            said.append(f"torchrun: rank {rank} was ended by {name} (exit status {code})")
+    return said
+
+
 def status_of(launched: Launched, told: dict[str, Any]) -> Exit:
     """The command's exit status: every rank's 0 is an accept; a status the run decided (its first rank to fail,
     or rank 0's word before any test) is the table's already; torchrun that could not start is 4; a rank killed
@@ -268,6 +283,8 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
               file=sys.stderr)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
+    for said in signalled_ranks(launched):
+        print(f"{PROG}: {said}", file=sys.stderr)
     line = verdict_line(status, path, results, launched)
     sys.stderr.flush()
     if line is not None:

@@ -80,8 +80,8 @@ def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: li
     if vanished and silent:
         names = ", ".join(who(r) for r in silent)
         return _told(observed, f"{names} ended without a word during {where} (killed, crashed or exited inside a "
-                               "test: torchrun's summary gives its exit code)" + (f"; {described}" if described else "")
-                     + then, tuple(silent), False)
+                               "test: torchrun's account gives its exit status)"
+                     + (f"; {described}" if described else "") + then, tuple(silent), False)
     earliest = min(signals, key=lambda d: d.get("t", 0), default=None)
     if own_signal is not None and (earliest is None or earliest.get("t", 0) >= own_signal[1] - SIGNAL_SKEW_S):
         return _told(observed, own_signal[0], (), True)
