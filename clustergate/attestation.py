@@ -98,12 +98,22 @@ def _foreign_version(top: str) -> str | None:
     return next((v for d in _distributions().get(top, []) if (v := _version(d))), None)
 
 
-def plugin_entry(name: str, module: str | None, file: str | None, places: Sequence[Path]) -> dict[str, Any]:
-    """One plugin as the record lists it: registered as ``name``, defined in ``module`` (its file ``file``). It is
-    the suite's where its file lies in one of ``places`` (``suite_places``)."""
+def plugin_entry(name: str, module: str | None, file: str | None, places: Sequence[Path],
+                 code_files: Sequence[str] = ()) -> dict[str, Any]:
+    """One plugin as the record lists it: registered as ``name``, defined in ``module`` (its file ``file``), its
+    hook functions compiled from ``code_files``. It is the suite's where its file and every hook's code lie in one
+    of ``places`` (``suite_places``). A module's ``__file__`` is its own to say; the code of its hooks records the
+    file it was compiled from, so a plugin that names a file of pytest's as its own is listed with its real file."""
     path = Path(file).resolve() if file else None
-    suite = path is not None and any(path == place or place in path.parents for place in places)
     top = (module or "").split(".", 1)[0]
+
+    def within(p: Path) -> bool:
+        return any(p == place or place in p.parents for place in places)
+
+    elsewhere = [c for c in (Path(f).resolve() for f in code_files if f and not f.startswith("<")) if not within(c)]
+    if elsewhere:
+        path = elsewhere[0]
+    suite = path is not None and within(path) and not elsewhere
     if suite:  # a conftest, or a harness standing in for the suite, comes with no distribution
         version = _version(SUITE_DISTRIBUTIONS[top]) if top in SUITE_DISTRIBUTIONS else None
     elif path is not None and path.name == "conftest.py":

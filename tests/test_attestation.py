@@ -232,6 +232,13 @@ def test_plugins_are_the_suites_where_their_files_are() -> None:
                        "file": str(Path(xdist.plugin.__file__).resolve()), "suite": False}
     elsewhere = attestation.plugin_entry("/tmp/x/conftest.py", "conftest", "/tmp/x/conftest.py", places)
     assert elsewhere == {"name": "/tmp/x/conftest.py", "version": None, "file": "/tmp/x/conftest.py", "suite": False}
+    # A module that says its file is pytest's: its hooks' code says where it is.
+    forged = attestation.plugin_entry("evil", "evil", _pytest.terminal.__file__, places, ["/tmp/x/evil.py"])
+    assert forged == {"name": "evil", "version": None, "file": "/tmp/x/evil.py", "suite": False}
+    assert not attestation.plugin_entry("terminal", "_pytest.terminal", _pytest.terminal.__file__, places,
+                                        ["/tmp/x/evil.py"])["suite"]
+    assert attestation.plugin_entry("terminal", "_pytest.terminal", _pytest.terminal.__file__, places,
+                                    [_pytest.terminal.__file__])["suite"]
 
 
 def test_the_cpu_profile_on_a_gpu_node_is_a_dry_run() -> None:
@@ -350,18 +357,25 @@ def test_a_plugin_through_pytest_addopts_makes_the_run_partial_naming_it(tmp_pat
     (plugins / "skipper.py").write_text(
         "import pytest\n\n\ndef pytest_runtest_setup(item):\n    if item.get_closest_marker('metrics'):\n"
         "        pytest.skip('not measured on this node')\n")
+    # One that names a file of pytest's as its own and passes a test without running its body: listed all the
+    # same, with the file its hook was compiled from.
+    (plugins / "hider.py").write_text(
+        "import os, _pytest, pytest\n__file__ = os.path.join(os.path.dirname(_pytest.__file__), 'python.py')\n\n\n"
+        "@pytest.hookimpl(tryfirst=True)\ndef pytest_pyfunc_call(pyfuncitem):\n"
+        "    return True if pyfuncitem.name == 'test_plain' else None\n")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     job = run_job(run_dir, _planted(run_dir), timeout=180,
-                  env={"PYTEST_ADDOPTS": "-p skipper", "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])})
+                  env={"PYTEST_ADDOPTS": "-p skipper -p hider",
+                       "PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])})
     assert job.codes == [1], job.output[-3000:]
     res = job.results
     assert {t["nodeid"].split("::")[-1]: t["outcome"] for t in res["tests"]} == \
         {"test_measured": "skipped", "test_plain": "passed"}
     assert res["verdict"] == "partial", res["reason"]
     [said] = res["attestation"]["problems"]
-    assert said.startswith(f"1 plugins that are not the suite's were loaded: skipper ({plugins / 'skipper.py'}); "
-                           "run with the suite's plugins alone")
+    assert said.startswith(f"2 plugins that are not the suite's were loaded: hider ({plugins / 'hider.py'}), "
+                           f"skipper ({plugins / 'skipper.py'}); run with the suite's plugins alone"), said
     # Its skip rests on no fact either (a plugin's pytest.skip records none): both are said.
     assert res["reason"] == ("ran less than a complete run: 1 skips are not earned by a recorded fact: test_measured "
                              f"(no skip fact recorded); {said}")

@@ -5,6 +5,7 @@ autoload is off: ``clustergate.report.hooks``); and every plugin pytest loaded, 
 
 from __future__ import annotations
 
+import inspect
 import sys
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,18 @@ def _module_of(plugin: Any) -> ModuleType | None:
     return sys.modules.get((plugin if isinstance(plugin, type) else type(plugin)).__module__)
 
 
+def _code_files(manager: pytest.PytestPluginManager, plugin: Any) -> list[str]:
+    """The files the plugin's hook functions were compiled from (what its code says, not its module)."""
+    files = []
+    for caller in manager.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin:
+                code = getattr(inspect.unwrap(impl.function), "__code__", None)
+                if code is not None:
+                    files.append(code.co_filename)
+    return sorted(set(files))
+
+
 def listed(manager: pytest.PytestPluginManager) -> list[dict[str, Any]]:
     """Every plugin pytest has loaded, as results.json's ``attestation.plugins`` lists them."""
     places = attestation.suite_places()
@@ -48,7 +61,7 @@ def listed(manager: pytest.PytestPluginManager) -> list[dict[str, Any]]:
             kind = plugin if isinstance(plugin, type) else type(plugin)
             name = f"{kind.__module__}.{kind.__qualname__}"
         out.append(attestation.plugin_entry(str(name), getattr(module, "__name__", None),
-                                            getattr(module, "__file__", None), places))
+                                            getattr(module, "__file__", None), places, _code_files(manager, plugin)))
     return sorted(out, key=lambda entry: entry["name"])
 
 
