@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workloads.node.discovery import HOST_ROOT_ENV
 from workloads.node.gpu_presence import NvidiaDevices
 from workloads.node.name import node_name
 
@@ -110,6 +111,13 @@ OPTIONAL_PACKAGES = ("deepspeed",)
 record names the version of each that is installed, so a skip for one that is there contradicts it."""
 
 
+RECORDED_VARIABLES = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", HOST_ROOT_ENV, "PYTHONPATH",
+                      "PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+"""Variables recorded as they were set (redacted by value like the rest of the record): the job, the GPUs a rank
+was given, where the host's files were read (a container's view of the host), and what could change the code or
+plugins a run loads (the attestation judges those; the record shows how they were asked for)."""
+
+
 def environment() -> dict[str, str]:
     """Software versions that decide what a figure means, the optional packages installed among them (read from
     their metadata, never imported: importing DeepSpeed costs seconds)."""
@@ -132,7 +140,7 @@ def environment() -> dict[str, str]:
     for package in OPTIONAL_PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             env[package] = metadata.version(package)
-    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES"):
+    for var in RECORDED_VARIABLES:
         if var in os.environ:
             env[var] = os.environ[var]
     return env

@@ -137,7 +137,7 @@ single character is a flag too (there is nothing in it to hide, and every standa
 
 SHOWN_ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "SLURM_JOB_", "SLURM_NNODES",
                       "OMP_NUM_THREADS", "UCX_", "FI_", "NVIDIA_", "HF_", "MASTER_ADDR", "MASTER_PORT",
-                      "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GLOO_")
+                      "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GLOO_", "CLUSTERGATE_", "PYTHONPATH", "PYTEST_")
 """Environment variables that change what a figure means, shown (redacted) in the report."""
 
 

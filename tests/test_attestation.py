@@ -373,6 +373,9 @@ def test_a_plugin_through_pytest_addopts_makes_the_run_partial_naming_it(tmp_pat
     assert {t["nodeid"].split("::")[-1]: t["outcome"] for t in res["tests"]} == \
         {"test_measured": "skipped", "test_plain": "passed"}
     assert res["verdict"] == "partial", res["reason"]
+    # How they were asked for is in the record too.
+    assert res["environment"]["PYTEST_ADDOPTS"] == "-p skipper -p hider"
+    assert str(plugins) in res["environment"]["PYTHONPATH"].split(os.pathsep)
     [said] = res["attestation"]["problems"]
     assert said.startswith(f"2 plugins that are not the suite's were loaded: hider ({plugins / 'hider.py'}), "
                            f"skipper ({plugins / 'skipper.py'}); run with the suite's plugins alone"), said
