@@ -92,6 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "time_limit(seconds): this test's own limit instead of --test-timeout")
     if config.option.help:  # `pytest --help` configures too: no process group, no report directory, no lock
         return
+    if config.pluginmanager.is_blocked("clustergate"):  # -p clustergate, then -p no:clustergate: its hooks stay
+        raise pytest.UsageError("the acceptance suite runs only under its plugin, clustergate: remove "
+                                "-p no:clustergate (on the command line, in PYTEST_ADDOPTS or in addopts)")
     run = open_run(config, Options.from_config(config))
     config.stash[RUN] = run
     config.stash[report_hooks.LIVE] = Drawn(run)  # what the report draws: the run's record, never the run
