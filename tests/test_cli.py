@@ -239,6 +239,11 @@ def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -
     for noise in ("Traceback", "ChildFailedError", "SignalException", "PytestAssertRewriteWarning", "../",
                   "failed (exitcode: "):  # torchrun's own error line per failed rank: the verdict line says it
         assert noise not in said, noise
+    unplugged = run("-p", "no:clustergate", "--report-dir", str(tmp_path / "unplugged"))  # after run's -p clustergate
+    assert unplugged.returncode == Exit.USAGE and not (tmp_path / "unplugged").exists(), unplugged.stderr
+    assert unplugged.stderr.count("ERROR: the acceptance suite runs only under its plugin, clustergate: remove "
+                                  "-p no:clustergate") == 1, unplugged.stderr
+    assert unplugged.stdout.splitlines()[-1].startswith("clustergate run: usage or unusable input"), unplugged.stdout
     refused = run("--no-such-option")
     assert refused.returncode == Exit.USAGE
     assert (refused.stdout + refused.stderr).count("unrecognized arguments: --no-such-option") == 1, refused.stderr
