@@ -284,14 +284,21 @@ def test_a_fifo_as_baseline_or_progress_is_refused_at_once(tmp_path: Path) -> No
     assert _bounded(lambda: node_runs._last_progress(tmp_path)) == ""  # merge says nothing of where it was
 
 
-def test_a_fifo_as_the_store_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("history",), ("merge", "NODES", "-o", "OUT"), ("signoff", "OUT")])
+def test_a_fifo_or_a_device_as_the_store_is_one_line_and_exit_2(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """history, and merge and sign-off too (a store that is only busy or broken later never changes their status;
+    one that can never be a store is a usage error before they read anything)."""
     fifo = tmp_path / "store.db"
     os.mkfifo(fifo)
-    # A hang guard only: the refusal is the command's start-up (about a second here).
-    proc = subprocess.run([sys.executable, "-m", "clustergate", "history", "--store", str(fifo)], env=job_env(),
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stdout + proc.stderr
-    assert f"{fifo}: a FIFO, not a regular file" in proc.stderr
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "out").mkdir()
+    args = [{"NODES": str(tmp_path / "nodes"), "OUT": str(tmp_path / "out")}.get(a, a) for a in command]
+    for store, says in ((fifo, f"{fifo}: a FIFO, not a regular file"), (Path("/dev/zero"), "/dev/zero: a device")):
+        # A hang guard only: the refusal is the command's start-up (about a second here).
+        proc = subprocess.run([sys.executable, "-m", "clustergate", *args, "--store", str(store)], env=job_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stdout + proc.stderr
+        assert says in proc.stderr and proc.stdout == "", proc.stderr
 
 
 @pytest.mark.slow

@@ -129,7 +129,8 @@ def test_a_run_with_a_store_judges_drift_into_the_verdict_every_rank_applies(sto
     phase's verdict judged; drift_severity fail fails the test, naming the rank of the drifted GPU."""
     from clustergate.judge import Judged
     from clustergate.outcomes import PhaseVerdict
-    from clustergate.run.memory import Memory, problem
+    from clustergate.run.memory import Memory
+    from clustergate.store import store_problem as problem
     from clustergate.thresholds import load, shipped_thresholds
 
     profile = load(shipped_thresholds()).profile("cpu")

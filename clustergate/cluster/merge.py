@@ -104,7 +104,7 @@ from clustergate.manifest import LEVELS
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
 from clustergate.redact import keep, redact
 from clustergate.results import encode, signed
-from clustergate.store import Store, store_path
+from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
 from clustergate.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
@@ -423,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     where = store_path(args.store)
+    if (unusable := store_problem(where)) is not None:
+        print(f"clustergate merge: {unusable}", file=sys.stderr)
+        return 2
     try:
         cluster = merge(args.nodes, args.output, args.expect_hosts, args.thresholds, level=args.level,
                         run_id=args.run_id, window_h=args.window, profile=args.profile, key=site_key(args.key_file),

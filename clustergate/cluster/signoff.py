@@ -72,7 +72,7 @@ from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded,
 from clustergate.redact import keep, redact
 from clustergate.rejudge import problems_of
 from clustergate.results import short_test_name
-from clustergate.store import Store, store_path
+from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     where = store_path(args.store)
+    if (unusable := store_problem(where)) is not None:
+        print(f"clustergate signoff: {unusable}", file=sys.stderr)
+        return 2
     try:
         out = signoff(args.run_dir, args.fabric, args.thresholds, key=site_key(args.key_file),
                       store=Store(where, timeout_s=args.wait) if where is not None else None)

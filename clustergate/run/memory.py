@@ -18,21 +18,10 @@ from typing import Any
 from clustergate.outcomes import PhaseVerdict, metric_block
 from clustergate.resultsfile import ResultsFileError
 from clustergate.settings import DRIFT_FRACTION, DRIFT_SEVERITY
-from clustergate.store import STORE_ENV, Store, StoreError
+from clustergate.store import Store, StoreError
 from clustergate.store.db import TIMEOUT_S
 from clustergate.store.drift import Baselines, Drift, followed, judge, section
 from clustergate.thresholds import Profile
-
-
-def problem(path: Path | None) -> str | None:
-    """Why ``path`` can never be this run's store (a usage error before the run starts), or None."""
-    if path is None:
-        return None
-    try:
-        Store(path).check()
-    except StoreError as exc:
-        return f"--store (or {STORE_ENV}): {exc}"
-    return None
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_
 from clustergate.profile_choice import choose_profile
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
-from clustergate.run import control, memory, outcome, plugins
+from clustergate.run import control, outcome, plugins
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -41,6 +41,7 @@ from clustergate.run.world import (
     meet_at_start,
     rendezvous,
 )
+from clustergate.store import store_problem
 from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load
 from workloads.common import PlacementError, rank_device
 from workloads.node import gpu_presence
@@ -92,7 +93,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         problem = plugins.disabled(config.pluginmanager) or attestation.profile_problem(
             not expects_gpus(profile.setting("gpus_per_node", None)), found, options.dry_run)
     if problem is None and launch.rank == 0:  # the store is rank 0's alone: its path must be usable there
-        problem = memory.problem(options.store)
+        problem = store_problem(options.store)
     if store is not None:
         try:
             meet_at_start(store, launch, host, STARTUP_S, problem)
