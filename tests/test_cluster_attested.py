@@ -204,6 +204,10 @@ def test_a_keyed_merge_excludes_an_edited_node_file_and_keys_its_digests(tmp_pat
     digests = {n["host"]: n["digest"] for n in cluster["nodes"]}
     plain = "sha256:" + hashlib.sha256((run / "nodes" / "gpu1" / "results.json").read_bytes()).hexdigest()
     assert digests["gpu1"] == keyed.digest(key, plain) and digests["gpu1"].startswith("hmac-sha256:")
+    # Without the key the edited file is not found out: the merge says it checked no HMAC, and signs nothing.
+    proc, blind = merge(run)
+    assert blind["signed"] is False and ("clustergate merge: warning: the node files carry HMACs, but no site key "
+                                         "was given (--key-file)") in proc.stdout, proc.stdout
     # The key from the environment is the same key, through a link as a Kubernetes secret mounts it.
     link = tmp_path / "mounted.key"
     link.symlink_to(key_file)

@@ -442,5 +442,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"excluded: {e['host']} ({e['action']}): {'; '.join(e['reasons'])}")
     if len(cluster["excluded"]) > 20:
         print(f"excluded: ... {len(cluster['excluded']) - 20} more in excluded-hosts.txt")
+    for warning in cluster["warnings"]:  # what the merge could not check or left out, besides the verdict
+        print(f"clustergate merge: warning: {warning}", file=sys.stderr)
     print(f"report: {args.output / 'report.html'}\nresults: {args.output / 'results.json'}")
     return 0 if cluster["verdict"] == "accept" else 1
