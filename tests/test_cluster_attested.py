@@ -170,6 +170,29 @@ def test_a_model_without_a_readable_serial_is_known_by_its_uuids(tmp_path: Path)
     assert "GPU 5 has no uuid ('[N/A]')" in excluded(cluster)["gpu3"]
 
 
+def test_a_copied_run_directory_is_judged_by_the_node_files_it_holds(tmp_path: Path) -> None:
+    """The merged record keeps each node directory relative to the run's directory: a copy of the run (an archive)
+    signs off on its own, and an edit of the copy's node file is found there, not hidden by the original's."""
+    import shutil
+
+    run = nodes(tmp_path)
+    assert merge(run)[0].returncode == 0
+    write_fabric(run, fabric_results(HOSTS, RUN))
+    cluster = json.loads((run / "results.json").read_text())
+    assert {n["host"]: n["directory"] for n in cluster["nodes"]} == {h: f"nodes/{h}" for h in HOSTS}
+    copy = tmp_path / "archive" / RUN
+    shutil.copytree(run, copy)
+    proc = cli("signoff", str(copy))
+    assert proc.returncode == 0, proc.stdout
+    node = copy / "nodes" / "gpu2" / "results.json"
+    data = json.loads(node.read_text())
+    data["tests"][0]["duration_s"] = 0.5
+    node.write_text(json.dumps(data))
+    proc = cli("signoff", str(copy))
+    assert proc.returncode == 1 and f"{node}: " in proc.stdout, proc.stdout
+    assert cli("signoff", str(run)).returncode == 0  # the original is as it was
+
+
 # ---- keyed records -------------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -294,6 +294,18 @@ def check_output(output: Path, paths: list[Path]) -> None:
                                   "unreadable): merge would overwrite it; choose the run's directory REPORTS/RUN_ID/")
 
 
+def _within_output(directory: str | None, output: Path) -> str | None:
+    """A node directory as the merged record keeps it: relative to the output directory where it lies inside it
+    (REPORTS/RUN_ID/nodes/HOST: the run's directory then moves or is copied whole, node files with it), else as
+    given to merge."""
+    if directory is None:
+        return None
+    try:
+        return Path(directory).resolve().relative_to(output.resolve()).as_posix()
+    except ValueError:
+        return directory
+
+
 def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, output: Path,
                     seconds: float) -> dict[str, Any]:
     runs, fleet, outliers, warnings = judged.runs, judged.fleet, judged.outliers, judged.warnings
@@ -306,6 +318,7 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
     nodes = []
     for r in runs:
         row = node_row(r)
+        row["directory"] = _within_output(r.directory, output)
         row["worst"] = fleet_mod.worst_figures(r, fleet)
         row["drift"] = excluded_mod.drift_rows(r.results)
         nodes.append(row)

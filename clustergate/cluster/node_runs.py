@@ -225,3 +225,14 @@ def node_row(run: NodeRun) -> dict[str, Any]:
             "duration_s": res.get("duration_s"), "ranks": res.get("world_size"), "gpus": len(gpus),
             "gpu_models": sorted({str(g.get("name")) for g in gpus}), "tests": counts,
             "failed_tests": failed_tests(res) if res else [], "reasons": run.reasons, "warnings": run.warnings}
+
+
+def node_directory(stored: str, run_dir: Path) -> Path:
+    """A node directory as merge recorded it: relative to the run's directory (one that lay inside it), else as
+    given to merge (absolute, or relative to where an older merge ran). The run's own copy comes first: a run
+    directory copied elsewhere is judged by the node files it holds, not by the original's."""
+    path = Path(stored)
+    if path.is_absolute():
+        return path
+    inside = run_dir / path
+    return inside if inside.exists() or not path.exists() else path

@@ -65,7 +65,7 @@ from clustergate.cluster.merge import (
     site_key,
     write_lists,
 )
-from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
+from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary, node_directory
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
@@ -110,19 +110,13 @@ def _load(path: Path, kind: str, what: str) -> dict[str, Any]:
         raise MergeInputError(f"{exc}; {what}") from None
 
 
-def _node_directory(stored: str, run_dir: Path) -> Path:
-    """A node directory as merge recorded it: as given to merge, else relative to the run's directory."""
-    path = Path(stored)
-    return path if path.is_absolute() or path.exists() else run_dir / path
-
-
 def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds,
                  key: bytes | None = None) -> tuple[list[str], dict[str, list[str]]]:
     """The node phase judged again from its node directories, as merge judged it (the same run id, level, profile
     and window, the merge's time; each file's HMAC with the site ``key``), each node file checked against the digest
     merge kept: the hosts accepted now, and, for each host the merged file accepts but its directory no longer
     supports, why. The merged results.json's own lists are never taken on trust."""
-    paths = [_node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
+    paths = [node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
     expected = (cluster.get("expected") or {}).get("hosts")
     created = binding.started({"started": cluster.get("created")})
     judged = judge_nodes([p for p in paths if p.is_dir()], expected, site, run_id=str(cluster.get("run_id")),

@@ -13,6 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from clustergate.cluster.node_runs import node_directory
 from clustergate.numbers import number, percent
 from clustergate.redact import Scrubber, scrub_strings
 from clustergate.report import html
@@ -95,8 +96,10 @@ def node_reports(cluster: dict[str, Any]) -> dict[str, str]:
     """host -> the node's own report.html, relative to the merged report (where there is one)."""
     out = {}
     for n in cluster["nodes"]:
-        report = Path(n["directory"] or "") / "report.html"
-        if n["directory"] and report.is_file():
+        if not n["directory"]:
+            continue
+        report = node_directory(n["directory"], Path(cluster["output"])) / "report.html"
+        if report.is_file():
             out[n["host"]] = os.path.relpath(report, cluster["output"])
     return out
 
