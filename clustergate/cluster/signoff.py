@@ -127,7 +127,8 @@ def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds,
     kept = {n["host"]: n.get("digest") for n in cluster["nodes"]}
     for run in judged.runs:
         if run.digest is not None and kept.get(run.host) != run.digest:
-            run.reasons.append(f"its results.json is not the file the merge read (digest {run.digest}, the merge "
+            run.reasons.append(f"{Path(run.directory or '') / 'results.json'} is not the file the merge read "
+                               f"(digest {run.digest}, the merge "
                                f"kept {kept.get(run.host)}): changed or replaced since; run merge again")
     accepted = [r.host for r in judged.runs if r.status == ACCEPTED]
     unsupported: dict[str, list[str]] = {}
