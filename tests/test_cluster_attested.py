@@ -189,7 +189,7 @@ def test_a_copied_run_directory_is_judged_by_the_node_files_it_holds(tmp_path: P
     data["tests"][0]["duration_s"] = 0.5
     node.write_text(json.dumps(data))
     proc = cli("signoff", str(copy))
-    assert proc.returncode == 1 and f"{node}: " in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and f"{node} is not the file the merge read" in proc.stdout, proc.stdout
     assert cli("signoff", str(run)).returncode == 0  # the original is as it was
 
 
