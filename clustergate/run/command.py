@@ -273,7 +273,10 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
     tmp = Path(tempfile.mkdtemp(prefix="clustergate-run-"))
     told_path, log_dir = tmp / "outcome.json", tmp / "ranks"
     sys.stdout.flush()
-    with environment({**RUN_ENV, outcome.OUTCOME_ENV: str(told_path)}):
+    # torchrun sets OMP_NUM_THREADS=1 for several ranks where it is unset, in a four-line warning before every run;
+    # the same value set here says nothing (a value the caller set is kept).
+    threads = {"OMP_NUM_THREADS": "1"} if nproc > 1 and "OMP_NUM_THREADS" not in os.environ else {}
+    with environment({**RUN_ENV, **threads, outcome.OUTCOME_ENV: str(told_path)}):
         launched = launcher(torchrun_args(nproc, rest, log_dir))
     told = outcome.read(told_path)
     status = status_of(launched, told)
