@@ -201,7 +201,7 @@ def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_r
     launcher = _ran(tmp_path, command.Launched(codes={1: -11, 0: -15}, first=1), rank_said=(1, "Segmentation fault\n"))
     assert command.main(["--nproc-per-node", "2"], launcher=launcher) == Exit.NOT_ACCEPTED
     said = capsys.readouterr()
-    assert "clustergate run: torchrun: rank 0 was ended by SIGTERM (exit status -15)\n" in said.err, said.err
+    assert "was ended by SIGTERM" not in said.err, said.err  # torchrun's own, once rank 1 had gone
     assert "clustergate run: torchrun: rank 1 was ended by SIGSEGV (exit status -11)\n" in said.err, said.err
     where = said.err.split("every rank's own output is under ", 1)[1].split()[0]
     assert "clustergate run: rank 1 stopped first" in said.err and (Path(where) / "run-id").is_dir(), said.err

@@ -166,10 +166,12 @@ def launch(args: list[str]) -> Launched:
 
 def signalled_ranks(launched: Launched) -> list[str]:
     """The ranks a signal ended, as torchrun saw them: what a record written by the survivors cannot know (they
-    see a peer gone, not why), and what torchrun's own error line said before it was kept quiet."""
+    see a peer gone, not why), and what torchrun's own error line said before it was kept quiet. SIGTERM is left
+    out: torchrun sends it to every rank once one has ended (a consequence), and a rank that gets it from outside
+    records that itself."""
     said = []
     for rank, code in sorted(launched.codes.items()):
-        if code < 0:
+        if code < 0 and -code != signal.SIGTERM:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
