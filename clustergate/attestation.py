@@ -110,7 +110,9 @@ def plugin_entry(name: str, module: str | None, file: str | None, places: Sequen
     def within(p: Path) -> bool:
         return any(p == place or place in p.parents for place in places)
 
-    elsewhere = [c for c in (Path(f).resolve() for f in code_files if f and not f.startswith("<")) if not within(c)]
+    # Code compiled from a string ("<string>") comes from no file: never the suite's.
+    elsewhere = [Path(f) if f.startswith("<") else Path(f).resolve() for f in code_files if f]
+    elsewhere = [c for c in elsewhere if str(c).startswith("<") or not within(c)]
     if elsewhere:
         path = elsewhere[0]
     suite = path is not None and within(path) and not elsewhere

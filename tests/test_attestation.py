@@ -239,6 +239,8 @@ def test_plugins_are_the_suites_where_their_files_are() -> None:
                                         ["/tmp/x/evil.py"])["suite"]
     assert attestation.plugin_entry("terminal", "_pytest.terminal", _pytest.terminal.__file__, places,
                                     [_pytest.terminal.__file__])["suite"]
+    from_text = attestation.plugin_entry("evil", "evil", _pytest.terminal.__file__, places, ["<string>"])
+    assert from_text["suite"] is False and from_text["file"] == "<string>"
 
 
 def test_the_cpu_profile_on_a_gpu_node_is_a_dry_run() -> None:
