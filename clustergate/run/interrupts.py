@@ -132,6 +132,30 @@ def stop_processes(pids: list[int], grace_s: float) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stopped_siblings() -> list[int]:
+    """The processes of this rank's launcher's (torchrun's agent's) that are stopped (SIGSTOP, a debugger), this
+    job's ranks alone (the same TORCHELASTIC_RUN_ID in their environment). A run that ends before its ranks have
+    said who they are finds them here: a stopped rank acts on no signal, so torchrun's SIGTERM would wait in it
+    until its SIGKILL 30 s later."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:
+        return []
+    launcher, me, found = os.getppid(), os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        state = _state(int(entry.name))
+        if state is None or state[1] != launcher or state[0] not in ("T", "t"):
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TORCHELASTIC_RUN_ID={run_id}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
 STACK_SIGNAL = signal.SIGUSR1
 """The signal on which a rank writes every thread's Python stack (``register_stack_dump``)."""
 

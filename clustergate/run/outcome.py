@@ -20,15 +20,22 @@ from clustergate import inputfile
 OUTCOME_ENV = "CLUSTERGATE_RUN_OUTCOME"
 
 
-def tell(**fields: Any) -> None:
-    """Rank 0: add ``fields`` (report_dir, status) to the outcome file, where a launcher asked for one."""
+def tell(*, any_rank: bool = False, **fields: Any) -> None:
+    """Rank 0: add ``fields`` (report_dir, status) to the outcome file, where a launcher asked for one. With
+    ``any_rank`` another rank of the node tells a status too, where none was told yet (a run that could not start
+    because rank 0 never came: rank 0 says nothing then); rank 0's word stands over it."""
     path = os.environ.get(OUTCOME_ENV)
-    if not path or os.environ.get("RANK", "0") != "0":
+    leader = os.environ.get("RANK", "0") == "0"
+    if not path or not (leader or any_rank):
         return
     told = read(Path(path))
+    if not leader and told.get("status") is not None:
+        return
     told.update({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
+    temporary = Path(f"{path}.{os.getpid()}")
     with contextlib.suppress(OSError):  # the launcher then says what it can without it
-        Path(path).write_text(json.dumps(told))
+        temporary.write_text(json.dumps(told))
+        os.replace(temporary, path)  # whole, where two ranks tell at once
 
 
 def read(path: Path) -> dict[str, Any]:

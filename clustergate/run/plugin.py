@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 
 from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
@@ -21,7 +22,9 @@ from clustergate.report import hooks as report_hooks
 from clustergate.run import detectors, outcome, plugins
 from clustergate.run import items as pytest_items
 from clustergate.run.drawn import Drawn
+from clustergate.run.interrupts import stop_processes, stopped_siblings
 from clustergate.run.lifecycle import Run
+from clustergate.run.limits import STOP_GRACE_S
 from clustergate.run.options import Options, add_options
 from clustergate.run.recorder import Recorder
 from clustergate.run.startup import (
@@ -78,8 +81,24 @@ def pytest_cmdline_main(config: pytest.Config) -> Any:
         status = Exit.COULD_NOT_RUN if isinstance(exc, CouldNotRun) else Exit.USAGE
         note = stale_note(config)
         sys.stderr.write(f"ERROR: {exc}\n" + (f"{note}\n" if note else "") + "\n")
-        outcome.tell(status=int(status))
+        outcome.tell(status=int(status), any_rank=True)  # rank 0 may be the rank that never came
+        leave_unstarted(int(status))
         return status
+
+
+def leave_unstarted(status: int) -> None:
+    """A run that ended before it started: stopped sibling ranks are continued and ended (torchrun's SIGTERM would
+    wait in them until its SIGKILL 30 s later), and where the process groups exist the rank leaves at once: their
+    teardown at the interpreter's exit waits on a collective a stopped peer never joins (the control group's limit,
+    minutes). Groups are never destroyed by the run (``world.init_world``). Only under torchrun's agent: pytest
+    run in another process (a test's in-process run) goes on as pytest does."""
+    if not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    stop_processes(stopped_siblings(), STOP_GRACE_S)
+    if dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 @pytest.hookimpl(tryfirst=True)
