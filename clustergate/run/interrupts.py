@@ -132,15 +132,15 @@ def stop_processes(pids: list[int], grace_s: float) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def stopped_siblings() -> list[int]:
-    """The processes of this rank's launcher's (torchrun's agent's) that are stopped (SIGSTOP, a debugger), this
-    job's ranks alone (the same TORCHELASTIC_RUN_ID in their environment). A run that ends before its ranks have
-    said who they are finds them here: a stopped rank acts on no signal, so torchrun's SIGTERM would wait in it
-    until its SIGKILL 30 s later."""
+def stopped_siblings() -> dict[int, str]:
+    """The processes of this rank's launcher's (torchrun's agent's) that are stopped (SIGSTOP, a debugger), by pid
+    with their rank, this job's ranks alone (the same TORCHELASTIC_RUN_ID in their environment). A run that ends
+    before its ranks have said who they are finds them here: a stopped rank acts on no signal, so torchrun's
+    SIGTERM would wait in it until its SIGKILL 30 s later."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
         return []
-    launcher, me, found = os.getppid(), os.getpid(), []
+    launcher, me, found = os.getppid(), os.getpid(), {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -152,7 +152,8 @@ def stopped_siblings() -> list[int]:
         except OSError:
             continue
         if f"TORCHELASTIC_RUN_ID={run_id}".encode() in environ:
-            found.append(int(entry.name))
+            rank = next((v[5:].decode(errors="replace") for v in environ if v.startswith(b"RANK=")), "?")
+            found[int(entry.name)] = rank
     return found
 
 

@@ -94,7 +94,11 @@ def leave_unstarted(status: int) -> None:
     run in another process (a test's in-process run) goes on as pytest does."""
     if not os.environ.get("TORCHELASTIC_RUN_ID"):
         return
-    stop_processes(stopped_siblings(), STOP_GRACE_S)
+    stopped = stopped_siblings()
+    if stopped:
+        named = ", ".join(f"rank {rank} (pid {pid})" for pid, rank in sorted(stopped.items()))
+        sys.stderr.write(f"clustergate: {named} beside this rank stopped (SIGSTOP or a debugger): ended with it\n")
+        stop_processes(list(stopped), STOP_GRACE_S)
     if dist.is_available() and dist.is_initialized():
         sys.stdout.flush()
         sys.stderr.flush()
