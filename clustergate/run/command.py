@@ -211,7 +211,8 @@ def results_of(told: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None
     return path, data if isinstance(data, dict) else None
 
 
-def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None, launched: Launched) -> str | None:
+def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None, launched: Launched,
+                 told: dict[str, Any] | None = None) -> str | None:
     """The command's last line; None for a run that decides nothing and ends well (a listing, pytest's help)."""
     from clustergate.report.summary import printable
     from clustergate.verdict import WORDS
@@ -226,6 +227,8 @@ def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None
     if status == Exit.ACCEPT:
         return None
     how = _how_it_ended(status, launched)
+    if told and told.get("rank") not in (None, 0) and told.get("error"):  # its words are in its log file alone
+        how = f"rank {told['rank']}: {str(told['error']).splitlines()[0]}"
     return printable(f"{PROG}: {TABLE[status]}: no results.json was written; {how} (exit {int(status)})")
 
 
@@ -290,7 +293,7 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
         shutil.rmtree(tmp, ignore_errors=True)
     for said in signalled_ranks(launched):
         print(f"{PROG}: {said}", file=sys.stderr)
-    line = verdict_line(status, path, results, launched)
+    line = verdict_line(status, path, results, launched, told)
     sys.stderr.flush()
     if line is not None:
         print(line, flush=True)

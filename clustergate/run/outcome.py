@@ -2,8 +2,9 @@
 status where the run decided one before any test (a usage error, a run that could not start).
 
 A file named by ``$CLUSTERGATE_RUN_OUTCOME`` (JSON, rewritten whole): ``{"report_dir": str | null,
-"status": int | null}``. ``clustergate run`` reads results.json there to print its one-line verdict last, and
-tells a run that could not start (status 4) from pytest refusing its arguments (also 4, pytest's own) by it.
+"status": int | null, "error": str, "rank": int}`` (the rank that told it last). ``clustergate run`` reads
+results.json there to print its one-line verdict last, tells a run that could not start (status 4) from pytest
+refusing its arguments (also 4, pytest's own) by it, and says another rank's error, which reached no terminal.
 Without the variable (torchrun or pytest run by hand) nothing is written.
 """
 
@@ -32,6 +33,7 @@ def tell(*, any_rank: bool = False, **fields: Any) -> None:
     if not leader and told.get("status") is not None:
         return
     told.update({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
+    told["rank"] = int(os.environ.get("RANK", "0"))  # who told it: another rank's words reached no terminal
     temporary = Path(f"{path}.{os.getpid()}")
     with contextlib.suppress(OSError):  # the launcher then says what it can without it
         temporary.write_text(json.dumps(told))

@@ -81,7 +81,7 @@ def pytest_cmdline_main(config: pytest.Config) -> Any:
         status = Exit.COULD_NOT_RUN if isinstance(exc, CouldNotRun) else Exit.USAGE
         note = stale_note(config)
         sys.stderr.write(f"ERROR: {exc}\n" + (f"{note}\n" if note else "") + "\n")
-        outcome.tell(status=int(status), any_rank=True)  # rank 0 may be the rank that never came
+        outcome.tell(status=int(status), error=str(exc), any_rank=True)  # rank 0 may be the rank that never came
         leave_unstarted(int(status))
         return status
 
