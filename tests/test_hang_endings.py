@@ -153,42 +153,18 @@ def test_kill_9_mid_collective_names_the_rank(tmp_path: Path) -> None:
         res["error"]
 
 
-STOP_AT_REPORT_DIR = '''
-import os, signal, time
-from pathlib import Path
-from clustergate.run import startup
-_prepare = startup.prepare_report_dir
 
-
-def prepare_report_dir(config, world, root):
-    if world.rank == 1:  # stopped after the process groups formed, before the report directory's exchange
-        Path("stopped-1").write_text(f"{os.getpid()} {time.monotonic()}")
-        os.kill(os.getpid(), signal.SIGSTOP)
-    return _prepare(config, world, root)
-
-
-startup.prepare_report_dir = prepare_report_dir
-'''
-
-
-def test_a_rank_stopped_before_the_run_starts_ends_it_named_and_nothing_is_left(tmp_path: Path) -> None:
+def test_a_rank_stopped_before_the_run_starts_ends_it_named_and_nothing_is_left(
+        waited_out: dict[str, Any], request: pytest.FixtureRequest) -> None:  # noqa: F811
     """Rank 1 stopped between the process groups' forming and the report directory's exchange (no keeper, no beat
     yet): rank 0 names the exchange it waited in (45 s), ends the stopped rank and leaves at once; before, its exit
     waited on the gloo group's teardown, which waited on the stopped peer for the control group's limit (minutes),
-    and nothing ended the stopped rank."""
-    (tmp_path / "stop_at_report_dir.py").write_text(STOP_AT_REPORT_DIR)
-    job = start_job(tmp_path, [*plant(tmp_path, "collective_loop"), *GPU_LIMITS, "-p", "stop_at_report_dir"],
-                    timeout=150)  # a hang guard: without the fix it ran past 296 s
-    wait_for(tmp_path / "stopped-1")
-    pid, stopped = (tmp_path / "stopped-1").read_text().split()
-    tree = job_processes(job)
-    r = job.wait()
-    took = ended_after(r, float(stopped))
-    measured("rank 1 stopped before the report directory's exchange", took)
-    assert took < WITHIN_S and r.codes != [0], r.output
-    assert f"rank 1 (pid {pid}) beside this rank stopped (SIGSTOP or a debugger): ended with it" in r.output, \
-        r.output
+    and nothing ended the stopped rank (45.6 s here)."""
+    r, seen = ended(waited_out, request)
+    measured("rank 1 stopped before the report directory's exchange", seen["took"])
+    assert seen["took"] < WITHIN_S and r.codes != [0], r.output
+    assert seen["left"] == [], f"processes of the job left after its end: {seen['left']}\n{r.output}"
+    assert (f"rank 1 (pid {seen['pid']}) beside this rank stopped (SIGSTOP or a debugger): ended with it"
+            in r.output), r.output
     assert "the run could not start: control exchange 'report directory" in r.output, r.output
-    time.sleep(1.0)
-    assert [p for p in tree if alive(p)] == [], r.output
     assert not (r.report_dir / "results.json").exists() or r.results["verdict"] != "accept"

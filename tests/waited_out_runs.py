@@ -167,6 +167,46 @@ def _watch_hang(signum: int | None) -> Callable[[Path, Job], dict[str, Any]]:
     return watch
 
 
+STOP_AT_REPORT_DIR = """
+import os, signal, time
+from pathlib import Path
+from clustergate.run import startup
+_prepare = startup.prepare_report_dir
+
+
+def prepare_report_dir(config, world, root):
+    if world.rank == 1:  # stopped after the process groups formed, before the report directory's exchange
+        Path("stopped-1").write_text(f"{os.getpid()} {time.monotonic()}")
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return _prepare(config, world, root)
+
+
+startup.prepare_report_dir = prepare_report_dir
+"""
+"""A plugin that stops rank 1 where the run has process groups but no keeper or beat yet."""
+
+
+def _stopped_before_the_start(tmp_path: Path) -> Job:
+    (tmp_path / "stop_at_report_dir.py").write_text(STOP_AT_REPORT_DIR)
+    return start_job(tmp_path, [*plant(tmp_path, "collective_loop"), *GPU_LIMITS, "-p", "stop_at_report_dir"],
+                     timeout=150)  # a hang guard: before the fix such a run was still going at 296 s
+
+
+def _watch_stopped_before_the_start(tmp_path: Path, job: Job) -> dict[str, Any]:
+    wait_for(tmp_path / "stopped-1")
+    pid, stopped = (tmp_path / "stopped-1").read_text().split()
+    tree = job_processes(job)
+    try:
+        r = job.wait()
+    finally:
+        time.sleep(1.0)
+        left = [p for p in tree if alive(p)]
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+    return {"job": r, "took": ended_after(r, float(stopped)), "left": left, "pid": int(pid)}
+
+
 Start = Callable[[Path], Job]
 Watch = Callable[[Path, Job], dict[str, Any]]
 WAITED_OUT: dict[str, tuple[Start, Watch]] = {
@@ -185,6 +225,8 @@ WAITED_OUT: dict[str, tuple[Start, Watch]] = {
     "test_a_rank_holding_the_interpreter_is_named_with_its_stack": (_hang("holds_the_interpreter"), _watch_hang(None)),
     "test_a_stopped_rank_alone_on_its_node_is_named_and_ended": (_hang("collective_loop", nodes=2),
                                                                   _watch_hang(signal.SIGSTOP)),
+    "test_a_rank_stopped_before_the_run_starts_ends_it_named_and_nothing_is_left":
+        (_stopped_before_the_start, _watch_stopped_before_the_start),
 }
 """Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
 fault, timing it)."""
