@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from clustergate.run.keeper import stat
+
 _depth = 0
 """Control exchanges in progress in the main thread (KeyboardInterrupt is held while > 0)."""
 _held = False
@@ -98,15 +100,6 @@ class Launcher:
         return die_with_parent(signum)
 
 
-def _state(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process from /proc; None where it is gone (or /proc cannot say)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        return fields[0], int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def stop_processes(pids: list[int], grace_s: float) -> None:
     """Stop stuck sibling ranks (children of this rank's own launcher) rather than leave them to torchrun, which
     waits 30 s between its SIGTERM and its SIGKILL: SIGCONT (a stopped process acts on nothing else) and SIGTERM
@@ -115,7 +108,7 @@ def stop_processes(pids: list[int], grace_s: float) -> None:
     launcher = os.getppid()
 
     def ours(pid: int) -> bool:
-        state = _state(pid)
+        state = stat(pid)
         return state is not None and state[0] != "Z" and state[1] == launcher
 
     alive = [pid for pid in pids if ours(pid)]
@@ -139,12 +132,12 @@ def stopped_siblings() -> dict[int, str]:
     SIGTERM would wait in it until its SIGKILL 30 s later."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
-        return []
+        return {}
     launcher, me, found = os.getppid(), os.getpid(), {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        state = _state(int(entry.name))
+        state = stat(int(entry.name))
         if state is None or state[1] != launcher or state[0] not in ("T", "t"):
             continue
         try:

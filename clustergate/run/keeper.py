@@ -27,14 +27,21 @@ POLL_S = 1.0
 PR_SET_PDEATHSIG = 1
 
 
-def state(pid: int) -> str | None:
-    """A process's state letter from /proc (``T`` stopped, ``D`` in an uninterruptible wait, ``Z`` a zombie); None
-    where it is gone."""
+def stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from /proc (``T`` stopped, ``D`` in an uninterruptible wait, ``Z`` a
+    zombie); None where it is gone (or /proc cannot say)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].split()[0]
-    except (OSError, IndexError):
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
         return None
+
+
+def state(pid: int) -> str | None:
+    """A process's state letter (``stat``); None where it is gone."""
+    found = stat(pid)
+    return found[0] if found is not None else None
 
 
 def alive(pid: int) -> bool:

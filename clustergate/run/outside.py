@@ -28,7 +28,9 @@ from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
 
 
-def _exit_now(status: int) -> NoReturn:
+def exit_now(status: int) -> NoReturn:
+    """Flush what was said, then leave at once: no interpreter teardown (the run never destroys its process groups,
+    whose teardown can wait on a peer that never comes)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
@@ -107,7 +109,7 @@ class Outside:
     sleep: Callable[[float], None] = time.sleep
     write: Callable[[Any, dict[str, Any]], None] = write_json
     """Writes results.json (``clustergate.results.write_json``: atomic, strict, redacted)."""
-    exit: Callable[[int], NoReturn] = _exit_now
+    exit: Callable[[int], NoReturn] = exit_now
     """Ends the process with a status: the only way out of an early ending."""
     exit_handlers: Callable[[], None] = atexit._run_exitfuncs
     """Python's exit handlers, run before an accepted run leaves (``exit`` skips them): pytest unlocks its

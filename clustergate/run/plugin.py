@@ -26,6 +26,7 @@ from clustergate.run.interrupts import stop_processes, stopped_siblings
 from clustergate.run.lifecycle import Run
 from clustergate.run.limits import STOP_GRACE_S
 from clustergate.run.options import Options, add_options
+from clustergate.run.outside import exit_now
 from clustergate.run.recorder import Recorder
 from clustergate.run.startup import (
     GPU_NODE_PROBLEM,
@@ -100,9 +101,7 @@ def leave_unstarted(status: int) -> None:
         sys.stderr.write(f"clustergate: {named} beside this rank stopped (SIGSTOP or a debugger): ended with it\n")
         stop_processes(list(stopped), STOP_GRACE_S)
     if dist.is_available() and dist.is_initialized():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        exit_now(status)
 
 
 @pytest.hookimpl(tryfirst=True)
