@@ -293,9 +293,9 @@ class Liveness:
             self.on_finding(Finding("frozen", (self.rank,), self.rank, waited_s=gap))
             return
         if wait is not None and wait.seconds >= self.interval_s and now >= self._next_judge:
-            members = next((g.ranks for g in self._groups if g.name == wait.group), ())
+            members = self._members(wait.group)
             self._next_judge = now + self.interval_s * (math.ceil(len(members) / BEATS_READ_PER_BEAT) - 0.5)
-            finding = self._judge(wait, here)
+            finding = self._judge(wait, here, members)
             if finding is not None:
                 self.on_finding(finding)
 
@@ -328,7 +328,7 @@ class Liveness:
             wait = Wait(name, int(seq), now - since, op)
             if here.stage == TESTING and wait.seconds >= self.interval_s and \
                     (self.longest is None or wait.seconds > self.longest[0]):
-                self.longest = [round(wait.seconds, 1), self._label(name), wait.seq, here.test, here.phase]
+                self.longest = [round(wait.seconds, 1), self.label(name), wait.seq, here.test, here.phase]
             return wait
         return None
 
@@ -356,8 +356,7 @@ class Liveness:
         self._asked = self.clock() if self._asked is None else self._asked
         return self.clock() - self._asked < 3 * EVIDENCE_S
 
-    def _judge(self, wait: Wait, here: Position) -> Finding | None:
-        members = next((g.ranks for g in self._groups if g.name == wait.group), ())
+    def _judge(self, wait: Wait, here: Position, members: tuple[int, ...]) -> Finding | None:
         beats = self.beats(members)
         now = self.clock()
         silent = {}
@@ -419,7 +418,8 @@ class Liveness:
             return None
 
     # ---- a hang this rank found ---------------------------------------------------------------------------------
-    def _label(self, group: str | None) -> str:
+    def label(self, group: str | None) -> str:
+        """A group as a message names it: the control group, the workloads' group, or its name."""
         if group is None:
             return ""
         if group == self.control:
@@ -437,9 +437,6 @@ class Liveness:
             return f"the exchange after {where} (collective {finding.seq} of the control group)"
         op = finding.op or (self.recorder.describe(finding.group, finding.seq) or {}).get("op")
         return f"collective {finding.seq}" + (f" ({op})" if op else "") + f" of {self.label(finding.group)}"
-
-    def label(self, group: str | None) -> str:
-        return self._label(group)
 
     def evidence(self, finding: Finding, world_size: int, beside: dict[int, int]) -> dict[str, Any]:
         """Every live rank's stack and state for ``finding``: asks every rank for its stack, continues the stopped
@@ -494,8 +491,9 @@ class Liveness:
                 "waited_s": round(finding.waited_s, 1), "silent_s": round(finding.silent_s, 1),
                 "source": self.recorder.source, "ranks": per_rank}
 
-    def _members(self, group: str) -> list[int]:
-        return list(next((g.ranks for g in self._groups if g.name == group), ()))
+    def _members(self, group: str) -> tuple[int, ...]:
+        """The global ranks of process group ``group`` as this rank last read them (() where it is not one of them)."""
+        return next((g.ranks for g in self._groups if g.name == group), ())
 
     def publish(self, report: dict[str, Any]) -> None:
         """The report of the hang (with the cause the run recorded), for every other rank."""
