@@ -110,9 +110,15 @@ def _level_problem(level: Any, required: str, manifest: Manifest) -> str | None:
     return f"it ran at level {level}, the site requires {required} or more{what}"
 
 
+def _selection(results: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record's ``selection`` ({} where it has none, or not a mapping)."""
+    selection = results.get("selection")
+    return selection if isinstance(selection, Mapping) else {}
+
+
 def _skipped(results: Mapping[str, Any], manifest: Manifest) -> list[tuple[Mapping[str, Any], Any]]:
     """Every skipped test of the suite in ``results``, with its manifest entry."""
-    selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+    selection = _selection(results)
     out = []
     for test in results.get("tests") or []:
         if isinstance(test, Mapping) and test.get("outcome") == "skipped":
@@ -130,7 +136,7 @@ def _dcgm_problem(results: Mapping[str, Any], manifest: Manifest) -> str | None:
     if len(asked) > 1:
         return f"its DCGM skips disagree on the --dcgm-diag level asked for ({sorted(map(str, asked))})"
     if None in asked:
-        selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+        selection = _selection(results)
         for test in results.get("tests") or []:
             known = manifest.get(manifest_id(str(test.get("nodeid")), selection, manifest) or "")
             if (known is not None and test.get("outcome") in ("passed", "failed")
@@ -166,7 +172,7 @@ def fleet_problems(records: Mapping[str, Mapping[str, Any]], manifest: Manifest)
     one. A node that lacks what its fleet has is missing it."""
     ran: dict[str, set[str]] = {}
     for host, results in records.items():
-        selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+        selection = _selection(results)
         for test in results.get("tests") or []:
             if test.get("outcome") in ("passed", "failed") and "call" in (test.get("phases") or []):
                 ran.setdefault(manifest_id(str(test.get("nodeid")), selection, manifest) or "", set()).add(host)
@@ -199,7 +205,7 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
     profile the reader holds the run to (merge and sign-off), against which the skips on the profile's settings
     are checked."""
     tests = [t for t in results.get("tests") or [] if isinstance(t, Mapping)]
-    selection = results.get("selection") if isinstance(results.get("selection"), Mapping) else {}
+    selection = _selection(results)
     present = {i for i in (manifest_id(str(t.get("nodeid")), selection, manifest) for t in tests) if i}
     nodes = len(results.get("nodes") or [])
     missing = {kind: _missing(kind, present, manifest) for kind in RUN_NAMES}

@@ -41,10 +41,6 @@ FACTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 """Every fact a skip may rest on: what it says, and the parameters it records."""
 
-FLEET_FACTS = ("unsupported", "no_infiniband")
-"""Facts about what one node lacks: a node that skips on one of them while another node of its fleet has it (ran
-the test, lists an InfiniBand port) lacks what the fleet has, and its skip is not earned."""
-
 
 class FactError(ValueError):
     """A skip names a fact that does not exist, or without its parameters (a mistake in the suite's code)."""
