@@ -512,6 +512,10 @@ def _scrubber_of(found: tuple[str, ...]) -> Scrubber:
     return Scrubber(list(found), (), scan=False)
 
 
+_PLAIN = frozenset({float, int, bool, type(None)})
+"""The exact types a walk keeps whatever the key: checked first, by type, before any isinstance of an ABC."""
+
+
 def redact(data: Any, scrub: Scrubber | None = None) -> Any:
     """A copy of JSON-like ``data``: strings under secret-looking keys replaced, every other string scrubbed.
 
@@ -521,18 +525,22 @@ def redact(data: Any, scrub: Scrubber | None = None) -> Any:
     found: set[str] = set()
     site_list = os.environ.get(SITE_LIST, "")  # read once: a record has thousands of keys
 
+    # The bulk of a record is its figures, kept as they are whatever their key: they are let through by their type
+    # where they stand, without a call each (a merged record of a thousand nodes holds millions).
     def walk(value: Any, secret: bool) -> Any:
         if isinstance(value, Mapping):
-            return {text(k, False) if isinstance(k, str) else k: walk(v, secret or _is_secret_name(str(k), site_list))
+            return {text(k, False) if isinstance(k, str) else k:
+                    v if type(v) in _PLAIN else walk(v, secret or _is_secret_name(str(k), site_list))
                     for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [walk(v, secret) for v in value]
+            return [v if type(v) in _PLAIN else walk(v, secret) for v in value]
         if isinstance(value, str):
             return text(value, secret)
         return value
 
     def text(value: str, secret: bool) -> str:
-        found.update(formats_in(value))
+        if formats := formats_in(value):
+            found.update(formats)
         return REDACTED if secret else scrub(value)
 
     out = walk(data, False)
@@ -558,18 +566,20 @@ def scrub_strings(obj: Any, scrub: Scrubber) -> Any:
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
-            found.update(formats_in(value))
+            if formats := formats_in(value):
+                found.update(formats)
             return scrub(value)
         if value is None or isinstance(value, (int, float, bytes, bool)):
             return value
         if id(value) in seen:
             return seen[id(value)]
         if isinstance(value, Mapping):
-            out: Any = {walk(k): walk(v) for k, v in value.items()}
+            out: Any = {walk(k): v if type(v) in _PLAIN else walk(v) for k, v in value.items()}
         elif isinstance(value, tuple) and hasattr(value, "_fields"):
             out = type(value)(*(walk(v) for v in value))
         elif isinstance(value, (list, tuple, set, frozenset)):
-            out = type(value)(walk(v) for v in value)
+            out = [v if type(v) in _PLAIN else walk(v) for v in value]  # figures as in ``redact``
+            out = out if type(value) is list else type(value)(out)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             try:
                 out = copy.copy(value)

@@ -93,11 +93,14 @@ def _bounded_int(text: str) -> int:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key[:80]!r} is given twice in one object (readers disagree which one counts)")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) < len(pairs):  # rare: only then look for the key given twice, to name it
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {key[:80]!r} is given twice in one object (readers disagree which one "
+                                 "counts)")
+            seen.add(key)
     return out
 
 
@@ -121,17 +124,52 @@ def digest_of(raw: bytes) -> str:
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
+_INT_LIMIT = 10 ** MAX_INT_DIGITS
+
+
+class _Outsized(ValueError):
+    """A number too large for a float, or with more digits than ``MAX_INT_DIGITS``: parsed again, number by number,
+    to say which (``_finite``, ``_bounded_int``)."""
+
+
+class _TooDeep(ValueError):
+    """Nested deeper than ``MAX_DEPTH``."""
+
+
 def _depth(data: Any) -> int:
-    """How deeply ``data`` nests, without recursion (a hostile file must not reach Python's limit)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, level)
-            if deepest > MAX_DEPTH:
-                return deepest
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
+    """How deeply ``data`` nests (past ``MAX_DEPTH``: ``MAX_DEPTH + 1``), without recursion (a hostile file must
+    not reach Python's limit), and ``_Outsized`` where a number is. Level by level, following
+    only the objects and arrays; a results file's bulk is its numbers, each looked at once, here."""
+    if type(data) is not dict and type(data) is not list:
+        return 0
+    level, frontier = 0, [data]
+    while frontier and level <= MAX_DEPTH:
+        level += 1
+        deeper: list[Any] = []
+        for item in frontier:
+            for value in item.values() if type(item) is dict else item:
+                kind = type(value)
+                if kind is dict or kind is list:
+                    deeper.append(value)
+                elif (kind is float and value - value != 0) or (kind is int and not -_INT_LIMIT < value < _INT_LIMIT):
+                    raise _Outsized
+        frontier = deeper
+    return level
+
+
+def _strict(text: str) -> Any:
+    """``text`` as strict JSON, nested no deeper than ``MAX_DEPTH`` (ValueError else). JSON's own number parsing
+    and one walk of the result (``_depth``) stand in for a hook per number, which a merge of a thousand node files
+    called millions of times; only a file with an outsized number is parsed again, by the hooks, to name it."""
+    data = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    try:
+        depth = _depth(data)
+    except _Outsized:
+        json.loads(text, parse_constant=_refuse_constant, parse_float=_finite, parse_int=_bounded_int)
+        raise ValueError("a number is beyond what a results file holds") from None  # the hooks above raise first
+    if depth > MAX_DEPTH:
+        raise _TooDeep
+    return data
 
 
 def load_json(path: Path) -> Any:
@@ -144,8 +182,7 @@ def load(path: Path) -> Loaded:
     try:
         raw = _read_regular(path)
         text = raw.decode("utf-8")
-        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite,
-                          parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+        data = _strict(text)
     except FileNotFoundError:
         raise ResultsFileError(f"{path}: file not found") from None
     except IsADirectoryError:
@@ -154,12 +191,12 @@ def load(path: Path) -> Loaded:
         raise ResultsFileError(f"{path}: not text (byte {exc.start} is not UTF-8): not a results file") from None
     except RecursionError:
         raise ResultsFileError(f"{path}: nested deeper than any results file: not one") from None
+    except _TooDeep:
+        raise ResultsFileError(f"{path}: nested deeper than {MAX_DEPTH} levels: not a results file") from None
     except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
         if isinstance(exc, ResultsFileError):
             raise
         raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
-    if _depth(data) > MAX_DEPTH:
-        raise ResultsFileError(f"{path}: nested deeper than {MAX_DEPTH} levels: not a results file")
     return Loaded(data, digest_of(raw))
 
 

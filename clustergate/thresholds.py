@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,14 @@ def load(path: str | Path) -> Thresholds:
         raise ThresholdsError(f"{path}: not UTF-8 text (byte {exc.start}): not a thresholds file") from None
     except OSError as exc:
         raise ThresholdsError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return _from_text(path, text)
+
+
+@lru_cache(maxsize=16)
+def _from_text(path: Path, text: str) -> Thresholds:
+    """The thresholds ``text`` (read from ``path``) gives: remembered by the text itself, so a file read again
+    unchanged is not parsed again (a merge bundles evidence for every excluded node, each naming its profile),
+    and an edited one always is. What is returned is frozen."""
     try:
         data = _parse(path, text)
     except RecursionError:

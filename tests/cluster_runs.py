@@ -189,3 +189,32 @@ def write_fabric(run_dir: Path, results: dict[str, Any]) -> Path:
     (run_dir / "fabric").mkdir(parents=True, exist_ok=True)
     (run_dir / "fabric" / "results.json").write_text(json.dumps(results, indent=2))
     return run_dir / "fabric"
+
+
+FLEET_TEMPLATES = 16
+"""Healthy nodes of ``write_fleet`` are written from this many distinct runs (each its own noise), renamed: writing
+1,000 files takes a second or two instead of building and encoding 1,000 runs."""
+
+
+def write_fleet(nodes_dir: Path, count: int, slow_every: int) -> list[str]:
+    """``count`` synthetic 8-GPU node runs ``gpu0000``... under ``nodes_dir`` (REPORTS/RUN_ID/nodes), every
+    ``slow_every``-th with one GPU at half the HBM bandwidth; the hosts of those slow nodes."""
+    run_id = nodes_dir.parent.name
+    healthy = []
+    for t in range(FLEET_TEMPLATES):
+        results = node_results("gpuHOST", t)
+        results["run_id"] = run_id
+        healthy.append(json.dumps(results, indent=2))
+    slow = []
+    for i in range(count):
+        host = f"gpu{i:04d}"
+        if i % slow_every == 0:
+            write_node(nodes_dir, host, node_results(host, i, {("hbm_bandwidth_tbps", 2): 0.5}))
+            slow.append(host)
+            continue
+        t = i % FLEET_TEMPLATES  # its GPUs' serials made its own, as node_results(host, i) numbers them
+        text = healthy[t].replace("gpuHOST", host).replace(f'"1654{t:05d}', f'"1654{i:05d}')
+        (nodes_dir / host).mkdir(parents=True)
+        (nodes_dir / host / "results.json").write_text(text)
+    return slow
+

@@ -222,9 +222,17 @@ def dry_hang_plants(tmp: Path) -> None:
         [tmp / "out" / "hang_plants.tgz"]
 
 
+def dry_merge_time(tmp: Path) -> None:
+    out = ok(script("merge_time.py", "--nodes", "20", "--repeats", "1", "--json", str(tmp / "m.json"), cwd=tmp))
+    figures = json.loads((tmp / "m.json").read_text())
+    [run] = figures["runs"]
+    assert figures["nodes"] == 20 and run["status"] == 1 and run["cpu_s"] > 0 and run["wall_s"] > 0, figures
+    assert "merge of 20 nodes: median" in out and list(tmp.iterdir()) == [tmp / "m.json"]  # nothing else left
+
+
 DRY_RUNS = {"gpu_contender.py": dry_gpu_contender, "gpt_diag.py": dry_gpt_diag, "hang_plants.py": dry_hang_plants,
             "health_time.py": dry_health_time, "hostlink_contender.py": dry_hostlink_contender,
-            "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag,
+            "latency_diag.py": dry_latency_diag, "matmul_diag.py": dry_matmul_diag, "merge_time.py": dry_merge_time,
             "plugin_overhead.py": dry_plugin_overhead, "quick_time.py": dry_quick_time,
             "redaction_cost.py": dry_redaction_cost,
             "session_tools.py": dry_session_tools}

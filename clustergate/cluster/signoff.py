@@ -59,9 +59,9 @@ from clustergate.cluster.hostlist import compress
 from clustergate.cluster.merge import (
     add_key_option,
     add_thresholds_option,
+    as_written,
     judge_nodes,
     load_thresholds,
-    signed_text,
     site_key,
     write_lists,
 )
@@ -69,7 +69,7 @@ from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_sum
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
 from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
-from clustergate.redact import keep, redact
+from clustergate.redact import keep
 from clustergate.rejudge import problems_of
 from clustergate.results import short_test_name
 from clustergate.store import Store, store_path, store_problem
@@ -350,8 +350,8 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     }
     warnings += remember.record_inputs(store, [run_dir / "results.json",
                                                *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
-    out = redact(out)  # every output below shows it (signed as written): the metrics and the lists as signoff.json does
-    write_text(run_dir / "signoff.json", signed_text(out, key))
+    text, out = as_written(out, key)  # every output below shows what signoff.json says
+    write_text(run_dir / "signoff.json", text)
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
     write_text(run_dir / "signoff-metrics.prom", openmetrics.render(out))

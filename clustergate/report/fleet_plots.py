@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy
 from matplotlib.figure import Figure
 
 from clustergate.numbers import number, percent
@@ -31,7 +32,10 @@ def histogram_png(fm: dict[str, Any]) -> str:
     lo, hi = min(values), max(values)
     span = hi - lo if hi > lo else (abs(hi) or 1.0) * 0.01
     bins = min(BINS, max(5, int(math.sqrt(len(values)))))
-    ax.hist(values, bins=bins, range=(lo - span * 0.02, hi + span * 0.02), color=STATE_COLOURS["ok"])
+    # One filled outline, not a patch per bar (``ax.hist``): the same picture, drawn in a fraction of the time.
+    counts, edges = numpy.histogram(numpy.asarray(values, dtype=float), bins=bins,
+                                    range=(lo - span * 0.02, hi + span * 0.02))
+    ax.stairs(counts, edges, fill=True, color=STATE_COLOURS["ok"])
     median, criterion = fm["median"], fm["criterion"]
     ax.axvline(median, color="#222222", linestyle="-", linewidth=1, label=f"median {number(median)}")
     if fm.get("floor") is not None:
