@@ -180,6 +180,48 @@ def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: p
     assert "time_limit(0)" in results(report)["error"]
 
 
+LIMITED_TESTS = """
+import pytest
+
+@pytest.mark.time_limit(7)
+def test_own_limit():
+    pass
+
+@pytest.mark.time_limit(3600, levels=["extended"])
+def test_own_limit_at_extended():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (60, "profile"),
+          "test_plain": (60, "profile")}),
+    (("--test-timeout", "30"), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (30, "option"),
+                                "test_plain": (30, "option")}),
+    (("--level", "extended"), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (3600, "marker"),
+                               "test_plain": (60, "profile")}),
+])
+def test_each_test_s_limit_and_its_source_are_recorded(run, pytester: pytest.Pytester, args: tuple[str, ...],
+                                                       expected: dict[str, tuple[float, str]]) -> None:
+    """The test's own marker (at the levels it names), then --test-timeout, then the profile's test_timeout_s."""
+    pytester.makepyfile(test_limits=LIMITED_TESTS)
+    result, report = run(*args)
+    assert result.ret == 0, result.stdout.str()
+    limits = {t["nodeid"].split("::")[1]: t["limit"] for t in results(report)["tests"]}
+    assert {name: (limit["seconds"], limit["source"]) for name, limit in limits.items()} == expected
+
+
+def test_a_time_limit_marker_for_no_level_is_a_usage_error(run, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("import pytest\n@pytest.mark.time_limit(5, levels=['fast'])\ndef test_x():\n    pass\n")
+    result, _ = run()
+    assert result.ret == Exit.USAGE
+    result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(5, *): the only keyword is levels, a list "
+                                 "of some of quick, standard, extended*"])
+
+
 @pytest.mark.parametrize(("baseline", "message"), [
     ({"schema": 1, "tests": [{"nodeid": "t::a", "metrics": [{"name": "speed_gbps", "value": "fast"}]}]},
      "*baseline.json: tests[[]0[]] (t::a) metric speed_gbps has value 'fast', not a finite number; pass*"),
