@@ -172,12 +172,18 @@ def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tupl
     result.stderr.fnmatch_lines([message])
 
 
-def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("import pytest\n@pytest.mark.time_limit(0)\ndef test_x():\n    pass\n")
+@pytest.mark.parametrize(("marker", "message"), [
+    ("time_limit(0)", "*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"),
+    ("time_limit(5, levels=['fast'])", "*test_*::test_x: @pytest.mark.time_limit(5, *): the only keyword is levels, "
+                                       "a list of some of quick, standard, extended*"),
+])
+def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester, marker: str,
+                                                                message: str) -> None:
+    pytester.makepyfile(f"import pytest\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     result, report = run()
     assert result.ret == Exit.USAGE
-    result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"])
-    assert "time_limit(0)" in results(report)["error"]
+    result.stderr.fnmatch_lines([message])
+    assert "time_limit(" in results(report)["error"]
 
 
 LIMITED_TESTS = """
@@ -212,14 +218,6 @@ def test_each_test_s_limit_and_its_source_are_recorded(run, pytester: pytest.Pyt
     assert result.ret == 0, result.stdout.str()
     limits = {t["nodeid"].split("::")[1]: t["limit"] for t in results(report)["tests"]}
     assert {name: (limit["seconds"], limit["source"]) for name, limit in limits.items()} == expected
-
-
-def test_a_time_limit_marker_for_no_level_is_a_usage_error(run, pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("import pytest\n@pytest.mark.time_limit(5, levels=['fast'])\ndef test_x():\n    pass\n")
-    result, _ = run()
-    assert result.ret == Exit.USAGE
-    result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(5, *): the only keyword is levels, a list "
-                                 "of some of quick, standard, extended*"])
 
 
 @pytest.mark.parametrize(("baseline", "message"), [
