@@ -16,6 +16,7 @@ from clustergate import durations
 from clustergate.durations import DurationsError, Healthy, Key, Shape, readings, reference, site
 from clustergate.manifest import shipped
 from clustergate.run.limits import LIMIT_FLOOR_S, LIMIT_MULTIPLE, SITE_READINGS_TO_SET, SITE_RUNS, TEST_LIMIT_S
+from clustergate.run.memory import Memory
 from clustergate.run.testlimit import SOURCES, choose, measured_limit, refine
 from clustergate.store import Store
 
@@ -162,6 +163,14 @@ def test_the_site_s_healthy_time_is_the_slowest_of_its_newest_accepted_runs_of_t
     # and the rule on top: three readings set the test's limit from the store
     said = limit(reference=Healthy(0.9, 2, "reference"), site=found[HBM])
     assert (said.source, said.healthy_s, said.seconds) == ("store", 4.0, LIMIT_FLOOR_S)
+
+
+def test_a_store_that_cannot_be_read_leaves_the_reference_alone_and_says_so(tmp_path: Path) -> None:
+    memory = Memory(tmp_path / "absent" / "fleet.db")
+    said = memory.read_durations(KEY, timeout_s=1.0)
+    assert said is not None and said.startswith("test limits from the reference alone: the store's durations could "
+                                                "not be read: ") and "does not exist" in said
+    assert memory.durations == {}
 
 
 # ---- the reference file -------------------------------------------------------------------------------------------
