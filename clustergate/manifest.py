@@ -77,6 +77,9 @@ class SuiteTest:
     """Level -> why that level leaves the test out on every profile (the test skips itself, saying so)."""
     skips: tuple[SkipRule, ...] = ()
     """The facts on which the test may skip besides its by-design levels; a skip on any other is not earned."""
+    time_limit: dict[str, float] = field(default_factory=dict)
+    """Level -> the test's own limit there (``@pytest.mark.time_limit``), over its measured one
+    (``clustergate.run.testlimit``); written from the collection."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nodeid": self.nodeid, "run": self.run, "metrics": self.metrics}
@@ -84,6 +87,8 @@ class SuiteTest:
             out["skipped_by_design"] = self.skipped_by_design
         if self.skips:
             out["skips"] = [r.as_json() for r in self.skips]
+        if self.time_limit:
+            out["time_limit"] = self.time_limit
         return out
 
     def earns(self, fact: str, kind: str, level: str) -> bool:
@@ -150,9 +155,10 @@ def _rule(path: Path, where: str, raw: Any) -> SkipRule:
 
 def _test(path: Path, i: int, raw: Any) -> SuiteTest:
     where = f"tests[{i}]"
-    if not isinstance(raw, dict) or set(raw) - {"nodeid", "run", "metrics", "skipped_by_design", "skips"}:
-        raise _fail(path, where, "must be a mapping of nodeid, run, metrics and (optional) skipped_by_design and "
-                                 "skips")
+    if not isinstance(raw, dict) or set(raw) - {"nodeid", "run", "metrics", "skipped_by_design", "skips",
+                                                 "time_limit"}:
+        raise _fail(path, where, "must be a mapping of nodeid, run, metrics and (optional) skipped_by_design, "
+                                 "skips and time_limit")
     nodeid, run, metrics = raw.get("nodeid"), raw.get("run"), raw.get("metrics")
     if not isinstance(nodeid, str) or "::" not in nodeid:
         raise _fail(path, f"{where}.nodeid", f"must be a pytest node id FILE::NAME, got {nodeid!r}")
@@ -166,8 +172,13 @@ def _test(path: Path, i: int, raw: Any) -> SuiteTest:
     rules = raw.get("skips") or []
     if not isinstance(rules, list):
         raise _fail(path, f"{nodeid}: skips", "must be a list of {\"fact\", \"profiles\"?, \"levels\"?}")
+    limits = raw.get("time_limit") or {}
+    if not isinstance(limits, dict) or not all(k in LEVELS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and v > 0 for k, v in limits.items()):
+        raise _fail(path, f"{nodeid}: time_limit", f"must map a level ({', '.join(LEVELS)}) to seconds > 0")
     return SuiteTest(nodeid, run, dict(metrics), dict(skips),
-                     tuple(_rule(path, f"{nodeid}: skips[{j}]", r) for j, r in enumerate(rules)))
+                     tuple(_rule(path, f"{nodeid}: skips[{j}]", r) for j, r in enumerate(rules)),
+                     {k: float(v) for k, v in limits.items()})
 
 
 def parse(text: bytes, path: Path) -> Manifest:
@@ -230,20 +241,26 @@ def from_collection(collected: list[dict[str, Any]], known: Manifest | None) -> 
                 missing.append(f"{item['nodeid']}: the scope of {name} (gpu, node or world)")
             metrics[name] = scope or "?"
         out.append(SuiteTest(item["nodeid"], "fabric" if item["multinode"] else "node", metrics,
-                             dict(old.skipped_by_design) if old else {}, old.skips if old else ()))
+                             dict(old.skipped_by_design) if old else {}, old.skips if old else (),
+                             {k: float(v) for k, v in (item.get("time_limit") or {}).items()}))
     return out, missing
 
 
 class _Collector:
-    """A pytest plugin that writes what the suite collected: node ids, declared metrics, the multinode mark."""
+    """A pytest plugin that writes what the suite collected: node ids, declared metrics, the multinode mark, the
+    test's own time limit at each level."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
 
     def pytest_collection_finish(self, session: Any) -> None:
+        from clustergate.run.items import time_limit
+
         items = [{"nodeid": item.nodeid,
                   "metrics": [n for m in item.iter_markers("metrics") for n in m.args],
-                  "multinode": item.get_closest_marker("multinode") is not None} for item in session.items]
+                  "multinode": item.get_closest_marker("multinode") is not None,
+                  "time_limit": {level: s for level in LEVELS if (s := time_limit(item, level)) is not None}}
+                 for item in session.items]
         self.out.write_text(json.dumps(items))
 
 

@@ -98,6 +98,9 @@ class RunRecord:
     """Further top-level sections other parts add (e.g. "baseline", "discovery")."""
     run_id: str | None = field(default_factory=lambda: os.environ.get(RUN_ID_ENV) or None)
     """The cluster run this run is a part of (``CLUSTERGATE_RUN_ID``); None for a run on its own."""
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each collected test's time limit and where it came from (``clustergate.run.testlimit.TimeLimit``): a test's
+    ``limit`` in results.json."""
 
     def __post_init__(self) -> None:
         redact_mod.keep(self.run_id)  # the run's own name: never scrubbed, or merge could not match it
@@ -138,7 +141,8 @@ class RunRecord:
         tests = [
             {"nodeid": t.nodeid, "outcome": t.outcome, "duration_s": round(t.duration_s, 3),
              "failed_ranks": t.failed_ranks, "message": t.message, "problems": t.problems,
-             "phases": t.phases, "skip_fact": t.skip_fact, "metrics": t.metrics, "details": t.details}
+             "phases": t.phases, "skip_fact": t.skip_fact, "metrics": t.metrics, "details": t.details,
+             **({"limit": self.limits[t.nodeid]} if t.nodeid in self.limits else {})}
             for t in self.tests.values() if only_test is None or t.nodeid == only_test
         ]
         record = {

@@ -60,8 +60,8 @@ SETTINGS: dict[str, Setting] = {
     "gpus_per_node": Setting((int,), "GPUs (and torchrun ranks) expected on every node; 0 means CPU ranks",
                              at_least(0)),
     "gpu_name": Setting((str,), "substring the NVML GPU name must contain"),
-    "test_timeout_s": Setting(NUMBER, "every test's time limit in place of the level's (clustergate/run/limits.py "
-                              "TEST_LIMIT_S); a test past it ends the run", positive),
+    "test_timeout_s": Setting(NUMBER, "every test's time limit in place of its own from its measured time, or the "
+                              "level's (clustergate/run/testlimit.py); a test past it ends the run", positive),
     "collective_timeout_s": Setting(NUMBER, "default timeout of the workloads' process group", positive),
     "peak_bf16_tflops": Setting(NUMBER, "dense bf16 peak of one device, for MFU", positive),
     "baseline_tolerance": Setting(NUMBER, "relative change against --baseline that is flagged", fraction),

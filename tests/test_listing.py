@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fleet_data import later, real_run
 
 from clustergate import cli
+from clustergate.durations import Key, Shape, reference
 from clustergate.manifest import shipped
 from clustergate.report.model import criteria_rows
+from clustergate.run.limits import TEST_LIMIT_S
+from clustergate.run.testlimit import measured_limit
+from clustergate.store import Store
 from clustergate.thresholds import load, shipped_thresholds
 
 from torchrun_job import ROOT, job_env
@@ -116,3 +121,55 @@ def test_the_command_lists_without_torch() -> None:
                           timeout=120)
     assert proc.stderr.strip() == "0 False", proc.stderr
     assert json.loads(proc.stdout)["profile"] in load(shipped_thresholds()).profiles  # this node's: test_profile_choice
+
+
+def test_each_test_s_limit_is_listed_with_where_it_comes_from(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    """The limit a run of that profile, level and shape gives each test (clustergate.run.testlimit), as the run's
+    results.json records it: its own, else its measured time, else the level's."""
+    listed = _listed(capsys, "--profile", "cpu", "--level", "quick")
+    assert listed["shape"] == "1x2" and listed["store"] is None
+    node = {t["nodeid"]: t for t in listed["runs"]["node"]}
+    hbm = node["acceptance/test_gpu_compute.py::test_hbm_bandwidth"]
+    known = reference(Key("cpu", "quick", Shape(1, 2)))["acceptance/test_gpu_compute.py::test_hbm_bandwidth"]
+    assert hbm["limit"] == {"seconds": measured_limit(known.seconds), "source": "reference",
+                            "healthy_s": known.seconds, "measured": known.where}
+    gpu_only = node["acceptance/test_gpu_inventory.py::test_gpu_count"]["limit"]  # skips on CPU: never measured
+    assert (gpu_only["seconds"], gpu_only["source"]) == (TEST_LIMIT_S["quick"], "level")
+    dcgm = node["acceptance/test_dcgm.py::test_dcgm_diagnostic[memory]"]["limit"]
+    assert dcgm["source"] == "marker" and dcgm["seconds"] == 3 * 3600
+    # the sustained matmul's own limit holds at extended only, where it holds the profile's burn-in
+    sustained = "acceptance/test_gpu_compute.py::test_sustained_matmul"
+    assert node[sustained]["limit"]["source"] == "reference"
+    extended = {t["nodeid"]: t for t in _listed(capsys, "--profile", "cpu", "--level", "extended")["runs"]["node"]}
+    assert extended[sustained]["limit"] == {"seconds": 3600, "source": "marker", "healthy_s": None, "measured": ""}
+    # another shape was not measured: the level's limit, said as such
+    three = _listed(capsys, "--profile", "cpu", "--level", "quick", "--nproc-per-node", "3")["runs"]["node"]
+    assert next(t for t in three if t["nodeid"] == hbm["nodeid"])["limit"]["measured"] == (
+        "no measured time for profile cpu, level quick, 1 node x 3 ranks")
+    h200 = _listed(capsys, "--profile", "h200", "--level", "standard")
+    assert h200["shape"] == "1x8"
+    # the text says it beside each test
+    assert cli.main(["list", "--profile", "cpu", "--level", "quick"]) == 0
+    out = capsys.readouterr().out
+    assert "time limits on 1 node x 2 ranks\n" in out
+    assert (f"  {hbm['nodeid']}\n      limit {measured_limit(known.seconds):g} s: 3 x its healthy {known.seconds:g} "
+            f"s, at least 60 s ({known.where})\n") in out
+    assert cli.main(["list", "--profile", "cpu", "--nodes", "0"]) == 2
+    assert "--nodes and --nproc-per-node must be whole numbers >= 1" in capsys.readouterr().err
+
+
+def test_the_store_refines_the_listed_limits(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    store = Store(tmp_path / "fleet.db", timeout_s=5)
+    hbm = "acceptance/test_gpu_compute.py::test_hbm_bandwidth"
+    for day in (1, 2, 3):
+        run = later(real_run(), f"2027-01-0{day}T00:00:00+00:00")
+        next(t for t in run["tests"] if t["nodeid"] == hbm)["duration_s"] = 30.0 + day
+        store.record(run)
+    listed = _listed(capsys, "--profile", "cpu", "--level", "quick", "--store", str(tmp_path / "fleet.db"))
+    limit = next(t for t in listed["runs"]["node"] if t["nodeid"] == hbm)["limit"]
+    assert limit == {"seconds": 99.0, "source": "store", "healthy_s": 33.0,
+                     "measured": "store: 3 accepted runs to 2027-01-03"}
+    assert listed["store"] == str(tmp_path / "fleet.db")
+    assert cli.main(["list", "--profile", "cpu", "--store", str(tmp_path)]) == 2
+    assert "a directory" in capsys.readouterr().err

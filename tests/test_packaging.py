@@ -180,6 +180,8 @@ def _ran_the_packaged_suite(full_env: Path, tmp_path: Path, elsewhere: Path) -> 
     assert f"clustergate: profile cpu ({shipped}" in proc.stdout and "thresholds.yaml), level quick" in proc.stdout
     results = json.loads((report / "results.json").read_text())
     assert [t["outcome"] for t in results["tests"]] == ["passed"], proc.stdout[-4000:] + proc.stderr[-2000:]
+    # The wheel carries the reference durations: the test's limit follows its measured time on one CPU rank.
+    assert results["tests"][0]["limit"]["source"] == "reference", results["tests"][0]
     # The wheel carries the suite's manifest: one test of it is a partial run, exit 1, never an accept.
     assert proc.returncode == 1 and results["verdict"] == "partial" and results["selection"]["suite"] == "acceptance"
     assert "88 of the 89 tests of a complete node run did not run (-k 'test_world_matches_profile')" \

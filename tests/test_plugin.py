@@ -172,12 +172,52 @@ def test_bad_options_are_usage_errors(run, pytester: pytest.Pytester, args: tupl
     result.stderr.fnmatch_lines([message])
 
 
-def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester) -> None:
-    pytester.makepyfile("import pytest\n@pytest.mark.time_limit(0)\ndef test_x():\n    pass\n")
+@pytest.mark.parametrize(("marker", "message"), [
+    ("time_limit(0)", "*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"),
+    ("time_limit(5, levels=['fast'])", "*test_*::test_x: @pytest.mark.time_limit(5, *): the only keyword is levels, "
+                                       "a list of some of quick, standard, extended*"),
+])
+def test_bad_time_limit_marker_is_a_usage_error_naming_the_test(run, pytester: pytest.Pytester, marker: str,
+                                                                message: str) -> None:
+    pytester.makepyfile(f"import pytest\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     result, report = run()
     assert result.ret == Exit.USAGE
-    result.stderr.fnmatch_lines(["*test_*::test_x: @pytest.mark.time_limit(0): a time limit must be a finite*"])
-    assert "time_limit(0)" in results(report)["error"]
+    result.stderr.fnmatch_lines([message])
+    assert "time_limit(" in results(report)["error"]
+
+
+LIMITED_TESTS = """
+import pytest
+
+@pytest.mark.time_limit(7)
+def test_own_limit():
+    pass
+
+@pytest.mark.time_limit(3600, levels=["extended"])
+def test_own_limit_at_extended():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (60, "profile"),
+          "test_plain": (60, "profile")}),
+    (("--test-timeout", "30"), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (30, "option"),
+                                "test_plain": (30, "option")}),
+    (("--level", "extended"), {"test_own_limit": (7, "marker"), "test_own_limit_at_extended": (3600, "marker"),
+                               "test_plain": (60, "profile")}),
+])
+def test_each_test_s_limit_and_its_source_are_recorded(run, pytester: pytest.Pytester, args: tuple[str, ...],
+                                                       expected: dict[str, tuple[float, str]]) -> None:
+    """The test's own marker (at the levels it names), then --test-timeout, then the profile's test_timeout_s."""
+    pytester.makepyfile(test_limits=LIMITED_TESTS)
+    result, report = run(*args)
+    assert result.ret == 0, result.stdout.str()
+    limits = {t["nodeid"].split("::")[1]: t["limit"] for t in results(report)["tests"]}
+    assert {name: (limit["seconds"], limit["source"]) for name, limit in limits.items()} == expected
 
 
 @pytest.mark.parametrize(("baseline", "message"), [

@@ -16,6 +16,7 @@ from clustergate.redact import Scrubber, scrub_strings
 from clustergate.run.recorder import Recorder, fact_of
 from clustergate.skip_facts import fact as skip_fact
 from clustergate.thresholds import Profile
+from workloads.common import LEVELS
 
 
 def declared(item: pytest.Item) -> tuple[str, ...]:
@@ -23,10 +24,13 @@ def declared(item: pytest.Item) -> tuple[str, ...]:
     return tuple(n for m in item.iter_markers("metrics") for n in m.args)
 
 
-def time_limit(item: pytest.Item) -> float | None:
-    """``@pytest.mark.time_limit(seconds)``, or None."""
+def time_limit(item: pytest.Item, level: str) -> float | None:
+    """``@pytest.mark.time_limit(seconds)``, or ``(seconds, levels=[...])`` at those levels only; None where the test
+    says no limit of its own at ``level``."""
     marker = item.get_closest_marker("time_limit")
-    return float(marker.args[0]) if marker else None
+    if marker is None or level not in marker.kwargs.get("levels", LEVELS):
+        return None
+    return float(marker.args[0])
 
 
 def problem(items: list[pytest.Item], profile: Profile) -> str | None:
@@ -42,6 +46,11 @@ def problem(items: list[pytest.Item], profile: Profile) -> str | None:
             if not isinstance(limit, (int, float)) or not (math.isfinite(limit) and limit > 0):
                 return (f"{item.nodeid}: @pytest.mark.time_limit({limit!r}): a time limit must be a finite number "
                         "of seconds above 0")
+            levels = marker.kwargs.get("levels", LEVELS)
+            if set(marker.kwargs) - {"levels"} or isinstance(levels, str) or not levels \
+                    or not set(levels) <= set(LEVELS):
+                return (f"{item.nodeid}: @pytest.mark.time_limit({limit!r}, {marker.kwargs}): the only keyword is "
+                        f"levels, a list of some of {', '.join(LEVELS)}")
     return None
 
 

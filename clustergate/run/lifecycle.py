@@ -29,6 +29,7 @@ import pytest
 import clustergate
 from clustergate import attestation, openmetrics
 from clustergate.baseline import DEFAULT_TOLERANCE, compare
+from clustergate.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.exit_codes import Exit
 from clustergate.identity import RankIdentity
 from clustergate.judge import Where
@@ -59,6 +60,7 @@ from clustergate.run.options import Options
 from clustergate.run.outside import Outside
 from clustergate.run.plugins import foreign
 from clustergate.run.progress import Progress
+from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.run.world import World
 from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
 from clustergate.thresholds import Profile
@@ -102,6 +104,9 @@ class Run:
         self.baseline = baseline
         """The earlier run to compare with (--baseline; rank 0's), compared once the session is over."""
         self.test_timeout_s = options.test_limit_s(profile)
+        """The run-wide limit (--test-timeout, the profile's test_timeout_s, else the level's)."""
+        self.limits: dict[str, TimeLimit] = {}
+        """Each collected test's own limit (``choose_limits``): the watchdog's bound while it runs."""
         self.identity = identity
         self.outside = outside
         self.peers = outside.peers
@@ -176,6 +181,11 @@ class Run:
     def where_now(self) -> str:
         return f"{self.test} [{self.phase}]" if self.test else "the session"
 
+    @property
+    def limit_key(self) -> Key:
+        """What the tests' healthy times are measured for: this run's profile, level and shape."""
+        return Key(self.profile.name, self.level, Shape.of(self.world.world_size, self.node_count))
+
     def position(self) -> Position:
         """Where the run is, for its beat (read without the lock: each field is one attribute)."""
         stage = Stage.ENDED if self.exiting else self.stage
@@ -232,13 +242,18 @@ class Run:
         self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size)
         self.write_results()
         if self.memory is not None:
-            # Once, before any test: the others wait at the collection exchange meanwhile (STORE_WAIT_S).
+            # Once, before any test: the others wait at the collection exchange meanwhile (STORE_WAIT_S, both reads).
+            waited = self.within(STORE_WAIT_S)
             said = self.memory.read(self.profile, self.identities, level=self.level, started=self.record.started,
                                     timeout_s=STORE_WAIT_S)
             if said:
                 self.outside.say(f"clustergate: {said}\n")
             with self._lock:
                 self.record.extra["drift"] = self.memory.section()
+            if self.memory.problem is None:  # a store that could not be read a moment ago is not tried again
+                said = self.memory.read_durations(self.limit_key, timeout_s=max(1.0, waited - self.outside.clock()))
+                if said:
+                    self.outside.say(f"clustergate: {said}\n")
         with self._lock:
             self.stage = Stage.COLLECTING
 
@@ -350,6 +365,35 @@ class Run:
             lines.append(f"  rank {r} ({self.identities[r]['host']}): clustergate {ver} (suite {code[:23]}), {n} "
                          f"tests (hash {d}), profile {prof} (thresholds {tdig}), level {lvl}")
         return "\n".join(lines)
+
+    def choose_limits(self, markers: dict[str, float | None]) -> str | None:
+        """Each collected test's limit (``markers``: its own @pytest.mark.time_limit at this level, or None), alike on
+        every rank: where the run has a store, rank 0's reading of it is shared first. None, or why the limits cannot
+        be chosen (the reference file cannot be read)."""
+        key = self.limit_key
+        try:
+            known = reference(key)
+        except DurationsError as exc:
+            return str(exc)
+        site = self.memory.durations if self.memory is not None else {}
+        if self.options.store is not None and not self.options.collect_only:
+            step = Step(None, "site durations", self.within(STARTUP_S))
+            shared = {nodeid: site[nodeid].as_message() for nodeid in markers if nodeid in site}
+            site = self.exchange(step, lambda: self.outside.exchange.broadcast_from_leader(
+                self.world, shared, step, check=_site_durations))
+        option_s, profile_s = self.options.test_timeout_s, self.profile.settings.get("test_timeout_s")
+        limits = {nodeid: choose(key=key, marker_s=marker_s, option_s=option_s, profile_s=profile_s,
+                                 reference=known.get(nodeid), site=site.get(nodeid))
+                  for nodeid, marker_s in markers.items()}
+        with self._lock:
+            self.limits = limits
+            self.record.limits = {nodeid: limit.as_json() for nodeid, limit in limits.items()}
+        return None
+
+    def limit_of(self, nodeid: str) -> float:
+        """The test's limit in seconds (the run-wide one for a test that was not collected: none is run)."""
+        limit = self.limits.get(nodeid)
+        return limit.seconds if limit is not None else self.test_timeout_s
 
     # ---- testing --------------------------------------------------------------------------------------------
     def start_test(self, nodeid: str, limit_s: float) -> None:
@@ -752,6 +796,11 @@ def _collection(message: Any) -> list[Any]:
                            ("suite", bool)):
             expect(plugin.get(key), kinds, f"plugin.{key}")
     return message
+
+
+def _site_durations(message: Any) -> dict[str, Healthy]:
+    expect(message, dict, "the site's durations")
+    return {expect(nodeid, str, "a test's node id"): Healthy.from_message(seen) for nodeid, seen in message.items()}
 
 
 def _session_end(message: Any) -> tuple[int, str | None]:

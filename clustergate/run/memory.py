@@ -1,6 +1,7 @@
-"""What a run does with the results store (``--store``), on rank 0: the first accepted figures read once as the
-session starts, drift judged as each test is judged (before the verdict is shared, so every rank applies the same
-verdict), and the run recorded once results.json is final.
+"""What a run does with the results store (``--store``), on rank 0: the first accepted figures and the site's
+healthy durations read once as the session starts (the durations refine each test's limit: clustergate.run.testlimit),
+drift judged as each test is judged (before the verdict is shared, so every rank applies the same verdict), and the
+run recorded once results.json is final.
 
 The store never decides whether the run can run: a store that cannot be read or written costs the drift
 judgement or the record, said once on the terminal and in results.json's ``drift`` section, never the run. Only a
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from clustergate.durations import Healthy, Key, site
 from clustergate.outcomes import PhaseVerdict, metric_block
 from clustergate.resultsfile import ResultsFileError
+from clustergate.run.limits import SITE_RUNS
 from clustergate.settings import DRIFT_FRACTION, DRIFT_SEVERITY
 from clustergate.store import Store, StoreError
 from clustergate.store.db import TIMEOUT_S
@@ -38,6 +41,9 @@ class Memory:
     problem: str | None = None
     """Why drift is not judged (the store could not be read), or None."""
     findings: list[Drift] = field(default_factory=list)
+    durations: dict[str, Healthy] = field(default_factory=dict)
+    """The site's healthy time of each test its accepted runs of this profile, level and shape passed (none until
+    read, or where the store could not be read)."""
 
     @classmethod
     def of(cls, path: Path | None, profile: Profile) -> Memory | None:
@@ -60,6 +66,15 @@ class Memory:
         except StoreError as exc:  # StoreBusy too: the store held past the wait
             self.problem = f"drift not judged: {exc}"
             return self.problem
+        return None
+
+    def read_durations(self, key: Key, *, timeout_s: float) -> str | None:
+        """Read every test's durations from the site's newest accepted runs of ``key`` (SITE_RUNS); a line to say
+        where they could not be (the limits then follow the reference alone)."""
+        try:
+            self.durations = site(Store(self.path, timeout_s=timeout_s), key, SITE_RUNS)
+        except StoreError as exc:
+            return f"test limits from the reference alone: the store's durations could not be read: {exc}"
         return None
 
     def judge(self, nodeid: str, verdict: PhaseVerdict, nodes: list[dict[str, Any]]) -> PhaseVerdict:

@@ -13,7 +13,8 @@ import pytest
 
 from clustergate import keyed
 from clustergate.completeness import recorded_options
-from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, TEST_LIMIT_S
+from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
+from clustergate.run.testlimit import run_wide
 from clustergate.store import STORE_ENV, store_path
 from clustergate.thresholds import Profile, shipped_thresholds
 from workloads.common import LEVELS
@@ -66,8 +67,9 @@ def add_options(parser: pytest.Parser) -> None:
                     help="a directory every node mounts, for the shared-filesystem test (default: "
                          "$CLUSTERGATE_SHARED_DIR, else the profile's shared_dir setting)")
     group.addoption("--test-timeout", type=seconds, default=None, metavar="SECONDS",
-                    help="per-test limit; a test past it ends the run on every rank "
-                         "(default: the profile's test_timeout_s, else the level's: 120/600/1800 s)")
+                    help="every test's limit; a test past it ends the run on every rank (default: the profile's "
+                         "test_timeout_s, else each test's own: a few times its measured healthy time, else the "
+                         "level's 120/600/1800 s; clustergate list shows each)")
     group.addoption("--collective-timeout", type=seconds, default=None, metavar="SECONDS",
                     help="timeout of the workloads' process group (default: the profile's "
                          "collective_timeout_s)")
@@ -165,8 +167,9 @@ class Options:
                    narrowing=recorded_options(config), key=_site_key(config.getoption("key_file")))
 
     def test_limit_s(self, profile: Profile) -> float:
-        """A test's limit: --test-timeout, else the profile's test_timeout_s, else the level's (TEST_LIMIT_S)."""
-        return _given_or(self.test_timeout_s, profile.settings.get("test_timeout_s", TEST_LIMIT_S[self.level]))
+        """The run-wide test limit: --test-timeout, else the profile's test_timeout_s, else the level's. Each test's
+        own limit is ``clustergate.run.testlimit.choose``'s (its marker, or its measured time, come first)."""
+        return run_wide(self.test_timeout_s, profile.settings.get("test_timeout_s"), self.level).seconds
 
     def collective_limit_s(self, profile: Profile) -> float:
         """The workloads' process group timeout: --collective-timeout, else the profile's, else the default."""

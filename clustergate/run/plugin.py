@@ -111,7 +111,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "metrics(*names): metrics the test records (checked against "
                                        "the profile before the run)")
     config.addinivalue_line("markers", "multinode: needs two or more nodes; skipped on one node")
-    config.addinivalue_line("markers", "time_limit(seconds): this test's own limit instead of --test-timeout")
+    config.addinivalue_line("markers", "time_limit(seconds, levels=[...]): this test's own limit (at those levels "
+                                       "only), over --test-timeout and its measured time")
     if config.option.help:  # `pytest --help` configures too: no process group, no report directory, no lock
         return
     if config.pluginmanager.is_blocked("clustergate"):  # -p clustergate, then -p no:clustergate: its hooks stay
@@ -159,6 +160,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if problem:
         run.fail(problem)
         pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+    problem = run.choose_limits({item.nodeid: pytest_items.time_limit(item, run.level) for item in items})
+    if problem:
+        run.fail(problem)
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
     broken = config.stash.get(GPU_NODE_PROBLEM, None)
     if broken:
         run.fail(broken)
@@ -176,9 +181,8 @@ def cg(request: pytest.FixtureRequest) -> Recorder:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     run = item.config.stash[RUN]
-    limit = pytest_items.time_limit(item) or run.test_timeout_s
     item.stash[RECORDER] = Recorder(run, item.nodeid, pytest_items.declared(item))
-    run.start_test(item.nodeid, limit)
+    run.start_test(item.nodeid, run.limit_of(item.nodeid))
     try:
         result = yield
     except BaseException as exc:

@@ -367,6 +367,25 @@ class Store:
                         found.setdefault((scope, str(key), fig.metric), fig)
         return found
 
+    def accepted_runs(self, profile: str, level: str, *, nodes: int, world_size: int,
+                      newest: int) -> list[dict[str, Any]]:
+        """The documents of the ``newest`` runs of ``profile`` at ``level`` with ``world_size`` ranks on ``nodes``
+        nodes that were judged accept when stored, newest first (a site's healthy durations are read from them)."""
+        found = []
+        with self._transaction(write=False) as conn:
+            runs = conn.execute("SELECT id, hosts FROM runs WHERE kind = 'run' AND judged = 'accept' AND profile = ? "
+                                "AND level = ? ORDER BY started_s IS NULL, started_s DESC, id DESC",
+                                (profile, level)).fetchall()
+            for run, hosts in runs:
+                if len(found) >= newest:
+                    break
+                if len(json.loads(hosts)) != nodes:
+                    continue
+                document = json.loads(conn.execute("SELECT document FROM runs WHERE id = ?", (run,)).fetchone()[0])
+                if document.get("world_size") == world_size:
+                    found.append(document)
+        return found
+
     def first_accepted(self, serial: str, metric: str, *, level: str | None = None,
                        before: str | None = None) -> StoredFigure | None:
         """The first accepted figure of ``metric`` of the GPU with this serial, on whichever host it was."""
