@@ -225,6 +225,19 @@ def test_without_flock_a_refused_run_leaves_no_lock_file(
     assert not (report / ".clustergate.lock.owner").exists()
 
 
+def test_a_second_run_into_one_report_dir_says_where_the_first_went(run) -> None:
+    """One line, the first the run says: the earlier outputs are in earlier/<time>/ (with -p clustergate, as the
+    checkout's configuration and clustergate run name the plugin, it was said while pytest captured the conftests'
+    loading, and lost)."""
+    first, report = run()
+    assert "earlier" not in first.stderr.str(), first.stderr.str()
+    second, _ = run()
+    [earlier] = (report / "earlier").iterdir()
+    assert second.stderr.lines[0] == f"clustergate: an earlier run's outputs in {report} were moved to {earlier}", \
+        second.stderr.str()
+    assert second.stderr.str().count("earlier run's outputs") == 1, second.stderr.str()
+
+
 def test_a_baseline_among_the_earlier_outputs_follows_them(run) -> None:
     """The claim moves the earlier outputs before pytest has read --baseline: it must still find them."""
     first, report = run()

@@ -83,12 +83,15 @@ def test_sigint_to_the_job_rejects_and_names_rank_and_test(waited_out: dict[str,
     [test] = res["tests"]
     assert test["outcome"] == "interrupted"  # never "passed", and not a failure of the test
     assert "exitcode  : -9" not in r.output  # no rank was left for torchrun to kill
+    assert res["interrupted"] is True and "tests: 1 interrupted, 1 never ran" in r.output, r.output
+    assert "isolate" not in r.output, r.output  # an interrupted run is run again; it says nothing about the node
 
 
 def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     """Ctrl-C on plain ``pytest`` (world size 1): pytest unwinds, the outputs are written, the verdict is reject."""
     (tmp_path / "test_fault.py").write_text("import time\nfrom pathlib import Path\n\n\ndef test_sleeps():\n"
-                                            "    Path('ready-0').touch()\n    time.sleep(120)\n")
+                                            "    Path('ready-0').touch()\n    time.sleep(120)\n\n\n"
+                                            "def test_never_reached():\n    pass\n")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "clustergate",
                              "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--report-dir",
                              str(tmp_path / "report"), "--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
@@ -116,6 +119,11 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     # The test it was in is interrupted, not passed, and junit.xml counts it as an error.
     [test] = res["tests"]
     assert test["outcome"] == "interrupted", test
+    # No rank caused it: run again, not a node to isolate; the test never reached is counted.
+    assert res["interrupted"] is True and {(a["category"], a["escalate"]) for a in res["actions"]} == \
+        {("interrupted", None)}, res["actions"]
+    assert "tests: 1 interrupted, 1 never ran" in out and "do: retest: the run was interrupted before it finished" \
+        in out and "isolate" not in out, out
     junit = ET.parse(tmp_path / "report" / "junit.xml").getroot()
     suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
     assert suite is not None and suite.get("errors") == "1", ET.tostring(junit)

@@ -72,6 +72,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     ns = early_config.known_args_namespace
     asked_for_help = getattr(ns, "help", False) or getattr(ns, "version", False)
     if not asked_for_help:
+        # Before pytest's own wrapper starts capturing the conftests' loading (it was registered first, so it runs
+        # inside this one): the line that says where an earlier run's outputs went reaches the terminal.
         claim_report_dir(early_config, getattr(ns, "report_dir", None))
     result = yield
     problem = None if asked_for_help else command_line.problem(early_config, parser, args)
@@ -223,6 +225,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
     report: pytest.TestReport = yield
+    pytest_items.skip_at_the_test(item, report, call)
     run = item.config.stash[RUN]
     recorder = item.stash[RECORDER]
     mine = pytest_items.phase_outcome(item, report, call, recorder)
