@@ -122,6 +122,9 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                           "killed)",
                           "read the run error and progress.jsonl (the test it was in), then run again; isolate a "
                           "node whose runs keep dying"),
+    "interrupted": Category("the run was interrupted before it finished (Ctrl-C, or a signal from outside the run: the "
+                            "job cancelled, torchrun signalled or killed), which says nothing about the node",
+                            "run it again: the tests it did not finish or reach were not judged"),
     "no_result": Category("no usable result from the node (no report directory, no results.json, or one that still "
                           "says running)",
                           "check that the node's job ran (the scheduler's log) and wrote into the shared report "
@@ -180,6 +183,7 @@ _RESPONSES: dict[str, tuple[str, ...]] = {
     "correctness": ("isolate", "vendor"),
     **{name: ("config",) for name in FIGURE_CATEGORIES if name.startswith("config_")},
     "run_error": ("retest", "isolate"),
+    "interrupted": ("retest",),
     "no_result": ("retest", "isolate"),
     "unusable_run": ("retest",),
     "unknown": ("retest",),
@@ -390,12 +394,19 @@ def _drift_step(finding: Mapping[str, Any]) -> Step:
                 f"{where}: {percent(float(finding.get('fraction', 0)))} below its first accepted figure")
 
 
-def steps_of_test(test: Mapping[str, Any], drifted: Iterable[Mapping[str, Any]] = ()) -> list[Step]:
+def ended_by(results: Mapping[str, Any]) -> str:
+    """The category of a run's own ending: ``interrupted`` where no rank caused it (results.json's ``interrupted``:
+    Ctrl-C, a signal from outside, its launcher killed), else ``run_error``."""
+    return "interrupted" if results.get("interrupted") else "run_error"
+
+
+def steps_of_test(test: Mapping[str, Any], drifted: Iterable[Mapping[str, Any]] = (),
+                  ending: str = "run_error") -> list[Step]:
     """The steps for one test entry of results.json (none when it passed or was skipped); ``drifted``: the drift
-    findings that failed it."""
+    findings that failed it; ``ending``: the category of a test the run's ending interrupted (``ended_by``)."""
     outcome, nodeid = test.get("outcome"), str(test.get("nodeid"))
     if outcome == "interrupted":
-        return [step("run_error", nodeid)]
+        return [step(ending, nodeid)]
     if outcome not in FAILED:
         return []
     details = test.get("details") or {}
@@ -413,11 +424,11 @@ def steps(results: Mapping[str, Any]) -> list[Step]:
     failures, and each drift that failed the run (a results.json ``drift`` section)."""
     found: list[Step] = []
     if results.get("error"):
-        found.append(step("run_error"))
+        found.append(step(ended_by(results)))
     failing = [d for d in (results.get("drift") or {}).get("findings") or [] if d.get("severity") == "fail"]
     tests = results.get("tests") or []
     for test in tests:
-        found += steps_of_test(test, [d for d in failing if d.get("test") == test.get("nodeid")])
+        found += steps_of_test(test, [d for d in failing if d.get("test") == test.get("nodeid")], ended_by(results))
     failed = {t.get("nodeid") for t in tests if t.get("outcome") in FAILED}
     found += [_drift_step(d) for d in failing if d.get("test") not in failed]  # a record that failed no test
     unique = list(dict.fromkeys(found))

@@ -10,6 +10,7 @@ all of them. An unrelated project's ``pytest`` never sees the plugin: no summary
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ def asked(config: pytest.Config) -> bool:
     return bool(getattr(config.known_args_namespace, NAME, False)) or bool(config.getini(NAME))
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Any:
     # Before the full command line is parsed: the plugin's own options (--thresholds, --profile, ...)
     # must exist by then. Registered as -p clustergate would, but without import_plugin: the package is
@@ -42,3 +43,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         import clustergate
 
         manager.register(clustergate, NAME)
+    result = yield
+    # The suite's command from outside the checkout (`torchrun ... -m pytest acceptance`), or the plugin on: the
+    # command line is checked once every conftest has added its options, said once if refused. Any other project's
+    # pytest is left to read its own command line.
+    if os.environ.get("TORCHELASTIC_RUN_ID") or manager.get_plugin(NAME) is not None:
+        from clustergate.exit_codes import Exit
+        from clustergate.run import command_line, refusal
+
+        problem = command_line.missing_suite(early_config)
+        if problem is None and manager.get_plugin(NAME) is not None:
+            problem = command_line.unknown_option(parser, args)
+        if problem is not None:
+            refusal.leave(refusal.said(problem), Exit.USAGE)
+    return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import children
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,6 +14,8 @@ from waited_out_runs import start_early, stop_runner, stop_runners
 from workloads.common import ensure_distributed
 
 pytest_plugins = ["pytester"]
+
+children.adopt()  # every process a test starts ends with this one, however it ends (tests/children.py)
 
 
 @pytest.fixture

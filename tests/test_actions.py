@@ -122,6 +122,24 @@ def test_run_errors_interruptions_and_failed_drift() -> None:
     assert found[0].as_json()["action"] == "retest" and found[0].as_json()["escalate"] == "isolate"
 
 
+def test_an_interrupted_run_is_run_again_not_a_node_to_isolate() -> None:
+    """No rank caused the ending (results.json's ``interrupted``: Ctrl-C, a signal from outside): the run and the test
+    it was in are run again, with nothing to escalate to; the summary counts the selected tests that never ran."""
+    from clustergate.report.summary import summary_lines
+
+    run = {**real_run(), "error": "interrupted by SIGINT on rank 0 (gpu-node-07) during the session",
+           "verdict": "reject", "interrupted": True}
+    run["tests"] = [run["tests"][0], {**run["tests"][0], "nodeid": "acceptance/test_world.py::test_allreduce_is_exact",
+                                      "outcome": "interrupted", "metrics": []}]
+    run["selection"] = {**run.get("selection", {}), "selected": 9}
+    found = actions.steps(run)
+    assert [(s.action, s.category, s.escalate) for s in found] == [(Action.RETEST, "interrupted", None)] * 2
+    run["actions"] = actions.section(run)
+    lines = summary_lines(run)
+    assert "tests: 1 interrupted, 1 passed, 7 never ran" in lines, lines
+    assert not [line for line in lines if "isolate" in line], lines
+
+
 def test_the_terminal_and_the_report_say_what_to_do() -> None:
     from clustergate.report import html
     from clustergate.report.summary import summary_lines

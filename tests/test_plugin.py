@@ -330,6 +330,21 @@ def test_no_tests_is_not_accepted_and_a_reject(run, pytester: pytest.Pytester) -
     assert res["verdict"] == "reject" and "no tests were collected" in res["error"]
 
 
+def test_a_cg_skip_is_reported_where_the_test_skipped(run, pytester: pytest.Pytester) -> None:
+    """pytest places a skip where it was raised: for cg.skip that was the recorder, the same line after every such
+    test. It is the line of the test's file that led to it, and the reason alone, as pytest reports its own."""
+    pytester.makepyfile(test_skips="def _needs_a_gpu(cg):\n"
+                                   "    cg.skip('planted: no GPU here', fact=None)\n\n\n"
+                                   "def test_direct(cg):\n"
+                                   "    cg.skip('planted: not on this node', fact=None)\n\n\n"
+                                   "def test_through_a_helper(cg):\n"
+                                   "    _needs_a_gpu(cg)\n")
+    result, _ = run("-rs")
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_skips.py:6: planted: not on this node"])
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_skips.py:2: planted: no GPU here"])
+    assert "recorder.py" not in result.stdout.str() and "Skip:" not in result.stdout.str(), result.stdout.str()
+
+
 def test_multinode_tests_skip_on_one_node(run, pytester: pytest.Pytester) -> None:
     pytester.makepyfile("import pytest\ndef test_a():\n    pass\n@pytest.mark.multinode\ndef test_b():\n    pass\n")
     result, report = run("-rs")

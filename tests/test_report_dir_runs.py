@@ -83,9 +83,7 @@ def test_a_run_refused_before_its_first_test_leaves_no_earlier_accept(
     (pytester.path / "not-results.json").write_text('{"verdict": "accept"}')
     plant_earlier_accept(pytester.path / "report")
     result, report = run(*args)
-    # An option pytest itself does not know stops pytest before the plugin runs: pytest's own 4.
-    assert result.ret == (pytest.ExitCode.USAGE_ERROR if args == ("--no-such-option",) else Exit.USAGE), \
-        result.stderr.str()
+    assert result.ret == Exit.USAGE, result.stderr.str()  # an option nobody knows too: said before pytest reads it
     result.stderr.fnmatch_lines([said])
     assert_nothing_stale(report)
     assert not (report / ".clustergate.lock.owner").exists()
@@ -136,8 +134,8 @@ def test_a_read_only_report_dir_says_the_results_there_are_not_this_runs(
 def test_under_torchrun_a_bad_profile_leaves_no_earlier_accept(tmp_path: Path) -> None:
     plant_earlier_accept(tmp_path / "report")
     r = run_job(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "h900"], timeout=120)
-    assert r.codes == [1], r.output  # pytest's 4 on each rank; torchrun reports 1
-    assert r.output.count("no profile 'h900'") == 2, r.output
+    assert r.codes == [1], r.output  # the run's 2, said by torchrun's summary; torchrun reports 1
+    assert r.output.count("no profile 'h900'") == 1, r.output
     assert_nothing_stale(tmp_path / "report")
 
 
@@ -153,7 +151,7 @@ def test_progress_jsonl_as_a_link_is_refused_with_one_clear_error(tmp_path: Path
     message = (f"ERROR: --report-dir {tmp_path / 'report'}: progress.jsonl (a link to {victim}) is a symbolic link "
                "there; clustergate writes no output through a link (it could overwrite another file): remove the link")
     assert r.codes == [1], r.output
-    assert r.output.count(message) == 2, r.output  # every rank, the same words, and nothing else went wrong
+    assert r.output.count(message) == 1, r.output  # once (torchrun's summary), and nothing else went wrong
     assert "INTERNALERROR" not in r.output and not frames_of_ours(r.output), r.output
     assert victim.read_text() == "not clustergate's\n"
     assert (tmp_path / "report" / "progress.jsonl").is_symlink() and not (tmp_path / "report" / "earlier").exists()
@@ -219,13 +217,25 @@ def test_without_flock_a_second_run_is_told_the_lock_file_holds_the_directory(tm
 def test_without_flock_a_refused_run_leaves_no_lock_file(
         run, pytester: pytest.Pytester, no_flock: str, args: tuple[str, ...]) -> None:
     """The lock file is no flock that the kernel drops: a run refused at start-up must remove it itself
-    (an unknown option ends pytest before it unconfigures)."""
+    (an unknown option ends the run before pytest configures it)."""
     plant_earlier_accept(pytester.path / "report")
     result, report = run(*args, preload=no_flock)
-    assert result.ret == (pytest.ExitCode.USAGE_ERROR if args == ("--no-such-option",) else Exit.USAGE), \
-        result.stderr.str()
+    assert result.ret == Exit.USAGE, result.stderr.str()
     assert_nothing_stale(report)
     assert not (report / ".clustergate.lock.owner").exists()
+
+
+def test_a_second_run_into_one_report_dir_says_where_the_first_went(run) -> None:
+    """One line, the first the run says: the earlier outputs are in earlier/<time>/ (with -p clustergate, as the
+    checkout's configuration and clustergate run name the plugin, it was said while pytest captured the conftests'
+    loading, and lost)."""
+    first, report = run()
+    assert "earlier" not in first.stderr.str(), first.stderr.str()
+    second, _ = run()
+    [earlier] = (report / "earlier").iterdir()
+    assert second.stderr.lines[0] == f"clustergate: an earlier run's outputs in {report} were moved to {earlier}", \
+        second.stderr.str()
+    assert second.stderr.str().count("earlier run's outputs") == 1, second.stderr.str()
 
 
 def test_a_baseline_among_the_earlier_outputs_follows_them(run) -> None:

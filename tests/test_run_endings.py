@@ -29,6 +29,7 @@ from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fi
 
 from clustergate.exit_codes import Exit
 from clustergate.redact import REDACTED
+from clustergate.report.summary import summary_lines
 
 from torchrun_job import (
     ROOT,
@@ -83,12 +84,18 @@ def test_sigint_to_the_job_rejects_and_names_rank_and_test(waited_out: dict[str,
     [test] = res["tests"]
     assert test["outcome"] == "interrupted"  # never "passed", and not a failure of the test
     assert "exitcode  : -9" not in r.output  # no rank was left for torchrun to kill
+    # No rank caused it: run again (it says nothing about the node), and the test never reached is counted (rank 0,
+    # blocked in C++, was ended before it could print its summary: the summary drawn from its record says it).
+    assert res["interrupted"] is True and {(a["category"], a["escalate"]) for a in res["actions"]} == \
+        {("interrupted", None)}, res["actions"]
+    assert "tests: 1 interrupted, 1 never ran" in summary_lines(res) and "isolate" not in r.output, r.output
 
 
 def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     """Ctrl-C on plain ``pytest`` (world size 1): pytest unwinds, the outputs are written, the verdict is reject."""
     (tmp_path / "test_fault.py").write_text("import time\nfrom pathlib import Path\n\n\ndef test_sleeps():\n"
-                                            "    Path('ready-0').touch()\n    time.sleep(120)\n")
+                                            "    Path('ready-0').touch()\n    time.sleep(120)\n\n\n"
+                                            "def test_never_reached():\n    pass\n")
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "clustergate",
                              "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--report-dir",
                              str(tmp_path / "report"), "--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
@@ -116,6 +123,11 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     # The test it was in is interrupted, not passed, and junit.xml counts it as an error.
     [test] = res["tests"]
     assert test["outcome"] == "interrupted", test
+    # No rank caused it: run again, not a node to isolate; the test never reached is counted.
+    assert res["interrupted"] is True and {(a["category"], a["escalate"]) for a in res["actions"]} == \
+        {("interrupted", None)}, res["actions"]
+    assert "tests: 1 interrupted, 1 never ran" in out and "do: retest: the run was interrupted before it finished" \
+        in out and "isolate" not in out, out
     junit = ET.parse(tmp_path / "report" / "junit.xml").getroot()
     suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
     assert suite is not None and suite.get("errors") == "1", ET.tostring(junit)
@@ -188,10 +200,10 @@ def test_read_only_report_dir_is_one_usage_error_naming_it(tmp_path: Path) -> No
         os.system(f"chattr -i {report} 2>/dev/null")
         report.chmod(0o755)
     message = f"ERROR: --report-dir {report}: cannot write in it"
-    said = next((line for line in r.output.splitlines() if line.startswith(message)), "")
+    said = next((line.partition("traceback : ")[2] for line in r.output.splitlines() if message in line), "")
     note("read-only report dir", r, r.seconds, None, said)
-    assert r.codes == [1], r.output  # pytest's 4 (usage error) on each rank; torchrun reports 1
-    assert r.output.count(message) == 2, r.output  # once per rank, the same words
+    assert r.codes == [1], r.output  # the run's 4 (could not run), in torchrun's summary; torchrun reports 1
+    assert r.output.count(message) == 1, r.output  # once, by torchrun's summary
     assert "INTERNALERROR" not in r.output and not frames_of_ours(r.output), r.output
     assert not (report / "results.json").exists()
 

@@ -412,5 +412,5 @@ def test_a_run_given_a_broken_thresholds_file_stops_saying_why(tmp_path: Path) -
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     r = run_job(tmp_path, [*PLANTED_SUITE, "--thresholds", str(tmp_path / "t.yaml"), "test_x.py"], nproc=1,
                 timeout=120)
-    assert r.codes == [1], r.output[-3000:]  # pytest's usage error on the rank; torchrun reports 1 (and its trace)
+    assert r.codes == [1], r.output[-3000:]  # the run's 2, in torchrun's summary; torchrun reports 1 (and its trace)
     assert f"ERROR: {tmp_path / 't.yaml'}: its aliases expand to more than 200000 values" in r.output

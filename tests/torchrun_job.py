@@ -65,6 +65,24 @@ def frames_of_ours(output: str) -> list[str]:
     return [line for line in output.splitlines() if ours.search(line)]
 
 
+def root_cause(output: str) -> dict[str, str]:
+    """The "Root Cause" entry of torchrun's own failure summary in ``output`` (its ChildFailedError): each field by
+    name (``exitcode``, ``error_file``, ``traceback``: the rank's error file's words, continued lines joined); empty
+    where torchrun printed none."""
+    block = output.rpartition("Root Cause (first observed failure):")[2].split("\n=====", 1)[0]
+    fields: dict[str, str] = {}
+    last = None
+    for line in block.splitlines()[2:]:  # after "[0]:"
+        name, sep, value = line.partition(":")
+        if sep and last != "traceback" and name.strip() in ("time", "host", "rank", "exitcode", "error_file",
+                                                            "traceback"):
+            last = name.strip()
+            fields[last] = value.strip()
+        elif last is not None:
+            fields[last] += "\n" + line.removeprefix("  ")
+    return fields
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

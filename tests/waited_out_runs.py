@@ -30,13 +30,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import children
 import pytest
 from report_runs import shared_path
 
 from clustergate.run.limits import TEST_LIMIT_S
 from clustergate.thresholds import load, shipped_thresholds
 
-from torchrun_job import ROOT, Job, JobResult, job_processes, kill_tree, plant, start_job, wait_for
+from torchrun_job import ROOT, Job, JobResult, job_processes, plant, start_job, wait_for
 
 GPU_LIMITS = ["--collective-timeout", str(load(shipped_thresholds()).profile("h100-sxm-80gb").settings[
     "collective_timeout_s"]), "--test-timeout", str(TEST_LIMIT_S["standard"])]
@@ -278,10 +279,17 @@ def start_early(session: pytest.Session, temp: pytest.TempPathFactory) -> subpro
         target.mkdir(parents=True)
     except FileExistsError:
         return None
+    # The runner serves the whole session: its processes carry its own tag under the session's, not this worker's
+    # (tests/children.py), and it ends them all once the session's first process has gone.
+    (target / "runner.tag").write_text(children.new_tag())
+    (target / "session.pid").write_text(str(children.session_pid()))
     with open(target / "runner.log", "wb") as log:  # the runner has its own copy of the descriptor
         # A session of its own: a Ctrl-C of the session reaches the runner only through stop_runner, with its
         # process tree still whole. This checkout first on its path, as its jobs have it (it reads its limits).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env.pop(children.OWNER_ENV, None)
+        if (chain := children.session_chain()) is not None:
+            env[children.OWNER_ENV] = chain
         runner = subprocess.Popen([sys.executable, __file__, str(target), *names], stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
     (target / "runner.pid").write_text(str(runner.pid))  # for the workers that wait on it
@@ -298,26 +306,20 @@ def _runner_gone(target: Path) -> bool:
 
 
 def stop_runner(runner: subprocess.Popen[bytes]) -> None:
-    """At the session's end without xdist: a runner still going (the session stopped early) is ended with its
-    jobs, their launchers and ranks."""
-    if runner.poll() is None:
-        kill_tree(runner.pid)
+    """At the session's end without xdist: a runner still going (the session stopped early) is ended with every
+    process of its jobs (their launchers, ranks and keepers, orphaned or not)."""
+    target = Path(runner.args[2])  # type: ignore[index]  (start_early's command: python FILE TARGET NAME...)
+    children.end((target / "runner.tag").read_text())
     runner.wait()
 
 
 def stop_runners(root: Path) -> None:
     """At the xdist controller's session end, when no worker can wait on the jobs any more: every runner under
-    ``root`` still going is ended as ``stop_runner`` does. Not at the end of the worker that started it: the
-    worker running the waited-out tests may not have reached them yet, and an xdist worker cannot tell a
-    Ctrl-C of the session from the end of its share."""
-    for pid_file in root.glob("report-run-waited-out-*/runner.pid"):
-        pid = int(pid_file.read_text())
-        try:
-            runs = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if __file__.encode() in runs and alive(pid):  # not a pid used again since, nor a zombie
-            kill_tree(pid)
+    ``root`` is ended as ``stop_runner`` does. Not at the end of the worker that started it: the worker running the
+    waited-out tests may not have reached them yet, and an xdist worker cannot tell a Ctrl-C of the session from
+    the end of its share."""
+    for tag_file in root.glob("report-run-waited-out-*/runner.tag"):
+        children.end(tag_file.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -349,8 +351,11 @@ def ended(waited_out: dict[str, Any], request: pytest.FixtureRequest) -> tuple[J
 
 
 if __name__ == "__main__":  # the runner: python tests/waited_out_runs.py TARGET NAME...
+    where = Path(sys.argv[1])
+    own = children.adopt((where / "runner.tag").read_text())
+    children.watch(int((where / "session.pid").read_text()), own)
     try:
-        _run_side_by_side(Path(sys.argv[1]), sys.argv[2:])
+        _run_side_by_side(where, sys.argv[2:])
     except BaseException:
         (Path(sys.argv[1]) / "failed.txt").write_text(traceback.format_exc())
         raise

@@ -141,3 +141,9 @@ def test_counts(results: dict[str, Any]) -> dict[str, int]:
     for test in results.get("tests", []):
         counts[test.get("outcome", "?")] = counts.get(test.get("outcome", "?"), 0) + 1
     return counts
+
+
+def never_ran(results: dict[str, Any]) -> int:
+    """Selected tests the run never started (it ended early: interrupted, stopped by -x, a rank lost)."""
+    selected = (results.get("selection") or {}).get("selected")
+    return max(0, selected - len(results.get("tests") or [])) if isinstance(selected, int) else 0

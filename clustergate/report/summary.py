@@ -64,7 +64,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if len(warnings) > MAX_WARNINGS:
             lines.append(f"  ... {len(warnings) - MAX_WARNINGS} more (see report.html / results.json)")
     counts = model.test_counts(results)
-    lines.append("tests: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none ran"))
+    never = model.never_ran(results)
+    told = [f"{n} {k}" for k, n in sorted(counts.items())] + ([f"{never} never ran"] if never else [])
+    lines.append("tests: " + (", ".join(told) or "none ran"))
     for fail in model.failures(results):
         said = [line.strip() for line in fail.message.splitlines() if line.strip()][:MESSAGE_LINES] or [fail.outcome]
         lines.append(f"  {fail.outcome.upper()} {short_test_name(fail.test)}: {_cut(said[0], 100)}")

@@ -12,4 +12,6 @@
 - ``world``, ``control``, ``peers``: the process groups, the control exchanges, the rendezvous store.
 - ``progress``: progress.jsonl; ``recorder``: the ``cg`` fixture; ``outside``: what the run touches beyond itself.
 - ``command``: ``clustergate run``; ``outcome``: what rank 0 tells it.
+- ``command_line``: the command line checked before pytest reads it; ``refusal``: a run refused before its first
+  test, said once; ``errorfile``: what torchrun's own failure summary says of a rank (its error file).
 """

@@ -215,21 +215,32 @@ def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None
                  told: dict[str, Any] | None = None) -> str | None:
     """The command's last line; None for a run that decides nothing and ends well (a listing, pytest's help)."""
     from clustergate.report.summary import printable
-    from clustergate.verdict import WORDS
 
     if results is not None:
-        verdict = str(results.get("verdict"))
-        why = "" if verdict == "accept" else str(results.get("error") or results.get("reason") or "").splitlines()
-        if verdict != "accept" and not why:  # rank 0 recorded no ending (killed mid-run): the launcher's account
-            why = [_how_it_ended(status, launched)]
-        said = f": {why[0]}" if why else ""
-        return printable(f"{PROG}: {WORDS.get(verdict, 'REJECT')}{said} (exit {int(status)}; {path})")
+        # rank 0 recorded no ending (killed mid-run): the launcher's account
+        return verdict_of(results, status, path, otherwise=_how_it_ended(status, launched))
     if status == Exit.ACCEPT:
         return None
     how = _how_it_ended(status, launched)
     if told and told.get("rank") not in (None, 0) and told.get("error"):  # its words are in its log file alone
         how = f"rank {told['rank']}: {str(told['error']).splitlines()[0]}"
     return printable(f"{PROG}: {TABLE[status]}: no results.json was written; {how} (exit {int(status)})")
+
+
+def verdict_of(results: dict[str, Any], status: int, path: Path | None, *, prog: str = PROG,
+               otherwise: str = "") -> str:
+    """A run's verdict in one line, ``PROG: WORD: why (exit N; results.json)``: why from its error or reason, else
+    ``otherwise`` (an accept says none). ``clustergate run`` ends with it; under plain torchrun the summary of the
+    failed ranks shows it (``clustergate.run.plugin``)."""
+    from clustergate.report.summary import printable
+    from clustergate.verdict import WORDS
+
+    verdict = str(results.get("verdict"))
+    why = [] if verdict == "accept" else str(results.get("error") or results.get("reason") or "").splitlines()
+    if verdict != "accept" and not why and otherwise:
+        why = [otherwise]
+    said = f": {why[0]}" if why else ""
+    return printable(f"{prog}: {WORDS.get(verdict, 'REJECT')}{said} (exit {int(status)}; {path})")
 
 
 def _how_it_ended(status: Exit, launched: Launched) -> str:

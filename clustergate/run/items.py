@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 
 from clustergate.outcomes import PhaseOutcome, PhaseVerdict, poisons
 from clustergate.redact import Scrubber, scrub_strings
-from clustergate.run.recorder import Recorder, fact_of
+from clustergate.run.recorder import Recorder, Skip, fact_of
 from clustergate.skip_facts import fact as skip_fact
 from clustergate.thresholds import Profile
 from workloads.common import LEVELS
@@ -86,6 +87,19 @@ def phase_outcome(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
     )
 
 
+def skip_at_the_test(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
+    """A ``cg.skip`` is reported where the test skipped, as pytest reports its own: pytest takes a skip's place from
+    where it was raised, which for ``cg.skip`` is the recorder ("clustergate/run/recorder.py:127:
+    clustergate.run.recorder.Skip: ..." after every such test). Its place is the line of the test's file that led to
+    it (the innermost frame there), else the test's definition; its reason is said without the exception's name."""
+    error = call.excinfo.value if call.excinfo is not None else None
+    if report.outcome != "skipped" or not isinstance(error, Skip) or call.excinfo is None:
+        return
+    here = Path(item.path).resolve()
+    lines = [entry.lineno + 1 for entry in call.excinfo.traceback if Path(entry.path).resolve() == here]
+    report.longrepr = (str(item.path), lines[-1] if lines else (item.location[1] or 0) + 1, error.msg)
+
+
 def apply(item: pytest.Item, report: pytest.TestReport, verdict: PhaseVerdict, when: str) -> None:
     """The verdict every rank agreed, in pytest's own report of this phase (scrubbed)."""
     if verdict.outcome == "failed":
@@ -93,7 +107,7 @@ def apply(item: pytest.Item, report: pytest.TestReport, verdict: PhaseVerdict, w
         report.longrepr = verdict.message
     elif verdict.outcome == "skipped" and report.outcome != "skipped":
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0, verdict.message)
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1, verdict.message)
     report.user_properties.append(("failed_ranks", verdict.failed_ranks))
     if when == "call":
         report.user_properties.append(("metrics", [m.as_json() for m in verdict.metrics]))

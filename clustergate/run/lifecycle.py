@@ -643,6 +643,9 @@ class Run:
             if hang is not None and "hang" not in self.record.extra:
                 self.record.extra["hang"] = hang
             self._fail(ending.cause, culprits)
+            if ending.interrupted and not culprits and self.record.error == ending.cause:
+                # No rank caused it (Ctrl-C, a signal from outside, the launcher killed): run again, not a node's fault
+                self.record.extra["interrupted"] = True
             if self.test and (ending.interrupted or not ending.unwinds):
                 self._mark_test(ending.cause, culprits, ending.interrupted)
             recorded = replace(ending, culprits=culprits, test=self.test,

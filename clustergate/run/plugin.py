@@ -19,12 +19,13 @@ from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
 from clustergate.report import hooks as report_hooks
-from clustergate.run import detectors, outcome, plugins
+from clustergate.run import command_line, detectors, errorfile, plugins, refusal
 from clustergate.run import items as pytest_items
+from clustergate.run.command import verdict_of
 from clustergate.run.drawn import Drawn
 from clustergate.run.interrupts import stop_processes, stopped_siblings
 from clustergate.run.lifecycle import Run
-from clustergate.run.limits import STOP_GRACE_S
+from clustergate.run.limits import AGENT_STOP_S, STOP_GRACE_S
 from clustergate.run.options import Options, add_options
 from clustergate.run.outside import exit_now
 from clustergate.run.recorder import Recorder
@@ -61,28 +62,42 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             f"report directory {run.report_dir}"]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """Claim --report-dir before pytest parses the rest of the command line: an unknown option ends the
-    run there, and must not leave an earlier run's "accept" behind. Where the plugin comes from the
-    checkout's conftest.py it is not registered yet: pytest_configure claims it then."""
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Any:
+    """Claim --report-dir before pytest parses the rest of the command line: a refused command line must not
+    leave an earlier run's "accept" behind. Then, every conftest's options known, check the command line before
+    pytest reads it (clustergate.run.command_line): an unknown option or a suite named where there is none is said
+    once and ends the run (2). Where the plugin comes from a conftest.py (not -p clustergate, as the checkout's
+    addopts and ``clustergate run`` give it) it is not registered yet: pytest_configure claims the directory then."""
     ns = early_config.known_args_namespace
-    if not (getattr(ns, "help", False) or getattr(ns, "version", False)):
+    asked_for_help = getattr(ns, "help", False) or getattr(ns, "version", False)
+    if not asked_for_help:
+        # Before pytest's own wrapper starts capturing the conftests' loading (it was registered first, so it runs
+        # inside this one): the line that says where an earlier run's outputs went reaches the terminal.
         claim_report_dir(early_config, getattr(ns, "report_dir", None))
+    result = yield
+    problem = None if asked_for_help else command_line.problem(early_config, parser, args)
+    if problem is not None:
+        lock = early_config.stash.get(LOCK, None)
+        if lock is not None:
+            lock.release()
+        refusal.leave(refusal.said(problem, stale_note(early_config)), Exit.USAGE)
+    return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config) -> Any:
     """A run refused before or during its session ends with the exit status the table gives it (2 for a usage
-    error, 4 for a run that could not start; pytest's own is 4 for both), saying why in pytest's words; where an
-    earlier run's results.json could not be moved aside, it says so too: that file is not this run's result."""
+    error, 4 for a run that could not start; pytest's own is 4 for both), saying why once, in pytest's words
+    (clustergate.run.refusal); where an earlier run's results.json could not be moved aside, it says so too: that
+    file is not this run's result."""
     try:
         return (yield)
     except pytest.UsageError as exc:
         status = Exit.COULD_NOT_RUN if isinstance(exc, CouldNotRun) else Exit.USAGE
-        note = stale_note(config)
-        sys.stderr.write(f"ERROR: {exc}\n" + (f"{note}\n" if note else "") + "\n")
-        outcome.tell(status=int(status), error=str(exc), any_rank=True)  # rank 0 may be the rank that never came
+        # A rank that never came, or one stopped beside this one, cannot say it: the first rank present does.
+        missing = {*getattr(exc, "missing", ()), *(int(r) for r in stopped_siblings().values() if r.isdigit())}
+        refusal.tell(refusal.said(str(exc), stale_note(config)), status, missing=missing)
         leave_unstarted(int(status))
         return status
 
@@ -159,15 +174,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     problem = run.collected([item.nodeid for item in items])
     if problem:
         run.fail(problem)
-        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+        raise pytest.UsageError(problem)  # said once (clustergate.run.refusal), as every usage error
     problem = run.choose_limits({item.nodeid: pytest_items.time_limit(item, run.level) for item in items})
     if problem:
         run.fail(problem)
-        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+        raise pytest.UsageError(problem)
     broken = config.stash.get(GPU_NODE_PROBLEM, None)
     if broken:
+        # A reject, not an interruption: no test runs, and the run's end says why once (the summary, torchrun's).
         run.fail(broken)
-        pytest.exit(broken, returncode=pytest.ExitCode.TESTS_FAILED)
+        items.clear()
     run.write_results()
     run.outside.tests_begin()
 
@@ -213,6 +229,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
     report: pytest.TestReport = yield
+    pytest_items.skip_at_the_test(item, report, call)
     run = item.config.stash[RUN]
     recorder = item.stash[RECORDER]
     mine = pytest_items.phase_outcome(item, report, call, recorder)
@@ -264,8 +281,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # exception: pytest prints it after this hook, so that run ends normally.
     if status == Exit.ACCEPT and not (run.poisoned or run.exiting):
         run.outside.exit_handlers()
+    if status not in (Exit.ACCEPT, Exit.USAGE) and not run.exiting and run.report_dir is not None:
+        tell_launcher(run, status)  # a usage error is told as every refusal is, once pytest has said it
     if run.poisoned or run.exiting or status != Exit.USAGE:
         run.end(run.final_ending())
+
+
+def tell_launcher(run: Run, status: int) -> None:
+    """torchrun's summary of a run that is not accepted names its verdict, as ``clustergate run``'s last line does:
+    the node's first rank writes that line into its error file, the node's other ranks wait for torchrun's SIGTERM
+    (clustergate.run.errorfile)."""
+    world = run.world
+    if errorfile.Place(world.rank, world.local_rank, world.local_world_size, world.world_size).first_of_node():
+        errorfile.write(verdict_of(run.record.as_json(), status, run.results_path, prog="clustergate"))
+    else:
+        errorfile.wait_for_the_agent(AGENT_STOP_S)
 
 
 def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:

@@ -65,6 +65,11 @@ class CouldNotRun(pytest.UsageError):
     """The run could not start: a rank never came, the process groups could not form, no report directory.
     Exit status 4 (clustergate.exit_codes), where any other usage error is 2."""
 
+    def __init__(self, message: str, missing: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+        """The ranks that never came: the first rank present says why (clustergate.run.refusal)."""
+
 
 def open_run(config: pytest.Config, options: Options) -> Run:
     """The run of this rank: its profile, its process groups, its report directory, every rank's identity.
@@ -100,7 +105,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         except StartupLost as exc:
             if launch.rank == 0 and profile is not None:
                 record_refusal(config, options, profile, str(exc), exc.missing)
-            raise CouldNotRun(str(exc)) from None
+            raise CouldNotRun(str(exc), exc.missing) from None
         except StartupRefused as exc:
             raise pytest.UsageError(str(exc)) from None
     if problem is not None or profile is None or host is None:
