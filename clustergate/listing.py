@@ -23,8 +23,9 @@ from typing import Any
 from clustergate.criteria import Criterion
 from clustergate.exit_codes import Exit
 from clustergate.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
-from clustergate.outputs import Parser, main_guarded
+from clustergate.outputs import Parser
 from clustergate.profile_choice import choose_profile
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import Profile, ThresholdsError, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
@@ -103,7 +104,7 @@ def _main(args: argparse.Namespace) -> int:
         profile = choose_profile(thresholds, args.profile, gpu_presence.find(host_root()))
         listed = listing(shipped(), profile, args.level)
     except (ThresholdsError, ManifestError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {error_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     print(json.dumps(listed, indent=1) if args.json else "\n".join(text(listed)))
     return Exit.ACCEPT

@@ -13,6 +13,9 @@
   can be read as this run's.
 - ``write_atomic``: a file written whole or not at all, through a private temporary file of a random
   name (``tempfile.mkstemp``) renamed over it: a link planted under any name is never written through.
+- ``not_a_file``: what a name is where a writer must not replace it: a directory, a FIFO, a device, a socket
+  (``NotAFile``, refused before anything is written). A rename replaces whatever has the name, and root may
+  replace anything: ``-o /dev/null`` would swap the device for a regular file.
 
 Files and folders a run makes get the user's umask (report.html and junit.xml, which pytest writes,
 do too); the lock file is always 0600.
@@ -31,6 +34,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +70,60 @@ def _err(exc: OSError) -> str:
     return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
 
 
+KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is where it exists and is not a regular file ("a FIFO (named pipe)", "a character device",
+    ...), else None: absent, a regular file, or a symbolic link (a writer replaces a link's name, never what it
+    points to). The name itself is looked at (``lstat``), never followed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None  # absent, or its directory cannot be read: the write says so itself
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return next((kind for test, kind in KINDS if test(mode)), "not a regular file")
+
+
+class NotAFile(OSError):
+    """An output name that exists as something no writer of clustergate replaces (``not_a_file``): its message
+    names it, and it reads as that message alone (no errno in front)."""
+
+    def __init__(self, path: Path, kind: str, wanted: str = "a regular file") -> None:
+        self.kind = kind
+        rule = ("writes an output only as a new or a regular file and leaves this one as it is; name a file"
+                if wanted == "a regular file" else
+                "writes its outputs only into a directory (made where none is) and leaves this one as it is; name one")
+        super().__init__(errno.EEXIST, f"{path} is {kind}, not {wanted}: clustergate {rule}", str(path))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def refuse_not_a_file(path: Path) -> None:
+    """NotAFile where ``path`` exists and is not a regular file or a link (``not_a_file``)."""
+    kind = not_a_file(path)
+    if kind is not None:
+        raise NotAFile(path, kind)
+
+
+def refuse_not_a_directory(path: Path) -> None:
+    """NotAFile where ``path`` exists and is neither a directory nor a link (a directory an output goes into)."""
+    kind = not_a_file(path)
+    if kind not in (None, "a directory"):
+        raise NotAFile(path, kind, "a directory")
+    if kind is None and path.exists() and not path.is_dir():  # a regular file, or a link to one
+        raise NotAFile(path, "a file", "a directory")
+
+
+def not_files(path: Path, names: tuple[str, ...]) -> list[NotAFile]:
+    """A refusal (NotAFile) for each of ``names`` in the directory ``path`` that is there as something other than
+    a regular file or a link (an output or lock name a writer would replace)."""
+    return [NotAFile(path / name, kind) for name in names if (kind := not_a_file(path / name)) is not None]
+
+
 def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
     """'NAME (a link to TARGET)' for each name a run writes (``names``) that is a symbolic link in ``path``."""
     found = []
@@ -78,13 +136,19 @@ def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
 def problem(path: Path) -> str | None:
     """Why this rank cannot write its outputs under ``path`` (None: it can)."""
     try:
+        refuse_not_a_directory(path)
         path.mkdir(parents=True, exist_ok=True)
+    except NotAFile as exc:
+        return f"it is {exc.kind}, not a directory; name a directory (it is made where it does not exist)"
     except OSError as exc:
         return f"cannot create it ({exc.strerror or exc})"
     linked = links(path)
     if linked:
         return (f"{linked[0]} is a symbolic link there; clustergate writes no output through a link (it "
                 "could overwrite another file): remove the link")
+    odd = not_files(path, (*OUTPUTS, LOCK_NAME, OWNER_NAME))
+    if odd:
+        return f"{odd[0]}, or choose another --report-dir"
     try:
         fd, probe = tempfile.mkstemp(dir=path, prefix=".clustergate-probe-")
     except OSError as exc:
@@ -122,13 +186,19 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     The temporary file has a random name (``mkstemp``: O_EXCL, 0600), so a link planted under a
     predictable name such as ``results.json.tmp`` is never written through; ``os.replace`` then swaps
     the name itself, a link there included, never what a link points to. The file gets the user's umask.
+    A ``path`` that is a directory, a FIFO, a device or a socket is never replaced (NotAFile, nothing written).
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    refuse_not_a_file(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # named by the file asked for, not by a temporary name the user never gave
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~umask())
+        refuse_not_a_file(path)  # again: made while the file was written
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -239,6 +309,8 @@ class RunLock:
 
     def _lock(self, fd: int) -> str | None:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"cannot be held: {NotAFile(self.path, not_a_file(self.path) or 'not a regular file')}"
         if st.st_uid != os.geteuid():
             return (f"cannot be held: its lock file {self.path} belongs to {_user(st.st_uid)}, not to this "
                     "user; whoever can open it can block every run by locking it, so clustergate uses only "
@@ -338,10 +410,15 @@ def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]
     """Move an earlier run's outputs (``names``: a run's, or a cluster command's) to ``earlier/<UTC time>/``;
     returns where each went.
 
-    Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so."""
+    Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so; and (NotAFile)
+    when an output name is not a regular file, or ``earlier`` is not a directory."""
     linked = links(path, (*NOT_LINKS, *names))
     if linked:
         raise OSError(errno.ELOOP, f"{linked[0]} is a symbolic link there")
+    odd = not_files(path, names)  # a device or a FIFO under an output's name is no earlier output: left alone
+    if odd:
+        raise odd[0]
+    refuse_not_a_directory(path / "earlier")
     found = [path / name for name in names if (path / name).exists()]
     if not found:
         return {}

@@ -214,7 +214,7 @@ def results_of(told: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None
 def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None, launched: Launched,
                  told: dict[str, Any] | None = None) -> str | None:
     """The command's last line; None for a run that decides nothing and ends well (a listing, pytest's help)."""
-    from clustergate.report.summary import printable
+    from clustergate.terminal import printable
     from clustergate.verdict import WORDS
 
     if results is not None:
