@@ -26,6 +26,7 @@ from clustergate.run.limits import KEEPER_GRACE_S, STOP_GRACE_S, STOPPED_S
 from clustergate.run.liveness import Liveness
 from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
+from clustergate.terminal import printable_lines
 
 
 def exit_now(status: int) -> NoReturn:
@@ -37,7 +38,7 @@ def exit_now(status: int) -> NoReturn:
 
 
 def _say(line: str) -> None:
-    sys.stderr.write(Scrubber.from_environment()(line))
+    sys.stderr.write(printable_lines(Scrubber.from_environment()(line)))
     sys.stderr.flush()
 
 
