@@ -4,7 +4,10 @@
   name that is a symbolic link), or None. Checked by writing a file there: permission bits say nothing
   about a read-only mount or root.
 - ``RunLock``: an advisory lock (flock) on ``.clustergate.lock`` for the whole run; the kernel drops
-  it when the process ends, however it ends, so a killed run never leaves a stale lock. The file is
+  it when the process ends, however it ends, so a killed run never leaves a stale lock. A process forked by
+  the run does not keep it (a flock belongs to every descriptor of its open file, a forked child's copy too:
+  a child a test left running held the directory after the run); a run refused because the lock is held names
+  the process that holds it, read from /proc, not only the run the lock file names. The file is
   0600 and must be the user's own: flock needs only a file one can open, so a lock file others can
   read lets any of them block every run with a read lock. Where the file system has no flock (some
   NFS and FUSE mounts answer ENOLCK, EOPNOTSUPP or EINVAL) the run holds ``.clustergate.lock.owner``
@@ -27,6 +30,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import pwd
@@ -37,6 +41,7 @@ import socket
 import stat
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -224,14 +229,18 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _process_start(pid: int) -> float | None:
+@functools.cache
+def _boot_time() -> float:
+    """When this host booted (seconds since the epoch): read once, it does not change."""
+    return next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+
+
+def process_start(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch), where /proc says; else None."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the name
     except (OSError, ValueError, IndexError, StopIteration):
         return None
 
@@ -245,7 +254,7 @@ def pid_alive(pid: int, since: float) -> bool:
         return False
     except PermissionError:
         pass  # it exists, as another user's process
-    started = _process_start(pid)
+    started = process_start(pid)
     return started is None or started <= since + 2.0  # /proc's boot time is rounded to the second
 
 
@@ -263,6 +272,58 @@ def remove_stale(path: Path, ino: int) -> None:
             os.link(aside, path)
     with contextlib.suppress(OSError):
         os.unlink(aside)
+
+
+def holders(path: Path) -> list[int]:
+    """The processes of this host that hold a flock on the file ``path`` (its descriptor's ``lock:`` line in /proc),
+    as far as this user may read them; the kernel's own table (/proc/locks) names only the process that took the
+    lock, which may be gone while a child it forked keeps it."""
+    try:
+        wanted = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{entry}/fd/{fd}")
+                    if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino) and \
+                            "FLOCK" in Path(f"/proc/{entry}/fdinfo/{fd}").read_text():
+                        found.append(int(entry))
+                        break
+    return sorted(found)
+
+
+def command_line(pid: int) -> str:
+    """A process's command line as one line (cut to 120 characters), or its name; "?" where it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        text = text or Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+    return text if len(text) <= 120 else text[:119] + "~"
+
+
+_HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
+"""The locks this process holds: a process it forks lets go of its copies (``_leave_locks``)."""
+
+
+def _leave_locks() -> None:
+    """In a forked child: close its copy of every held lock's descriptor (the parent keeps the lock), and forget
+    the lock file made where flock does not work (the child never removes it)."""
+    for lock in list(_HELD):
+        if lock._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(lock._fd)
+        lock._fd = lock._owner_ino = None
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_locks)
 
 
 class RunLock:
@@ -321,9 +382,7 @@ class RunLock:
             self._flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                self.holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
-                return (f"is in use by another clustergate run ({self.holder}); wait for it to end or choose "
-                        "another --report-dir")
+                return self._held_by(os.read(fd, 512).decode(errors="replace").strip())
             if exc.errno in NO_FLOCK:
                 self.no_flock = _err(exc)
                 return self._acquire_owner_file()
@@ -332,7 +391,24 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, _holder_line().encode())
         self._fd = fd
+        _HELD.add(self)
         return None
+
+    def _held_by(self, written: str) -> str:
+        """The refusal of a directory whose lock another process holds: the run its lock file names, where that run
+        holds it; else the processes that do (a process the named run started, which kept the lock)."""
+        named = re.match(r"pid (\d+) on (\S+),", written)
+        found = holders(self.path)
+        here = named is not None and named.group(2) == socket.gethostname()
+        if here and int(named.group(1)) not in found and (found or not os.path.exists(f"/proc/{named.group(1)}")):
+            self.holder = f"pid {found[0]} on {socket.gethostname()}" if found else written
+            who = "; ".join(f"pid {pid} ({command_line(pid)})" for pid in found) or "a process this user cannot see"
+            end = f"end {'it' if len(found) == 1 else 'them'} (kill {' '.join(map(str, found))})" if found else "end it"
+            return (f"is held by {who}, which keeps its lock file {self.path} locked; the run that took it "
+                    f"({written}) has ended: {end} or choose another --report-dir")
+        self.holder = written or (f"pid {found[0]} ({command_line(found[0])})" if found else "another process")
+        return (f"is in use by another clustergate run ({self.holder}); wait for it to end or choose another "
+                "--report-dir")
 
     # ---- where flock does not work ---------------------------------------------------------
     def _acquire_owner_file(self) -> str | None:
@@ -351,6 +427,7 @@ class RunLock:
                 try:
                     os.write(fd, _holder_line().encode())
                     self._owner_ino = os.fstat(fd).st_ino
+                    _HELD.add(self)
                 finally:
                     os.close(fd)
                 # No kernel drops this one: a run that ends before pytest unconfigures (an unknown option)
@@ -396,6 +473,7 @@ class RunLock:
         remove_stale(self.owner_path, ino)
 
     def release(self) -> None:
+        _HELD.discard(self)
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
             self._fd = None
