@@ -153,7 +153,8 @@ def problem(path: Path) -> str | None:
                 "could overwrite another file): remove the link")
     odd = not_files(path, (*OUTPUTS, LOCK_NAME, OWNER_NAME))
     if odd:
-        return f"{odd[0]}, or choose another --report-dir"
+        return (f"{odd[0].filename} is {odd[0].kind} there, not a regular file; clustergate never replaces one "
+                "under an output's name: remove it, or choose another --report-dir")
     try:
         fd, probe = tempfile.mkstemp(dir=path, prefix=".clustergate-probe-")
     except OSError as exc:
@@ -519,8 +520,8 @@ def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]
 def stale_note(path: Path, why: str) -> str | None:
     """What an error must add when an earlier run's results.json stays in ``path`` (None: none there)."""
     results = path / "results.json"
-    if not results.exists() and not results.is_symlink():
-        return None
+    if not results.exists() and not results.is_symlink() or not_a_file(results) is not None:
+        return None  # nothing there, or no run's record (a FIFO, a device): the error itself names it
     said = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(inputfile.read_text(results, "results"))

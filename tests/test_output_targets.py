@@ -169,7 +169,9 @@ def test_a_report_dir_holding_a_fifo_under_an_output_name_is_refused_before_the_
     report.mkdir()
     planted = fifo(report / "results.json")
     why = reportdir.problem(report)
-    assert why is not None and why.startswith(f"{planted} is a FIFO (named pipe), not a regular file"), why
+    assert why == (f"{planted} is a FIFO (named pipe) there, not a regular file; clustergate never replaces one "
+                   "under an output's name: remove it, or choose another --report-dir"), why
+    assert reportdir.stale_note(report, "it is a FIFO") is None  # no earlier run's record
     with pytest.raises(reportdir.NotAFile):
         reportdir.move_aside(report)
     assert stat.S_ISFIFO(os.lstat(planted).st_mode) and not (report / "earlier").exists()
