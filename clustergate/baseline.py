@@ -16,6 +16,7 @@ from typing import Any
 from clustergate import inputfile
 from clustergate.criteria import Criterion
 from clustergate.parts import gpu_label, rank_index
+from clustergate.terminal import error_text
 
 DEFAULT_TOLERANCE = 0.05
 
@@ -36,7 +37,7 @@ def load(path: str | Path) -> dict[str, Any]:
     except inputfile.InputFileError as exc:
         raise BaselineError(f"--baseline {exc}") from None
     except (OSError, ValueError) as exc:  # not UTF-8, not JSON
-        raise BaselineError(f"--baseline {path}: not readable JSON ({exc})") from None
+        raise BaselineError(f"--baseline {path}: not readable JSON ({error_text(exc)})") from None
     if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("tests"), list):
         raise BaselineError(f"--baseline {path}: not a clustergate results.json (schema 1 with a 'tests' list)")
     problem = _shape_problem(data["tests"])

@@ -42,6 +42,7 @@ from typing import Any
 from clustergate import actions
 from clustergate.redact import Scrubber, scrub_output
 from clustergate.reportdir import atomic_file
+from clustergate.terminal import error_text
 from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
 from workloads.node.name import problem as name_problem
 
@@ -137,7 +138,7 @@ def profile_json(results: Mapping[str, Any] | None, thresholds: Path) -> tuple[b
     try:
         profile = load(thresholds).profile(str(results["profile"]))
     except (ThresholdsError, OSError) as exc:
-        return None, f"the profile could not be read from {thresholds}: {exc}"
+        return None, f"the profile could not be read from {thresholds}: {error_text(exc)}"
     recorded = (results.get("clustergate") or {}).get("thresholds_digest")
     data = {"name": profile.name, "thresholds": str(profile.source), "description": profile.description,
             "run_digest": profile.run_digest, "recorded_digest": recorded,

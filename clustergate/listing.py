@@ -27,11 +27,12 @@ from clustergate.criteria import Criterion
 from clustergate.durations import DurationsError, Key, Shape, reference, site
 from clustergate.exit_codes import Exit
 from clustergate.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
-from clustergate.outputs import Parser, main_guarded
+from clustergate.outputs import Parser
 from clustergate.profile_choice import choose_profile
 from clustergate.run.limits import SITE_RUNS
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.store import STORE_ENV, Store, StoreError, store_path, store_problem
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import Profile, ThresholdsError, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
@@ -150,7 +151,7 @@ def _main(args: argparse.Namespace) -> int:
             raise ValueError(problem)
         listed = listing(shipped(), profile, args.level, shape, store)
     except (ThresholdsError, ManifestError, DurationsError, StoreError, ValueError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {error_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     print(json.dumps(listed, indent=1) if args.json else "\n".join(text(listed)))
     return Exit.ACCEPT

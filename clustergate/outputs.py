@@ -3,7 +3,9 @@
 As the run writes its own outputs (``clustergate.reportdir``): every file whole or not at all, through a
 private temporary file renamed over its name, so a link planted under any name is never written through;
 never over one of the command's own inputs (``-o`` that is or holds an input is refused before anything
-is written); and never over an earlier decision: the outputs of an earlier merge or sign-off in the same
+is written); never over what is not a file of theirs (``-o`` naming a device, a FIFO, a socket or a directory is
+refused, the name left as it is: a rename would replace even ``/dev/null`` for root); and never over an earlier
+decision: the outputs of an earlier merge or sign-off in the same
 directory are moved to ``earlier/<UTC time>/`` first, kept whole, so that a later one that fails leaves
 none of them behind as if it were its own.
 """
@@ -14,12 +16,12 @@ import argparse
 import contextlib
 import errno
 import os
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
-from clustergate.reportdir import move_aside, write_atomic
+from clustergate.reportdir import NotAFile, move_aside, refuse_not_a_directory, refuse_not_a_file, write_atomic
+from clustergate.terminal import main_guarded  # noqa: F401 - where calibrate imports the commands' guard from
 
 
 class OutputError(ValueError):
@@ -49,11 +51,31 @@ def refuse_inputs(option: str, outputs: Iterable[Path], inputs: Iterable[Path], 
                                   f"command reads; {fix}")
 
 
+def refuse_not_files(option: str, outputs: Iterable[Path]) -> None:
+    """OutputError when an output file exists as something other than a regular file (or a link, whose name is
+    replaced): a directory, a FIFO, a device, a socket."""
+    for out in outputs:
+        try:
+            refuse_not_a_file(Path(out))
+        except NotAFile as exc:
+            raise OutputError(f"{option} {exc}") from None
+
+
+def refuse_not_directory(option: str, directory: Path) -> None:
+    """OutputError when the directory the outputs go into exists as something else (a device, a file)."""
+    try:
+        refuse_not_a_directory(directory)
+    except NotAFile as exc:
+        raise OutputError(f"{option} {exc}") from None
+
+
 def keep_earlier(directory: Path, names: tuple[str, ...]) -> Path | None:
     """Move an earlier command's outputs ``names`` in ``directory`` to ``earlier/<UTC time>/``; where they went
     (None: there were none). OutputError when a name there is a link (it is never followed)."""
     try:
         moved = move_aside(directory, names)
+    except NotAFile as exc:
+        raise OutputError(str(exc)) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OutputError(f"{directory}: {exc.strerror}; clustergate writes no output through a link: "
@@ -67,20 +89,3 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
-
-
-def main_guarded(prog: str, main: Callable[[], int]) -> int:
-    """``main()``, where a reader that closes the pipe early (``| head``) is one line and status 2, never a
-    traceback: the command's files are written before it prints."""
-    try:
-        status = main()
-        sys.stdout.flush()
-        return status
-    except BrokenPipeError:
-        # Python would complain again when it flushes stdout at exit: point it at /dev/null first.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        with contextlib.suppress(OSError):
-            print(f"{prog}: the output was closed before everything was printed (broken pipe); the files are "
-                  "written: read them", file=sys.stderr)
-        return 2

@@ -8,7 +8,8 @@ For a run that died before pytest-html wrote its report, a comparison with an ea
 other thresholds. The file must match clustergate/results.schema.json; the verdict is computed again from its
 tests by the rule the run used (clustergate.verdict), never taken on trust, and a run that ran less than a
 complete node or fabric run of the suite is partial (clustergate/manifest.json). The report and --json-out are
-written whole, never through a link and never over an input (the results.json or --baseline). Exit status: 0
+written whole, never through a link, never over an input (the results.json or --baseline) and never over what is
+not a regular file (a device, a FIFO, a socket, a directory). Exit status: 0
 when that verdict is accept, 1 otherwise, 2 when an input cannot be used.
 
 This module decides (the verdict, the re-judgement, the baseline's flags) and hands the decided dict to
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from clustergate.exit_codes import Exit
-from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
+from clustergate.outputs import OutputError, Parser, refuse_inputs, refuse_not_files, write_text
 from clustergate.redact import keep
 from clustergate.results import encode
+from clustergate.terminal import error_text, main_guarded
 
 PROG = "clustergate render"
 
@@ -110,8 +112,7 @@ def refuse_overwrites(path: Path, output: Path, json_out: Path | None, baseline:
     for option, out in (("-o", output), ("--json-out", json_out)):
         if out is None:
             continue
-        if out.is_dir():
-            raise OutputError(f"{option} {out} is a directory: name a file")
+        refuse_not_files(option, [out])
         refuse_inputs(option, [out], inputs, "write it to a file of its own")
     if json_out is not None and output.resolve() == json_out.resolve():
         raise OutputError(f"-o and --json-out are both {output}: give each its own file")
@@ -134,12 +135,12 @@ def _main(args: argparse.Namespace) -> int:
         if args.json_out is not None:
             write_text(args.json_out, encode(results))
     except (ValueError, OSError) as exc:  # BaselineError, ThresholdsError and OutputError are ValueErrors
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {error_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     try:  # the directory resolved, never the name: a link planted as the report is replaced, not followed
         draw(path, results, output.parent.resolve() / output.name)
     except OSError as exc:
-        print(f"{PROG}: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"{PROG}: cannot write {output}: {error_text(exc)}", file=sys.stderr)
         return Exit.USAGE
     except DrawingFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

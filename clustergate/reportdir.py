@@ -4,7 +4,10 @@
   name that is a symbolic link), or None. Checked by writing a file there: permission bits say nothing
   about a read-only mount or root.
 - ``RunLock``: an advisory lock (flock) on ``.clustergate.lock`` for the whole run; the kernel drops
-  it when the process ends, however it ends, so a killed run never leaves a stale lock. The file is
+  it when the process ends, however it ends, so a killed run never leaves a stale lock. A process forked by
+  the run does not keep it (a flock belongs to every descriptor of its open file, a forked child's copy too:
+  a child a test left running held the directory after the run); a run refused because the lock is held names
+  the process that holds it, read from /proc, not only the run the lock file names. The file is
   0600 and must be the user's own: flock needs only a file one can open, so a lock file others can
   read lets any of them block every run with a read lock. Where the file system has no flock (some
   NFS and FUSE mounts answer ENOLCK, EOPNOTSUPP or EINVAL) the run holds ``.clustergate.lock.owner``
@@ -13,6 +16,9 @@
   can be read as this run's.
 - ``write_atomic``: a file written whole or not at all, through a private temporary file of a random
   name (``tempfile.mkstemp``) renamed over it: a link planted under any name is never written through.
+- ``not_a_file``: what a name is where a writer must not replace it: a directory, a FIFO, a device, a socket
+  (``NotAFile``, refused before anything is written). A rename replaces whatever has the name, and root may
+  replace anything: ``-o /dev/null`` would swap the device for a regular file.
 
 Files and folders a run makes get the user's umask (report.html and junit.xml, which pytest writes,
 do too); the lock file is always 0600.
@@ -24,6 +30,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import pwd
@@ -31,8 +38,10 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -66,6 +75,60 @@ def _err(exc: OSError) -> str:
     return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
 
 
+KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is where it exists and is not a regular file ("a FIFO (named pipe)", "a character device",
+    ...), else None: absent, a regular file, or a symbolic link (a writer replaces a link's name, never what it
+    points to). The name itself is looked at (``lstat``), never followed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None  # absent, or its directory cannot be read: the write says so itself
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return next((kind for test, kind in KINDS if test(mode)), "not a regular file")
+
+
+class NotAFile(OSError):
+    """An output name that exists as something no writer of clustergate replaces (``not_a_file``): its message
+    names it, and it reads as that message alone (no errno in front)."""
+
+    def __init__(self, path: Path, kind: str, wanted: str = "a regular file") -> None:
+        self.kind = kind
+        rule = ("writes an output only as a new or a regular file and leaves this one as it is; name a file"
+                if wanted == "a regular file" else
+                "writes its outputs only into a directory (made where none is) and leaves this one as it is; name one")
+        super().__init__(errno.EEXIST, f"{path} is {kind}, not {wanted}: clustergate {rule}", str(path))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def refuse_not_a_file(path: Path) -> None:
+    """NotAFile where ``path`` exists and is not a regular file or a link (``not_a_file``)."""
+    kind = not_a_file(path)
+    if kind is not None:
+        raise NotAFile(path, kind)
+
+
+def refuse_not_a_directory(path: Path) -> None:
+    """NotAFile where ``path`` exists and is neither a directory nor a link (a directory an output goes into)."""
+    kind = not_a_file(path)
+    if kind not in (None, "a directory"):
+        raise NotAFile(path, kind, "a directory")
+    if kind is None and path.exists() and not path.is_dir():  # a regular file, or a link to one
+        raise NotAFile(path, "a file", "a directory")
+
+
+def not_files(path: Path, names: tuple[str, ...]) -> list[NotAFile]:
+    """A refusal (NotAFile) for each of ``names`` in the directory ``path`` that is there as something other than
+    a regular file or a link (an output or lock name a writer would replace)."""
+    return [NotAFile(path / name, kind) for name in names if (kind := not_a_file(path / name)) is not None]
+
+
 def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
     """'NAME (a link to TARGET)' for each name a run writes (``names``) that is a symbolic link in ``path``."""
     found = []
@@ -78,13 +141,20 @@ def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
 def problem(path: Path) -> str | None:
     """Why this rank cannot write its outputs under ``path`` (None: it can)."""
     try:
+        refuse_not_a_directory(path)
         path.mkdir(parents=True, exist_ok=True)
+    except NotAFile as exc:
+        return f"it is {exc.kind}, not a directory; name a directory (it is made where it does not exist)"
     except OSError as exc:
         return f"cannot create it ({exc.strerror or exc})"
     linked = links(path)
     if linked:
         return (f"{linked[0]} is a symbolic link there; clustergate writes no output through a link (it "
                 "could overwrite another file): remove the link")
+    odd = not_files(path, (*OUTPUTS, LOCK_NAME, OWNER_NAME))
+    if odd:
+        return (f"{odd[0].filename} is {odd[0].kind} there, not a regular file; clustergate never replaces one "
+                "under an output's name: remove it, or choose another --report-dir")
     try:
         fd, probe = tempfile.mkstemp(dir=path, prefix=".clustergate-probe-")
     except OSError as exc:
@@ -122,13 +192,19 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     The temporary file has a random name (``mkstemp``: O_EXCL, 0600), so a link planted under a
     predictable name such as ``results.json.tmp`` is never written through; ``os.replace`` then swaps
     the name itself, a link there included, never what a link points to. The file gets the user's umask.
+    A ``path`` that is a directory, a FIFO, a device or a socket is never replaced (NotAFile, nothing written).
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    refuse_not_a_file(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # named by the file asked for, not by a temporary name the user never gave
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~umask())
+        refuse_not_a_file(path)  # again: made while the file was written
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -154,14 +230,18 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _process_start(pid: int) -> float | None:
+@functools.cache
+def _boot_time() -> float:
+    """When this host booted (seconds since the epoch): read once, it does not change."""
+    return next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+
+
+def process_start(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch), where /proc says; else None."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the name
     except (OSError, ValueError, IndexError, StopIteration):
         return None
 
@@ -175,7 +255,7 @@ def pid_alive(pid: int, since: float) -> bool:
         return False
     except PermissionError:
         pass  # it exists, as another user's process
-    started = _process_start(pid)
+    started = process_start(pid)
     return started is None or started <= since + 2.0  # /proc's boot time is rounded to the second
 
 
@@ -193,6 +273,58 @@ def remove_stale(path: Path, ino: int) -> None:
             os.link(aside, path)
     with contextlib.suppress(OSError):
         os.unlink(aside)
+
+
+def holders(path: Path) -> list[int]:
+    """The processes of this host that hold a flock on the file ``path`` (its descriptor's ``lock:`` line in /proc),
+    as far as this user may read them; the kernel's own table (/proc/locks) names only the process that took the
+    lock, which may be gone while a child it forked keeps it."""
+    try:
+        wanted = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{entry}/fd/{fd}")
+                    if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino) and \
+                            "FLOCK" in Path(f"/proc/{entry}/fdinfo/{fd}").read_text():
+                        found.append(int(entry))
+                        break
+    return sorted(found)
+
+
+def command_line(pid: int) -> str:
+    """A process's command line as one line (cut to 120 characters), or its name; "?" where it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        text = text or Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+    return text if len(text) <= 120 else text[:119] + "~"
+
+
+_HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
+"""The locks this process holds: a process it forks lets go of its copies (``_leave_locks``)."""
+
+
+def _leave_locks() -> None:
+    """In a forked child: close its copy of every held lock's descriptor (the parent keeps the lock), and forget
+    the lock file made where flock does not work (the child never removes it)."""
+    for lock in list(_HELD):
+        if lock._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(lock._fd)
+        lock._fd = lock._owner_ino = None
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_locks)
 
 
 class RunLock:
@@ -239,6 +371,8 @@ class RunLock:
 
     def _lock(self, fd: int) -> str | None:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"cannot be held: {NotAFile(self.path, not_a_file(self.path) or 'not a regular file')}"
         if st.st_uid != os.geteuid():
             return (f"cannot be held: its lock file {self.path} belongs to {_user(st.st_uid)}, not to this "
                     "user; whoever can open it can block every run by locking it, so clustergate uses only "
@@ -249,9 +383,7 @@ class RunLock:
             self._flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                self.holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
-                return (f"is in use by another clustergate run ({self.holder}); wait for it to end or choose "
-                        "another --report-dir")
+                return self._held_by(os.read(fd, 512).decode(errors="replace").strip())
             if exc.errno in NO_FLOCK:
                 self.no_flock = _err(exc)
                 return self._acquire_owner_file()
@@ -260,7 +392,24 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, _holder_line().encode())
         self._fd = fd
+        _HELD.add(self)
         return None
+
+    def _held_by(self, written: str) -> str:
+        """The refusal of a directory whose lock another process holds: the run its lock file names, where that run
+        holds it; else the processes that do (a process the named run started, which kept the lock)."""
+        named = re.match(r"pid (\d+) on (\S+),", written)
+        found = holders(self.path)
+        here = named is not None and named.group(2) == socket.gethostname()
+        if here and int(named.group(1)) not in found and (found or not os.path.exists(f"/proc/{named.group(1)}")):
+            self.holder = f"pid {found[0]} on {socket.gethostname()}" if found else written
+            who = "; ".join(f"pid {pid} ({command_line(pid)})" for pid in found) or "a process this user cannot see"
+            end = f"end {'it' if len(found) == 1 else 'them'} (kill {' '.join(map(str, found))})" if found else "end it"
+            return (f"is held by {who}, which keeps its lock file {self.path} locked; the run that took it "
+                    f"({written}) has ended: {end} or choose another --report-dir")
+        self.holder = written or (f"pid {found[0]} ({command_line(found[0])})" if found else "another process")
+        return (f"is in use by another clustergate run ({self.holder}); wait for it to end or choose another "
+                "--report-dir")
 
     # ---- where flock does not work ---------------------------------------------------------
     def _acquire_owner_file(self) -> str | None:
@@ -279,6 +428,7 @@ class RunLock:
                 try:
                     os.write(fd, _holder_line().encode())
                     self._owner_ino = os.fstat(fd).st_ino
+                    _HELD.add(self)
                 finally:
                     os.close(fd)
                 # No kernel drops this one: a run that ends before pytest unconfigures (an unknown option)
@@ -324,6 +474,7 @@ class RunLock:
         remove_stale(self.owner_path, ino)
 
     def release(self) -> None:
+        _HELD.discard(self)
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
             self._fd = None
@@ -338,10 +489,15 @@ def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]
     """Move an earlier run's outputs (``names``: a run's, or a cluster command's) to ``earlier/<UTC time>/``;
     returns where each went.
 
-    Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so."""
+    Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so; and (NotAFile)
+    when an output name is not a regular file, or ``earlier`` is not a directory."""
     linked = links(path, (*NOT_LINKS, *names))
     if linked:
         raise OSError(errno.ELOOP, f"{linked[0]} is a symbolic link there")
+    odd = not_files(path, names)  # a device or a FIFO under an output's name is no earlier output: left alone
+    if odd:
+        raise odd[0]
+    refuse_not_a_directory(path / "earlier")
     found = [path / name for name in names if (path / name).exists()]
     if not found:
         return {}
@@ -364,8 +520,8 @@ def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]
 def stale_note(path: Path, why: str) -> str | None:
     """What an error must add when an earlier run's results.json stays in ``path`` (None: none there)."""
     results = path / "results.json"
-    if not results.exists() and not results.is_symlink():
-        return None
+    if not results.exists() and not results.is_symlink() or not_a_file(results) is not None:
+        return None  # nothing there, or no run's record (a FIFO, a device): the error itself names it
     said = ""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(inputfile.read_text(results, "results"))

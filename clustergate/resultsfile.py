@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate import inputfile
+from clustergate.terminal import error_text
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = {
@@ -196,7 +197,7 @@ def load(path: Path) -> Loaded:
     except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
         if isinstance(exc, ResultsFileError):
             raise
-        raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
+        raise ResultsFileError(f"{path}: not readable JSON ({error_text(exc)})") from None
     return Loaded(data, digest_of(raw))
 
 

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             annotate(args.report_dir, results, note)
         except (ImportError, OSError, subprocess.SubprocessError) as exc:
-            print(f"{PREFIX}: could not add this to {results_path} ({exc}); render the report again with "
+            said = getattr(exc, "strerror", None) or exc  # clustergate itself may be what failed to import
+            print(f"{PREFIX}: could not add this to {results_path} ({said}); render the report again with "
                   f"clustergate render {results_path}", file=sys.stderr)
     return 0
 

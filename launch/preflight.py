@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for workloads.node.name
-from workloads.node.name import node_name  # noqa: E402  (needs the path above)
+from clustergate.terminal import error_text  # noqa: E402  (needs the path above; the standard library only)
+from workloads.node.name import node_name  # noqa: E402
 
 PREFIX = "clustergate preflight"
 
@@ -39,7 +40,7 @@ def cuda_device_count() -> tuple[int, str]:
             smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=False)
             note = f"nvidia-smi -L says: {(smi.stdout or smi.stderr).strip()[:300] or 'nothing'}"
         except (OSError, subprocess.TimeoutExpired) as exc:
-            note = f"nvidia-smi: {exc}"
+            note = error_text(exc) if isinstance(exc, OSError) else str(exc)  # "nvidia-smi: No such file..."
     return count, note
 
 
@@ -59,7 +60,7 @@ def directory_problem(path: str, what: str, create: bool) -> str | None:
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
-            return f"{what} {path} cannot be created: {exc}"
+            return f"{what} {path} cannot be created: {error_text(exc)}"
     if not os.path.isdir(path):
         return f"{what} {path} does not exist on this node: mount the shared filesystem here, or choose another path"
     if not os.access(path, os.W_OK | os.X_OK):
@@ -91,9 +92,9 @@ def wait_for_endpoint(endpoint: str, timeout_s: float, connect: bool, poll_s: fl
                         s.connect(addr)
                         return None
                     except OSError as exc:
-                        last = f"connect to {addr[0]}:{port}: {exc}"
+                        last = f"connect to {addr[0]}:{port}: {error_text(exc)}"
         except socket.gaierror as exc:
-            last = f"{host!r} does not resolve: {exc}"
+            last = f"{host!r} does not resolve: {error_text(exc)}"
         left = deadline - time.monotonic()
         if left <= 0:
             break

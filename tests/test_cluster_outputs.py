@@ -4,7 +4,8 @@ Each writes like the run does (whole files through a private temporary file rena
 through a planted link), refuses an output that is or holds one of its inputs, and keeps every earlier
 decision: an earlier merge's or sign-off's outputs move to earlier/<UTC time>/ before anything is written,
 so a merge or sign-off that fails or rejects leaves no accepted host list of its own behind, and an
-earlier accepted sign-off is never replaced. A reader that closes the pipe early is one line, exit 2.
+earlier accepted sign-off is never replaced. A reader that closes the pipe early cuts the output short, and
+nothing more.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def test_calibrate_writes_whole_files_and_never_over_an_input(tmp_path: Path) ->
     assert victim.read_text() == "keep me" and not out.is_symlink() and "h100-sxm-80gb-site" in out.read_text()
 
 
-def test_a_reader_that_closes_the_pipe_early_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_reader_that_closes_the_pipe_early_ends_the_output_quietly(tmp_path: Path) -> None:
+    """As a pipeline expects (`| head`): no message and no traceback; the exit status is the merge's own verdict
+    (its files are written before it prints)."""
     run = _run(tmp_path, tuple(f"gpu{i}" for i in range(1, 9)))
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command prints anything (as `| head -0`)
@@ -128,8 +131,5 @@ def test_a_reader_that_closes_the_pipe_early_is_one_line_and_exit_2(tmp_path: Pa
                            *sorted(str(p) for p in (run / "nodes").iterdir()), "-o", str(run)],
                           cwd=ROOT, env=job_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=180)
     os.close(write)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "clustergate merge: the output was closed before everything was printed (broken pipe); the files "
-        "are written: read them"]
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert (run / "accepted-hosts.txt").read_text().count("\n") == 8

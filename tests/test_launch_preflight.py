@@ -60,9 +60,10 @@ def test_endpoint_that_never_answers_ends_at_its_timeout() -> None:
     # Asked to wait 1.5 s, polling every 0.5 s: 5 s is the timer plus a generous scheduling margin.
     assert time.monotonic() - start < 5
     assert problem is not None and problem.startswith(f"rendezvous endpoint 127.0.0.1:{port} not reachable within 2 s")
-    assert f"connect to 127.0.0.1:{port}" in problem and "pod <job>-0" in problem
+    assert f"connect to 127.0.0.1:{port}: Connection refused" in problem and "pod <job>-0" in problem
     unresolved = preflight.wait_for_endpoint("no-such-host.invalid:29500", 0.5, connect=False, poll_s=0.2)
     assert unresolved is not None and "'no-such-host.invalid' does not resolve" in unresolved
+    assert "[Errno" not in problem + unresolved  # said in words
     with pytest.raises(ValueError, match="must be HOST:PORT"):
         preflight.wait_for_endpoint("node-001", 1, connect=True)
 

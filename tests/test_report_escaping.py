@@ -23,7 +23,7 @@ from test_report_model import RESULTS
 from clustergate.report.hooks import page_value, safe_extra
 from clustergate.report.merge_html import excluded_table, hosts_block, href
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, job_env, plant, run_job
 
 MARKUP = "<img src=x onerror=document.title='pwned'>"
 """What a hostile value plants: script that renames the page when the browser inserts it as HTML."""
@@ -163,3 +163,19 @@ def test_the_terminal_summary_shows_control_characters_as_escapes() -> None:
     lines = summary_lines(r)
     assert not [line for line in lines if any(not c.isprintable() for c in line)]
     assert "node-1\\x1b]0;pwned\\x07\\x1b[2J" in lines[0]
+
+
+@pytest.mark.slow  # a torchrun job
+def test_a_run_s_own_failure_lines_show_control_characters_as_escapes(tmp_path: Path) -> None:
+    """A test whose failure message and captured output carry terminal escapes (a retitle, a clear screen, a
+    colour), under torchrun: pytest's own failure lines, the captured output and the summary on the terminal show
+    them as escapes; results.json keeps the message as the test said it (JSON escapes it)."""
+    r = run_job(tmp_path, plant(tmp_path, "fails_with_escapes"), timeout=240)
+    assert r.codes == [1], r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output, [line for line in r.output.splitlines()
+                                                               if "\x1b" in line or "\x07" in line]
+    shown = "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31m"
+    assert f"E   AssertionError: planted failure{shown} on rank 0" in r.output  # pytest's failure lines
+    assert f"captured output{shown} of rank 0" in r.output and f"captured error{shown}" in r.output
+    [test] = r.results["tests"]
+    assert "planted failure\x1b]0;owned\x07\x1b[2J\x1b[31m on rank 0" in test["message"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,28 @@ def test_history_refusals_exit_as_the_table_says(tmp_path: Path) -> None:
     # held from another host past the wait: the store could not be read (4), and the holder is named
     busy = cli("history_cli", "--store", str(db), "--wait", "0.3")
     assert busy.returncode == 4 and "another process held the store for 0.3 s (pid 1 on other-" in busy.stderr
+
+
+@pytest.mark.parametrize(("table", "column", "bad"), [
+    ("figures", "value", "fast"),  # a text where a number belongs (SQLite keeps it: the column is REAL, not STRICT)
+    ("figures", "gpu_index", "zero"),
+    ("decisions", "reasons", "not json"),
+])
+def test_history_of_a_store_with_a_bad_value_is_one_line_and_exit_2(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, table: str, column: str, bad: str) -> None:
+    """A store changed by another program or by hand: one line naming the store, the row and the value, exit 2
+    (a store that cannot be used), never a traceback."""
+    _, _, base = merged_docs(tmp_path_factory)
+    db = tmp_path / "fleet.db"
+    assert cli("record_cli", "--store", str(db), str(base / "nodes" / "m3"), str(base / "run")).returncode == 0
+    with sqlite3.connect(db) as conn:
+        first_of_m3 = f"SELECT min(rowid) FROM {table} WHERE host = 'm3'"
+        conn.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ({first_of_m3})", (bad,))
+    shown = cli("history_cli", "m3", "--store", str(db))
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    [line] = shown.stderr.splitlines()
+    assert line.startswith(f"clustergate history: {db}: run #") and f"holds {bad!r} as its {column}" in line, line
+    assert "restore it from a backup" in line and shown.stdout == ""
 
 
 def test_record_refusals(tmp_path: Path) -> None:

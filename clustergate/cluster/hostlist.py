@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from clustergate import inputfile
+from clustergate.terminal import error_text
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
@@ -131,7 +132,7 @@ def read_hosts(spec: str) -> tuple[list[str], str]:
         try:
             text = inputfile.read_text(path, "hosts")
         except (OSError, ValueError) as exc:
-            raise HostlistError(f"{path}: cannot be read as a host list ({exc})") from None
+            raise HostlistError(f"{path}: cannot be read as a host list ({error_text(exc)})") from None
         for number, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
             if not line:

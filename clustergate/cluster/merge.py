@@ -103,11 +103,20 @@ from clustergate.cluster.hostlist import HostlistError, compress, read_hosts
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
 from clustergate.evidence_bundle import BundleError
 from clustergate.manifest import LEVELS
-from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, refuse_inputs, write_text
+from clustergate.outputs import (
+    OutputError,
+    Parser,
+    keep_earlier,
+    refuse_inputs,
+    refuse_not_directory,
+    refuse_not_files,
+    write_text,
+)
 from clustergate.redact import keep
 from clustergate.results import encode, signed
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
 from workloads.heartbeat import Heartbeat
 from workloads.node.name import node_name
@@ -204,7 +213,7 @@ def load_thresholds(path: Path | None) -> Thresholds:
     try:
         return load(path if path is not None else shipped_thresholds())
     except (ThresholdsError, OSError) as exc:
-        raise MergeInputError(f"--thresholds: {exc}") from None
+        raise MergeInputError(f"--thresholds: {error_text(exc)}") from None
 
 
 def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds,
@@ -285,7 +294,13 @@ def hold_skips_to_fleet(runs: list[NodeRun]) -> None:
 
 def check_output(output: Path, paths: list[Path]) -> None:
     """The output directory must not be one of the node directories, nor hold a node's own results: merge
-    would overwrite the evidence it was given (MergeInputError)."""
+    would overwrite the evidence it was given (MergeInputError); nor be anything but a directory, nor hold one of
+    merge's outputs as anything but a regular file (a device, a FIFO: never replaced)."""
+    try:
+        refuse_not_directory("-o", output)
+        refuse_not_files("-o", [output / name for name in OUTPUTS])
+    except OutputError as exc:
+        raise MergeInputError(str(exc)) from None
     target = output.resolve()
     for path in paths:
         directory = path.parent if path.name == "results.json" else path
@@ -440,7 +455,7 @@ def add_evidence(cluster: dict[str, Any], runs: list[NodeRun], output: Path, thr
         try:
             entry["evidence"] = excluded_mod.bundle(run, output, thresholds)
         except (BundleError, OSError) as exc:
-            cluster["warnings"].append(f"no evidence bundle for {run.host}: {exc}")
+            cluster["warnings"].append(f"no evidence bundle for {run.host}: {error_text(exc)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,7 +474,7 @@ def _main(args: argparse.Namespace) -> int:
                         run_id=args.run_id, window_h=args.window, profile=args.profile, key=site_key(args.key_file),
                         store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, HostlistError, OSError) as exc:
-        print(f"clustergate merge: {exc}", file=sys.stderr)
+        print(f"clustergate merge: {error_text(exc)}", file=sys.stderr)
         return 2
     c = cluster["counts"]
     print(f"{cluster['verdict'].upper()}: {c['accepted']} of {c['accepted'] + c['excluded']} nodes accepted, "

@@ -68,12 +68,13 @@ from clustergate.cluster.merge import (
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary, node_directory
 from clustergate.criteria import Criterion
 from clustergate.numbers import number
-from clustergate.outputs import OutputError, Parser, keep_earlier, main_guarded, write_text
+from clustergate.outputs import OutputError, Parser, keep_earlier, write_text
 from clustergate.redact import keep
 from clustergate.rejudge import problems_of
 from clustergate.results import short_test_name
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
@@ -381,7 +382,7 @@ def _main(args: argparse.Namespace) -> int:
         out = signoff(args.run_dir, args.fabric, args.thresholds, key=site_key(args.key_file),
                       store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, OSError) as exc:
-        print(f"clustergate signoff: {exc}", file=sys.stderr)
+        print(f"clustergate signoff: {error_text(exc)}", file=sys.stderr)
         return 2
     signed = out["verdict"] == "accept"
     print(f"{'SIGNED OFF' if signed else 'NOT SIGNED OFF'}: {len(out['accepted'])} hosts accepted, "

@@ -31,6 +31,7 @@ from clustergate.exit_codes import Exit
 from clustergate.health.checks import CHECKS, Finding, judge_node
 from clustergate.health.read import mark, read_node
 from clustergate.profile_choice import choose_profile
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import ThresholdsError, expects_gpus, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import HOST_ROOT_ENV, host_root
@@ -93,8 +94,8 @@ def _since(path: Path | None) -> dict[str, Any] | None:
     except FileNotFoundError:  # no healthy check has kept a mark there yet
         return None
     except (OSError, ValueError) as exc:  # unreadable, not a regular file (a FIFO), too large, not JSON
-        raise Unusable(f"--state {path}: cannot be read as a state file clustergate health wrote ({exc}); remove it "
-                       "to count XIDs since boot again") from None
+        raise Unusable(f"--state {path}: cannot be read as a state file clustergate health wrote "
+                       f"({error_text(exc)}); remove it to count XIDs since boot again") from None
     if not isinstance(data, dict) or not isinstance(data.get("marker"), (int, float)):
         raise Unusable(f"--state {path}: not a state file clustergate health wrote (no 'marker'); remove it")
     return data
@@ -175,7 +176,12 @@ def _write(directory: Path, report: dict[str, Any]) -> Path:
     if why:
         raise CannotRun(f"--report-dir {directory}: {why}")
     path = directory / REPORT_NAME
-    reportdir.write_atomic(path, json.dumps(report, indent=1) + "\n")
+    try:
+        reportdir.write_atomic(path, json.dumps(report, indent=1) + "\n")
+    except reportdir.NotAFile as exc:
+        raise Unusable(f"--report-dir {directory}: {exc}") from None
+    except OSError as exc:
+        raise CannotRun(f"--report-dir {directory}: cannot write {path.name} ({error_text(exc)})") from None
     return path
 
 
@@ -208,13 +214,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error argparse has printed (2)
         return int(exc.code or 0)
+    return main_guarded(PROG, lambda: _main(args, t0, started))
+
+
+def _main(args: argparse.Namespace, t0: float, started: str) -> int:
     try:
         status, report, kernel_mark = check_node(args)
         report.update(started=started, duration_s=round(time.monotonic() - t0, 3))
         if args.report_dir:
             _write(Path(args.report_dir), report)
         if args.state and kernel_mark is not None:
-            reportdir.write_atomic(Path(args.state), json.dumps(kernel_mark) + "\n")
+            try:
+                reportdir.write_atomic(Path(args.state), json.dumps(kernel_mark) + "\n")
+            except OSError as exc:
+                raise Unusable(f"--state {args.state}: cannot be written ({error_text(exc)})") from None
     except Unusable as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
@@ -224,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                   "exit_status": int(Exit.COULD_NOT_RUN), "error": str(exc), "profile": exc.profile,
                   "started": started, "duration_s": round(time.monotonic() - t0, 3)}
         if args.report_dir:
-            with contextlib.suppress(CannotRun, OSError):  # the directory itself may be why it could not run
+            with contextlib.suppress(CannotRun, Unusable, OSError):  # the directory itself may be why it could not run
                 _write(Path(args.report_dir), report)
         if args.json:
             print(json.dumps(report, indent=1))

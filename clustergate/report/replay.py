@@ -20,6 +20,7 @@ import pytest
 
 from clustergate.report import hooks
 from clustergate.report.hooks import REPLAYED
+from clustergate.reportdir import refuse_not_a_file
 
 
 class DrawingFailed(Exception):
@@ -29,11 +30,13 @@ class DrawingFailed(Exception):
 def draw(path: Path, results: dict[str, Any], output: Path) -> None:
     """pytest-html draws ``results`` (recorded at ``path``) into ``output``: in a private directory beside it,
     then renamed over it (pytest-html writes the file itself, and a link planted at ``output`` must be replaced,
-    never written through). OSError where it cannot be written; DrawingFailed where the session failed."""
+    never written through; a device, a FIFO or a directory there is never replaced: NotAFile). OSError where it
+    cannot be written; DrawingFailed where the session failed."""
     scratch = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
     try:
         status = _session(path, results, scratch / "report.html")
         if (scratch / "report.html").is_file():
+            refuse_not_a_file(output)  # a device or a FIFO made there meanwhile is not replaced either
             os.replace(scratch / "report.html", output)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -44,8 +47,9 @@ def draw(path: Path, results: dict[str, Any], output: Path) -> None:
 
 def _session(path: Path, results: dict[str, Any], output: Path) -> int:
     """The replay session; pytest-html writes ``output``. Returns pytest's exit status."""
-    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks.
-    args = [str(path), "--rootdir", str(path.parent), "-c", os.devnull, "--noconftest",
+    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks. No colour: the
+    # command's output shows control characters as escapes (clustergate.terminal), a recorded message's included.
+    args = [str(path), "--rootdir", str(path.parent), "-c", os.devnull, "--noconftest", "--color=no",
             "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
             "--html", str(output), "--self-contained-html"]
     return int(pytest.main(args, plugins=[hooks, ReplayPlugin(path, results)]))

@@ -7,6 +7,7 @@ from typing import Any
 from clustergate.numbers import number, percent
 from clustergate.report import model
 from clustergate.results import selection_line, short_test_name
+from clustergate.terminal import printable
 from clustergate.verdict import WORDS
 
 MESSAGE_LINES = 3
@@ -15,12 +16,6 @@ MAX_WARNINGS = 10
 """Warnings listed one per line; the rest are counted."""
 MAX_ROWS = 40
 """Criteria rows printed; failures come first, so a long run still shows every one that matters."""
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters shown as escapes: a host name or message from a results.json with
-    terminal escape sequences in it must not move the cursor, clear the screen or retitle the terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _cut(text: str, width: int) -> str:

@@ -214,7 +214,7 @@ def results_of(told: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None
 def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None, launched: Launched,
                  told: dict[str, Any] | None = None) -> str | None:
     """The command's last line; None for a run that decides nothing and ends well (a listing, pytest's help)."""
-    from clustergate.report.summary import printable
+    from clustergate.terminal import printable
 
     if results is not None:
         # rank 0 recorded no ending (killed mid-run): the launcher's account
@@ -232,7 +232,7 @@ def verdict_of(results: dict[str, Any], status: int, path: Path | None, *, prog:
     """A run's verdict in one line, ``PROG: WORD: why (exit N; results.json)``: why from its error or reason, else
     ``otherwise`` (an accept says none). ``clustergate run`` ends with it; under plain torchrun the summary of the
     failed ranks shows it (``clustergate.run.plugin``)."""
-    from clustergate.report.summary import printable
+    from clustergate.terminal import printable
     from clustergate.verdict import WORDS
 
     verdict = str(results.get("verdict"))

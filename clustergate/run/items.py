@@ -1,6 +1,6 @@
 """What the run reads from pytest's items and reports, and writes back into them: the metrics a test declares
 and its time limit, this rank's outcome of a phase, and the merged verdict applied to pytest's own report (so
-the terminal, junit.xml and report.html all say it), scrubbed of secrets.
+the terminal, junit.xml and report.html all say it), scrubbed of secrets, its control characters as escapes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from clustergate.outcomes import PhaseOutcome, PhaseVerdict, poisons
 from clustergate.redact import Scrubber, scrub_strings
 from clustergate.run.recorder import Recorder, Skip, fact_of
 from clustergate.skip_facts import fact as skip_fact
+from clustergate.terminal import printable_lines
 from clustergate.thresholds import Profile
 from workloads.common import LEVELS
 
@@ -115,8 +116,14 @@ def apply(item: pytest.Item, report: pytest.TestReport, verdict: PhaseVerdict, w
 
 
 def scrub_report(report: pytest.TestReport) -> None:
-    """What the report carries reaches the terminal, junit.xml and report.html: scrub it at the source."""
-    scrub = Scrubber.from_environment()
+    """What the report carries reaches the terminal, junit.xml and report.html: scrub it at the source, and show
+    its control characters as escapes (a test's message or output with terminal escape sequences in it must not
+    clear or retitle the terminal through pytest's own failure lines)."""
+    secrets = Scrubber.from_environment()
+
+    def scrub(text: str) -> str:
+        return printable_lines(secrets(text))
+
     if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
         path, line, reason = report.longrepr
         report.longrepr = (path, line, scrub(str(reason)))
@@ -126,7 +133,7 @@ def scrub_report(report: pytest.TestReport) -> None:
             report.longrepr = scrub(text)
     report.sections = [(title, scrub(content)) for title, content in report.sections]
     # Each string, not the JSON text: a short or digits-only secret scrubbed from JSON text would break it.
-    report.user_properties = [(name, scrub_strings(json.loads(json.dumps(value, default=str)), scrub))
+    report.user_properties = [(name, scrub_strings(json.loads(json.dumps(value, default=str)), secrets))
                               for name, value in report.user_properties]
 
 

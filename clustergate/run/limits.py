@@ -60,6 +60,9 @@ peer's signal is the cause."""
 STOP_GRACE_S = SIGNAL_GRACE_S + 3.0
 """A stuck rank that another rank of its node stops (SIGCONT, SIGTERM) gets this long to record its ending and go
 (its signal watcher waits SIGNAL_GRACE_S for the others' word) before that rank kills it."""
+CHILDREN_GRACE_S = 2.0
+"""A process a test left running (``clustergate.run.children``) gets this long after SIGTERM, at the run's end, to
+go by itself before it is killed: a process that cleans up on SIGTERM does so in milliseconds."""
 SIGINT_GRACE_S = 20.0
 """After SIGINT pytest unwinds and writes what it can; a main thread blocked in C++ cannot, and the
 process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""

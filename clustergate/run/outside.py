@@ -20,24 +20,29 @@ from typing import Any, NoReturn
 
 from clustergate.redact import Scrubber
 from clustergate.results import write_json
-from clustergate.run import control
+from clustergate.run import children, control
 from clustergate.run.interrupts import Launcher, SignalWatcher, start_keeper, stop_processes
 from clustergate.run.limits import KEEPER_GRACE_S, STOP_GRACE_S, STOPPED_S
 from clustergate.run.liveness import Liveness
 from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
+from clustergate.terminal import printable_lines
 
 
 def exit_now(status: int) -> NoReturn:
-    """Flush what was said, then leave at once: no interpreter teardown (the run never destroys its process groups,
-    whose teardown can wait on a peer that never comes)."""
+    """End what the tests left running (``children.end_left``), flush what was said, then leave at once: no
+    interpreter teardown (the run never destroys its process groups, whose teardown can wait on a peer that never
+    comes)."""
+    if ended := children.end_left():
+        _say(f"clustergate: rank {os.environ.get('RANK', '0')}: ended {len(ended)} process"
+             f"{'es' if len(ended) > 1 else ''} the tests left running: {', '.join(ended)}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
 
 
 def _say(line: str) -> None:
-    sys.stderr.write(Scrubber.from_environment()(line))
+    sys.stderr.write(printable_lines(Scrubber.from_environment()(line)))
     sys.stderr.flush()
 
 
@@ -84,7 +89,16 @@ def freeze_heap() -> None:
 
 
 def _keeper() -> object:
-    return start_keeper(STOPPED_S, KEEPER_GRACE_S)
+    keeper = start_keeper(STOPPED_S, KEEPER_GRACE_S)
+    if keeper is not None:
+        children.spare(keeper.pid)  # it ends with its rank
+    return keeper
+
+
+def _signals(on_signal: Callable[[int], None]) -> SignalWatcher:
+    watcher = SignalWatcher(on_signal)
+    children.watch(watcher)  # a child a test forks gives the run's signals back
+    return watcher
 
 
 def _liveness(**kwargs: Any) -> Liveness:
@@ -131,7 +145,7 @@ class Outside:
     collective_in_main_thread: Callable[[], str | None] = main_thread_collective
     watchdog: Callable[..., Any] = Watchdog
     """Made with the run's two watchdog handlers (expiry, poll)."""
-    signals: Callable[..., Any] = SignalWatcher
+    signals: Callable[..., Any] = _signals
     """Made with the run's signal handler."""
     liveness: Callable[..., Any] = _liveness
     """Made (and started) with the run's place and its handlers of a hang found (``clustergate.run.liveness``)."""

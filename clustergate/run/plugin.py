@@ -40,6 +40,7 @@ from clustergate.run.startup import (
     show_tests_from_rootdir,
     stale_note,
 )
+from clustergate.terminal import printable_lines
 from workloads.node.name import NodeNameError, node_name
 
 RUN = pytest.StashKey[Run]()
@@ -304,9 +305,9 @@ def pytest_internalerror(excrepr: Any, excinfo: Any) -> None:
         host = node_name()
     except NodeNameError:
         host = "a node without a usable name"
-    sys.stderr.write(Scrubber.from_environment()(
+    sys.stderr.write(printable_lines(Scrubber.from_environment()(
         f"clustergate: INTERNALERROR on rank {os.environ.get('RANK', '0')} ({host}): "
-        f"{excinfo.exconly() if excinfo else excrepr}\n"))
+        f"{excinfo.exconly() if excinfo else excrepr}\n")))
 
 
 class SessionGuard:
@@ -335,7 +336,7 @@ class SessionGuard:
             return (yield)
         except Exception as exc:  # e.g. a report that cannot be written: the run must not read as accepted
             what = f"the end of the session failed on {self.run.who}: {type(exc).__name__}: {exc}"
-            sys.stderr.write(Scrubber.from_environment()(f"clustergate: {what}\n"))
+            sys.stderr.write(printable_lines(Scrubber.from_environment()(f"clustergate: {what}\n")))
             self.run.fail(what)
             if self.run.status is None:
                 session.config.stash[STATUS] = self.run.decide(pytest.ExitCode.INTERNAL_ERROR)

@@ -20,6 +20,7 @@ newer schema) is refused with one ``StoreError`` naming it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -103,8 +104,49 @@ FIGURE_COLUMNS = ("r.started, r.id, r.path, r.judged, r.level, r.profile, f.test
 ORDER = "ORDER BY r.started_s IS NULL, r.started_s, r.id, f.host, f.gpu_index, f.metric"
 
 
-def _figure(row: Sequence[Any]) -> StoredFigure:
-    return StoredFigure(*row)
+FIGURE_TYPES = (str, int, str, str, str, str, str, str, str, str, int, str, str, float, str, str)
+"""What each of FIGURE_COLUMNS holds, as StoredFigure's fields say (a number may come back as an int)."""
+FIGURE_REQUIRED = frozenset({"run", "test", "metric", "scope", "value", "unit", "verdict"})
+"""StoredFigure's fields that are never None."""
+DECISION_TYPES = (str, int, str, str, str, str, str)
+DECISION_REQUIRED = frozenset({"run", "kind", "host", "status"})
+
+
+def _damaged(path: Path, where: str, field: str, value: Any) -> StoreError:
+    return StoreError(f"{path}: {where} holds {value!r} as its {field}, which is no value clustergate stores there: "
+                      "the store was changed by another program or by hand, or is damaged; restore it from a backup, "
+                      "or choose another --store")
+
+
+def _checked(path: Path, what: type, row: Sequence[Any], types: Sequence[type], required: frozenset[str],
+             where: str) -> list[Any]:
+    """``row`` as ``what``'s fields, each of its type (StoreError naming the row and the field where one is not: a
+    store edited by hand, a text in a numeric column)."""
+    names = [f.name for f in dataclasses.fields(what)]
+    for name, want, value in zip(names, types, row, strict=False):
+        ok = value is None and name not in required
+        ok = ok or (isinstance(value, (int, float)) and not isinstance(value, bool) if want is float
+                    else isinstance(value, want) and not isinstance(value, bool))
+        if not ok:
+            raise _damaged(path, where.format(**{n: repr(v) for n, v in zip(names, row, strict=False)}), name, value)
+    return list(row)
+
+
+def _figure(row: Sequence[Any], path: Path) -> StoredFigure:
+    return StoredFigure(*_checked(path, StoredFigure, row, FIGURE_TYPES, FIGURE_REQUIRED,
+                                  "run #{run}'s figure {metric} of {host}"))
+
+
+def _decision(row: Sequence[Any], path: Path) -> Decision:
+    where = "run #{run}'s decision on host {host}"
+    fields = _checked(path, Decision, row[:7], DECISION_TYPES, DECISION_REQUIRED, where)
+    try:
+        reasons = json.loads(row[7]) if isinstance(row[7], str) else None
+    except ValueError:
+        reasons = None
+    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+        raise _damaged(path, where.format(run=repr(row[1]), host=repr(row[4])), "reasons", row[7])
+    return Decision(*fields, reasons)
 
 
 def _now() -> str:
@@ -320,7 +362,7 @@ class Store:
         sql = (f"SELECT {FIGURE_COLUMNS} FROM figures f JOIN runs r ON r.id = f.run "
                f"{'WHERE ' + ' AND '.join(where) if where else ''} {ORDER}")
         with self._transaction(write=False) as conn:
-            return [_figure(r) for r in conn.execute(sql, args)]
+            return [_figure(r, self.path) for r in conn.execute(sql, args)]
 
     def decisions(self, host: str | None = None) -> list[Decision]:
         """What every stored merge and sign-off decided of ``host`` (None: of every host), oldest first."""
@@ -329,7 +371,7 @@ class Store:
                "ORDER BY r.started_s IS NULL, r.started_s, r.id, d.host")
         with self._transaction(write=False) as conn:
             found = conn.execute(sql, [] if host is None else [host]).fetchall()
-        return [Decision(*r[:7], json.loads(r[7])) for r in found]
+        return [_decision(r, self.path) for r in found]
 
     def baselines(self, metrics: Iterable[str], *, serials: Iterable[str] = (), hosts: Iterable[str] = (),
                   level: str | None = None, before: str | None = None) -> dict[tuple[str, str, str], StoredFigure]:
@@ -362,7 +404,7 @@ class Store:
                            f"{' AND '.join(common)} AND {part} AND {column} IN ({', '.join('?' * len(some))}) "
                            f"AND f.metric IN ({', '.join('?' * len(metrics))}) {ORDER}")
                     for row in conn.execute(sql, [*args, *some, *metrics]):
-                        fig = _figure(row)
+                        fig = _figure(row, self.path)
                         key = fig.serial if scope == "gpu" else fig.host
                         found.setdefault((scope, str(key), fig.metric), fig)
         return found

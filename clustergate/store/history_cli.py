@@ -22,9 +22,9 @@ from typing import Any
 
 from clustergate.exit_codes import Exit
 from clustergate.numbers import number
-from clustergate.report.summary import printable
 from clustergate.store import Decision, Store, StoredFigure
 from clustergate.store.command import command_parser, with_store
+from clustergate.terminal import main_guarded, printable
 
 PROG = "clustergate history"
 COLUMNS = ("time", "run", "host", "gpu", "serial", "metric", "value", "unit", "verdict")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(found.as_json(), indent=2) if args.json else "\n".join(found.lines()))
         return Exit.ACCEPT
 
-    return with_store(PROG, args, show)
+    return main_guarded(PROG, lambda: with_store(PROG, args, show))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from clustergate.exit_codes import Exit
 from clustergate.resultsfile import ResultsFileError
 from clustergate.store import Store, StoreBusy, StoreError
 from clustergate.store.command import command_parser, with_store
+from clustergate.terminal import main_guarded
 
 PROG = "clustergate record"
 DIRECTORY_FILES = ("results.json", "signoff.json")
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 status = Exit.USAGE
         return status
 
-    return with_store(PROG, args, record)
+    return main_guarded(PROG, lambda: with_store(PROG, args, record))
 
 
 if __name__ == "__main__":
