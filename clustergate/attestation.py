@@ -1,13 +1,14 @@
-"""What a run attests about itself beyond its tests: that its code is the shipped suite, that only the suite's
-plugins were loaded, and whether it was a dry run. The one home of that rule.
+"""What a run attests about itself beyond its tests: that its code is the shipped suite and ran from its source,
+that only the suite's plugins were loaded, and whether it was a dry run. The one home of that rule.
 
 Every rank, at its start, digests every file of the suite it runs and checks them against the reference they
-came with (``clustergate.suitefiles``: the wheel's RECORD, or the checkout's git tree); at collection it lists
-every plugin pytest loaded, each marked as the suite's or not (``plugin_entry``). results.json keeps both as
-its ``attestation`` section:
+came with (``clustergate.suitefiles``: the wheel's RECORD, or the checkout's git tree); at collection it checks
+what it loaded of the suite against those files (``clustergate.loaded_code``: the suite's modules are compiled from
+their source by ``clustergate.source_import``) and lists every plugin pytest loaded, each marked as the suite's or
+not (``plugin_entry``). results.json keeps them as its ``attestation`` section:
 
     {"suite_digest": "sha256:<hex>", "reference": "RECORD" | "git" | "none",
-     "modified": [path], "extra": [path], "missing": [path],
+     "modified": [path], "extra": [path], "missing": [path], "foreign_code": [{"module", "file", "why"}],
      "plugins": [{"name", "version", "file", "suite"}], "dry_run": bool, "problems": [str]}
 
 ``problems`` derives, from those fields alone, why a record is not attested ([] when it is); the completeness
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clustergate import manifest, suitefiles
+from clustergate import loaded_code, manifest, source_import, suitefiles
 from workloads.node.gpu_presence import NvidiaDevices
 
 REFERENCES = ("RECORD", "git")
@@ -43,13 +44,17 @@ SHOWN = 6
 RUN_CLEAN = ("run with the suite's plugins alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (the checkout's pytest "
              "configuration and `clustergate run` set it), no -p or plugins in PYTEST_ADDOPTS, no conftest.py "
              "outside the suite")
+RUN_FROM_SOURCE = "remove the suite's __pycache__ folders and run again"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @functools.cache
 def code() -> suitefiles.Checked:
-    """This installation's suite files, checked against their reference (once a process)."""
-    return suitefiles.check()
+    """This installation's suite files, checked against their reference (once a process); from here on a module of
+    the suite is loaded only with its attested bytes (``clustergate.source_import``)."""
+    checked = suitefiles.check()
+    source_import.attested({str(path): checked.sha256[rel] for rel, path in checked.paths.items()})
+    return checked
 
 
 def suite_digest() -> str:
@@ -140,11 +145,16 @@ def profile_problem(cpu: bool, found: NvidiaDevices, dry_run: bool) -> str | Non
 
 
 # ---- the section, and what it says ------------------------------------------------------------------------------
-def section(checked: suitefiles.Checked, plugins: list[dict[str, Any]], dry_run: bool) -> dict[str, Any]:
-    """results.json's ``attestation`` for the code ``checked``, the ``plugins`` loaded, and ``dry_run``."""
+def section(checked: suitefiles.Checked, plugins: list[dict[str, Any]], dry_run: bool,
+            foreign_code: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """results.json's ``attestation`` for the code ``checked``, the ``plugins`` loaded, and ``dry_run``;
+    ``foreign_code``: the modules whose code is not the attested source (None: those of this process as loaded now,
+    ``clustergate.loaded_code``)."""
+    foreign_code = loaded_code.foreign(checked) if foreign_code is None else foreign_code
     data: dict[str, Any] = {"suite_digest": checked.digest, "reference": checked.reference,
                             "modified": list(checked.modified), "extra": list(checked.extra),
-                            "missing": list(checked.missing), "plugins": plugins, "dry_run": dry_run}
+                            "missing": list(checked.missing), "foreign_code": foreign_code, "plugins": plugins,
+                            "dry_run": dry_run}
     data["problems"] = _problems(data, why_none=checked.why_none)
     return data
 
@@ -184,6 +194,13 @@ def _problems(data: Any, why_none: str | None = None) -> list[str]:
             differing.append(f"{kind} {_named(paths)}")
     if differing:
         out.append(f"its code is not the shipped suite ({reference}): " + "; ".join(differing))
+    code = data.get("foreign_code")
+    if not isinstance(code, list) or not all(isinstance(c, Mapping) for c in code):
+        out.append("its attestation does not say whether its modules ran from their source (no foreign_code)")
+    elif code:
+        said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
+        out.append(f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; "
+                   f"{RUN_FROM_SOURCE}")
     plugins = data.get("plugins")
     if not isinstance(plugins, list) or not plugins or not all(isinstance(p, Mapping) for p in plugins):
         out.append("its attestation lists no plugins")

@@ -4,7 +4,7 @@ a cpu run on a GPU node says it is a dry run; and every input is read safely (cl
 The rules on planted suites (a git checkout, an installed wheel's RECORD, neither) and planted records; then runs
 under torchrun as a user starts them: README's command 1 (the shared run) attests itself, a plugin through
 PYTEST_ADDOPTS and a gutted copy of the suite on PYTHONPATH each make a run that would accept partial, naming the
-plugin or the file, and a FIFO given as an input stops every rank at once.
+plugin or the file, and a FIFO given as an input stops every rank at once. (Bytecode: tests/test_code_from_source.py.)
 """
 
 from __future__ import annotations
@@ -199,6 +199,12 @@ def test_a_clean_attestation_has_no_problems_and_a_missing_one_is_a_problem() ->
      "1 plugins that are not the suite's were loaded: skipper (/site/skipper.py); run with the suite's plugins "
      "alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"),
     (lambda a: a.pop("dry_run"), "its attestation does not say whether it was a dry run"),
+    (lambda a: a.pop("foreign_code"), "its attestation does not say whether its modules ran from their source"),
+    (lambda a: a.update(foreign_code=[{"module": "workloads.x", "file": "/s/workloads/__pycache__/x.cpython-311.pyc",
+                                       "why": "bytecode not compiled from its source"}]),
+     "1 modules of the suite ran code that is not their attested source: workloads.x "
+     "(/s/workloads/__pycache__/x.cpython-311.pyc: bytecode not compiled from its source); remove the suite's "
+     "__pycache__ folders and run again"),
 ])
 def test_each_field_is_read_again_and_the_recorded_problems_are_never_trusted(edit: Any, says: str) -> None:
     section = attested()
@@ -327,6 +333,7 @@ def test_readme_command_1_attests_itself(node_run: Path) -> None:  # noqa: F811
     assert (section["reference"], section["modified"], section["extra"], section["missing"]) == ("git", [], [], []), \
         section
     assert section["suite_digest"] == attestation.suite_digest() and section["dry_run"] is False
+    assert section["foreign_code"] == []  # every module of the suite it loaded ran its attested source
     names = {p["name"] for p in section["plugins"]}
     assert {"html", "metadata", "clustergate", "junitxml"} <= names and "xdist" not in names
     assert all(p["suite"] for p in section["plugins"]) and section["problems"] == []
