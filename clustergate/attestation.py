@@ -9,7 +9,7 @@ not (``plugin_entry``). results.json keeps them as its ``attestation`` section:
 
     {"suite_digest": "sha256:<hex>", "reference": "RECORD" | "git" | "none",
      "modified": [path], "extra": [path], "missing": [path], "foreign_code": [{"module", "file", "why"}],
-     "plugins": [{"name", "version", "file", "suite"}], "dry_run": bool, "problems": [str]}
+     "plugins": [{"name", "version", "file", "suite", "why"?}], "dry_run": bool, "problems": [str]}
 
 ``problems`` derives, from those fields alone, why a record is not attested ([] when it is); the completeness
 rule (``clustergate.completeness.partial``) adds them to its reasons, so the run's own verdict, the re-render,
@@ -18,12 +18,16 @@ merge, sign-off and calibrate all call such a run ``partial``, whatever its test
 
 The suite's plugins are pytest's own, clustergate's (its plugin and its opt-in entry point), pytest-html and
 pytest-metadata (which the report needs), and the suite's conftest files; any other (``-p``, ``PYTEST_ADDOPTS``,
-an installed entry point, a ``conftest.py`` outside the suite) is named with its file.
+an installed entry point, a ``conftest.py`` outside the suite) is named with its file. In pytest's, pytest-html's and
+pytest-metadata's folders, a plugin is theirs only where each file it loads hooks from is one its distribution
+shipped, with the sha256 its RECORD gives: a file planted there, or one changed, is another plugin.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import re
@@ -36,14 +40,19 @@ from workloads.node.gpu_presence import NvidiaDevices
 
 REFERENCES = ("RECORD", "git")
 """What the code can be checked against; ``none`` is no reference."""
-SUITE_DISTRIBUTIONS = {"_pytest": "pytest", "pytest": "pytest", "pytest_html": "pytest-html",
-                       "pytest_metadata": "pytest-metadata", **{p: "clustergate" for p in suitefiles.PACKAGES}}
+PLUGIN_DISTRIBUTIONS = {"_pytest": "pytest", "pytest": "pytest", "pytest_html": "pytest-html",
+                        "pytest_metadata": "pytest-metadata"}
+"""The top-level packages of the suite's plugins that are not the suite's files, and the distribution of each: their
+files are checked against its RECORD."""
+SUITE_DISTRIBUTIONS = {**PLUGIN_DISTRIBUTIONS, **{p: "clustergate" for p in suitefiles.PACKAGES}}
 """The top-level modules of the suite's plugins, and the distribution each comes with."""
 SHOWN = 6
 """How many paths or plugins a problem names (the rest are counted)."""
 RUN_CLEAN = ("run with the suite's plugins alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 (the checkout's pytest "
              "configuration and `clustergate run` set it), no -p or plugins in PYTEST_ADDOPTS, no conftest.py "
              "outside the suite")
+REINSTALL = ("pytest's, pytest-html's and pytest-metadata's folders hold only what they installed: remove any other "
+             "file there, and reinstall one whose files changed (pip install --force-reinstall)")
 RUN_FROM_SOURCE = "remove the suite's __pycache__ folders and run again"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -73,11 +82,52 @@ def suite_places() -> tuple[Path, ...]:
     suite = manifest.shipped().suite_dir()
     if suite is not None:
         places.append(Path(suite).resolve())
-    for name in ("_pytest", "pytest", "pytest_html", "pytest_metadata"):
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin:
-            places.append(Path(spec.origin).resolve().parent)
+    places += _plugin_packages()
     return tuple(places)
+
+
+@functools.cache
+def _plugin_packages() -> dict[Path, str]:
+    """Where pytest's, pytest-html's and pytest-metadata's packages are imported from: folder -> distribution."""
+    out = {}
+    for top, distribution in PLUGIN_DISTRIBUTIONS.items():
+        spec = importlib.util.find_spec(top)
+        if spec is not None and spec.origin:
+            out[Path(spec.origin).resolve().parent] = distribution
+    return out
+
+
+@functools.cache
+def _shipped(folder: Path, distribution: str) -> Mapping[Path, str]:
+    """The files ``distribution`` installed in ``folder`` (the one whose files are there, where several are on the
+    path): path -> the sha256 its RECORD gives (urlsafe base64, unpadded; ``''`` where it gives none)."""
+    for dist in importlib.metadata.distributions(name=distribution):
+        root = Path(dist.locate_file("")).resolve()
+        listed = {root / str(f): f.hash.value if f.hash and f.hash.mode == "sha256" else "" for f in dist.files or ()}
+        if folder / "__init__.py" in listed:
+            return listed
+    return {}
+
+
+@functools.cache
+def unshipped(path: Path) -> str | None:
+    """Why ``path`` (resolved), in pytest's, pytest-html's or pytest-metadata's folder, is not a file its distribution
+    shipped as it shipped it; None where it is, or where it lies in none of those folders."""
+    for folder, distribution in _plugin_packages().items():
+        if folder not in path.parents:
+            continue
+        version = _version(distribution)
+        recorded = _shipped(folder, distribution).get(path)
+        if recorded is None:
+            return f"not a file {distribution} {version} installed (its RECORD does not list it)"
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return f"unreadable ({exc.strerror or exc})"
+        if base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() != recorded:
+            return f"not the file {distribution} {version} installed (its sha256 is not the one its RECORD gives)"
+        return None
+    return None
 
 
 @functools.cache
@@ -107,8 +157,10 @@ def plugin_entry(name: str, module: str | None, file: str | None, places: Sequen
                  code_files: Sequence[str] = ()) -> dict[str, Any]:
     """One plugin as the record lists it: registered as ``name``, defined in ``module`` (its file ``file``), its
     hook functions compiled from ``code_files``. It is the suite's where its file and every hook's code lie in one
-    of ``places`` (``suite_places``). A module's ``__file__`` is its own to say; the code of its hooks records the
-    file it was compiled from, so a plugin that names a file of pytest's as its own is listed with its real file."""
+    of ``places`` (``suite_places``) and, in pytest's, pytest-html's or pytest-metadata's folder, are files their
+    distribution shipped (``unshipped``: ``why`` says which is not). A module's ``__file__`` is its own to say; the
+    code of its hooks records the file it was compiled from, so a plugin that names a file of pytest's as its own is
+    listed with its real file."""
     path = Path(file).resolve() if file else None
     top = (module or "").split(".", 1)[0]
 
@@ -116,18 +168,22 @@ def plugin_entry(name: str, module: str | None, file: str | None, places: Sequen
         return any(p == place or place in p.parents for place in places)
 
     # Code compiled from a string ("<string>") comes from no file: never the suite's.
-    elsewhere = [Path(f) if f.startswith("<") else Path(f).resolve() for f in code_files if f]
-    elsewhere = [c for c in elsewhere if str(c).startswith("<") or not within(c)]
+    coded = [Path(f) if f.startswith("<") else Path(f).resolve() for f in code_files if f]
+    elsewhere = [c for c in coded if str(c).startswith("<") or not within(c)]
     if elsewhere:
         path = elsewhere[0]
-    suite = path is not None and within(path) and not elsewhere
+    why = None
+    if path is not None and not elsewhere:
+        why, path = next(((said, p) for p in (path, *coded) if (said := unshipped(p)) is not None), (None, path))
+    suite = path is not None and within(path) and not elsewhere and why is None
     if suite:  # a conftest, or a harness standing in for the suite, comes with no distribution
         version = _version(SUITE_DISTRIBUTIONS[top]) if top in SUITE_DISTRIBUTIONS else None
-    elif path is not None and path.name == "conftest.py":
-        version = None
+    elif why is not None or (path is not None and path.name == "conftest.py"):
+        version = None  # planted among a distribution's files, or changed: no distribution's
     else:
         version = _foreign_version(top)
-    return {"name": name, "version": version, "file": str(path) if path else None, "suite": suite}
+    entry = {"name": name, "version": version, "file": str(path) if path else None, "suite": suite}
+    return {**entry, "why": why} if why is not None else entry
 
 
 # ---- the cpu profile is a dry run ----------------------------------------------------------------------------
@@ -207,9 +263,12 @@ def _problems(data: Any, why_none: str | None = None) -> list[str]:
     else:
         foreign = [p for p in plugins if p.get("suite") is not True]
         if foreign:
-            said = [f"{p.get('name')}" + (f" ({p.get('file')})" if p.get("file") and p.get("file") != p.get("name")
-                                          else "") for p in foreign]
-            out.append(f"{len(foreign)} plugins that are not the suite's were loaded: {_named(said)}; {RUN_CLEAN}")
+            said = [f"{p.get('name')}" + (f" ({p.get('file')}" + (f": {p.get('why')}" if p.get("why") else "") + ")"
+                                          if p.get("file") and p.get("file") != p.get("name") else "")
+                    for p in foreign]
+            advice = f"; {REINSTALL}" if any(p.get("why") for p in foreign) else ""
+            out.append(f"{len(foreign)} plugins that are not the suite's were loaded: {_named(said)}; {RUN_CLEAN}"
+                       f"{advice}")
     if not isinstance(data.get("dry_run"), bool):
         out.append("its attestation does not say whether it was a dry run")
     return out
