@@ -28,8 +28,8 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGES = ("clustergate", "acceptance", "workloads")
@@ -55,6 +55,11 @@ class Checked:
     missing: tuple[str, ...] = ()
     why_none: str | None = None
     """Why there is no reference (``reference`` is ``none``), in words."""
+    paths: Mapping[str, Path] = field(default_factory=dict, compare=False, repr=False)
+    """Where each file digested was found (relative path -> path), for what the process loaded to be checked
+    against (``clustergate.loaded_code``)."""
+    sha256: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """The sha256 (hex) of each file's bytes as digested (``unreadable`` for one never read)."""
 
 
 def package_dirs() -> dict[str, Path]:
@@ -116,12 +121,17 @@ def content(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def digest(contents: dict[str, bytes | None]) -> str:
+def hashes(contents: dict[str, bytes | None]) -> dict[str, str]:
+    """Each file's sha256 (hex), ``unreadable`` for one never read."""
+    return {rel: hashlib.sha256(data).hexdigest() if data is not None else "unreadable"
+            for rel, data in contents.items()}
+
+
+def digest(seen: Mapping[str, str]) -> str:
+    """``sha256:<hex>`` over the sorted (relative path, sha256) of the files ``seen`` (their ``hashes``)."""
     h = hashlib.sha256()
-    for rel in sorted(contents):
-        data = contents[rel]
-        seen = hashlib.sha256(data).hexdigest() if data is not None else "unreadable"
-        h.update(f"{rel}\0{seen}\n".encode())
+    for rel in sorted(seen):
+        h.update(f"{rel}\0{seen[rel]}\n".encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -206,26 +216,30 @@ def check(dirs: dict[str, Path] | None = None) -> Checked:
     dirs = package_dirs() if dirs is None else dirs
     roots = {d.parent for d in dirs.values()}
     if len(dirs) != len(PACKAGES) or len(roots) != 1:
-        contents = {rel: content(path) for rel, path in find(dirs).items()}
+        files = find(dirs)
+        contents = {rel: content(path) for rel, path in files.items()}
+        seen = hashes(contents)
         where = ", ".join(f"{name} from {d}" for name, d in dirs.items()) or "none of them found"
-        return Checked(digest(contents), "none",
+        return Checked(digest(seen), "none", paths=files, sha256=seen,
                        why_none=f"the suite's packages do not come from one directory ({where})")
     [root] = roots
     record = record_of(root)
     repository = None if record is not None else git_repository(root)
     files = find(dirs, checkout=root if repository is not None else None)
     contents = {rel: content(path) for rel, path in files.items()}
-    total = digest(contents)
+    seen = hashes(contents)
+    found = {"paths": files, "sha256": seen}
+    total = digest(seen)
     if record is not None:
         same = {rel: data is not None and record.get(rel) == _record_hash(data) for rel, data in contents.items()}
-        return Checked(total, "RECORD", *_differences(contents, record, same))
+        return Checked(total, "RECORD", *_differences(contents, record, same), **found)
     if repository is None:
         return Checked(total, "none", why_none=f"{root} is neither an installed wheel (no clustergate-*.dist-info "
-                                               "with a RECORD) nor a git checkout")
+                                               "with a RECORD) nor a git checkout", **found)
     try:
         tree = git_tree(root, repository)
     except NoReference as exc:
-        return Checked(total, "none", why_none=str(exc))
+        return Checked(total, "none", why_none=str(exc), **found)
     blobs = {rel: blob for rel, (mode, blob) in tree.items() if mode != GIT_SUBMODULE_MODE}
     same = {}
     for rel, data in contents.items():
@@ -233,4 +247,4 @@ def check(dirs: dict[str, Path] | None = None) -> Checked:
             same[rel] = files[rel].is_symlink() and _blob_id(os.readlink(files[rel]).encode()) == blobs[rel]
         else:
             same[rel] = data is not None and _blob_id(data) == blobs.get(rel)
-    return Checked(total, "git", *_differences(contents, blobs, same))
+    return Checked(total, "git", *_differences(contents, blobs, same), **found)

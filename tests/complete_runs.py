@@ -113,4 +113,5 @@ def attested(dry_run: bool = False) -> dict[str, Any]:
     plugins alone (one stands for them: pytest's own are many)."""
     plugin = attestation.plugin_entry("clustergate", "clustergate", attestation.__file__.replace(
         "attestation.py", "__init__.py"), attestation.suite_places())
-    return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run)
+    return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run,
+                               foreign_code=[])

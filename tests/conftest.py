@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import children
 import pytest
@@ -28,6 +29,15 @@ def gloo_world(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     ensure_distributed()
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    """A site key (``--key-file``), readable by this user alone."""
+    path = tmp_path / "site.key"
+    path.write_bytes(os.urandom(32).hex().encode())
+    path.chmod(0o600)
+    return path
 
 
 SHARED_RUNS = ("node_run", "waited_out", "thousand")

@@ -3,8 +3,9 @@ a cpu run on a GPU node says it is a dry run; and every input is read safely (cl
 
 The rules on planted suites (a git checkout, an installed wheel's RECORD, neither) and planted records; then runs
 under torchrun as a user starts them: README's command 1 (the shared run) attests itself, a plugin through
-PYTEST_ADDOPTS and a gutted copy of the suite on PYTHONPATH each make a run that would accept partial, naming the
-plugin or the file, and a FIFO given as an input stops every rank at once.
+PYTEST_ADDOPTS, one planted in pytest's or pytest-metadata's folder (of a copy), a file of pytest's changed, and a
+gutted copy of the suite on PYTHONPATH each make a run that would accept partial, naming the plugin or the file, and a
+FIFO given as an input stops every rank at once. (Bytecode: tests/test_code_from_source.py.)
 """
 
 from __future__ import annotations
@@ -199,6 +200,16 @@ def test_a_clean_attestation_has_no_problems_and_a_missing_one_is_a_problem() ->
      "1 plugins that are not the suite's were loaded: skipper (/site/skipper.py); run with the suite's plugins "
      "alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"),
     (lambda a: a.pop("dry_run"), "its attestation does not say whether it was a dry run"),
+    (lambda a: a.pop("foreign_code"), "its attestation does not say whether its modules ran from their source"),
+    (lambda a: a.update(foreign_code=[{"module": "workloads.x", "file": "/s/workloads/__pycache__/x.cpython-311.pyc",
+                                       "why": "bytecode not compiled from its source"}]),
+     "1 modules of the suite ran code that is not their attested source: workloads.x "
+     "(/s/workloads/__pycache__/x.cpython-311.pyc: bytecode not compiled from its source); remove the suite's "
+     "__pycache__ folders and run again"),
+    (lambda a: a["plugins"].append({"name": "_pytest.evil", "version": None, "file": "/site/_pytest/evil.py",
+                                    "suite": False, "why": "not a file pytest 9 installed"}),
+     "1 plugins that are not the suite's were loaded: _pytest.evil (/site/_pytest/evil.py: not a file pytest 9 "
+     "installed); run with the suite's plugins alone"),
 ])
 def test_each_field_is_read_again_and_the_recorded_problems_are_never_trusted(edit: Any, says: str) -> None:
     section = attested()
@@ -241,6 +252,27 @@ def test_plugins_are_the_suites_where_their_files_are() -> None:
                                     [_pytest.terminal.__file__])["suite"]
     from_text = attestation.plugin_entry("evil", "evil", _pytest.terminal.__file__, places, ["<string>"])
     assert from_text["suite"] is False and from_text["file"] == "<string>"
+
+
+def test_a_plugin_file_in_pytests_folders_is_theirs_only_as_their_record_lists_it() -> None:
+    """A file their RECORD does not list (one that is not there is never listed) is no plugin of theirs."""
+    import _pytest.terminal
+    import pytest_metadata.plugin
+
+    places = attestation.suite_places()
+    for module in (_pytest.terminal, pytest_metadata.plugin):
+        real = Path(module.__file__).resolve()
+        assert attestation.unshipped(real) is None
+        planted = real.with_name("cg_evil.py")
+        entry = attestation.plugin_entry("evil", f"{module.__name__.rpartition('.')[0]}.cg_evil", str(planted), places)
+        distribution = "pytest" if module is _pytest.terminal else "pytest-metadata"
+        assert entry == {"name": "evil", "version": None, "file": str(planted), "suite": False,
+                         "why": f"not a file {distribution} {importlib.metadata.version(distribution)} installed "
+                                "(its RECORD does not list it)"}
+    # A plugin of pytest's whose hooks come from a file pytest did not install: named by that file.
+    hooked = attestation.plugin_entry("terminal", "_pytest.terminal", _pytest.terminal.__file__, places,
+                                      [str(Path(_pytest.terminal.__file__).with_name("cg_evil.py"))])
+    assert hooked["suite"] is False and hooked["file"].endswith("_pytest/cg_evil.py") and "RECORD" in hooked["why"]
 
 
 def test_the_cpu_profile_on_a_gpu_node_is_a_dry_run() -> None:
@@ -327,6 +359,7 @@ def test_readme_command_1_attests_itself(node_run: Path) -> None:  # noqa: F811
     assert (section["reference"], section["modified"], section["extra"], section["missing"]) == ("git", [], [], []), \
         section
     assert section["suite_digest"] == attestation.suite_digest() and section["dry_run"] is False
+    assert section["foreign_code"] == []  # every module of the suite it loaded ran its attested source
     names = {p["name"] for p in section["plugins"]}
     assert {"html", "metadata", "clustergate", "junitxml"} <= names and "xdist" not in names
     assert all(p["suite"] for p in section["plugins"]) and section["problems"] == []
@@ -391,6 +424,58 @@ def test_a_plugin_through_pytest_addopts_makes_the_run_partial_naming_it(tmp_pat
     # Its skip rests on no fact either (a plugin's pytest.skip records none): both are said.
     assert res["reason"] == ("ran less than a complete run: 1 skips are not earned by a recorded fact: test_measured "
                              f"(no skip fact recorded); {said}")
+
+
+def _copy_of(distribution: str, site: Path) -> Path:
+    """``distribution``'s package and dist-info copied into ``site`` (first on the run's path, they are the ones it
+    imports and whose RECORD is read); its package folder there."""
+    dist = importlib.metadata.distribution(distribution)
+    installed = Path(dist.locate_file("")).resolve()
+    tops = {str(f).split("/", 1)[0] for f in dist.files or () if str(f).endswith("__init__.py")}
+    info = next(str(f).split("/", 1)[0] for f in dist.files or () if str(f).endswith(".dist-info/RECORD"))
+    for top in (*tops, info):
+        shutil.copytree(installed / top, site / top, ignore=shutil.ignore_patterns("__pycache__"))
+    return site / ("_pytest" if distribution == "pytest" else distribution.replace("-", "_"))
+
+
+HIDER = ("import pytest\n\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_pyfunc_call(pyfuncitem):\n"
+         "    return True if pyfuncitem.name == 'test_plain' else None\n")
+"""A plugin that passes a test without running its body."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "distribution"), [("planted", "pytest"), ("planted", "pytest-metadata"),
+                                                    ("changed", "pytest")])
+def test_a_plugin_planted_in_or_changed_among_pytests_files_makes_the_run_partial_naming_it(
+        tmp_path: Path, case: str, distribution: str) -> None:
+    """In a copy of pytest's and pytest-metadata's installed files (never this environment's): a plugin planted in
+    the package's folder and loaded with -p, or a file of pytest's changed, is not theirs: partial, named by its file
+    and why. Everything else of theirs is."""
+    site = tmp_path / "site"
+    folders = {d: _copy_of(d, site) for d in ("pytest", "pytest-metadata")}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    version = importlib.metadata.version(distribution)
+    if case == "planted":
+        named = folders[distribution] / "cg_evil.py"
+        named.write_text(HIDER)
+        env["PYTEST_ADDOPTS"] = f"-p {folders[distribution].name}.cg_evil"
+        why = f"not a file {distribution} {version} installed (its RECORD does not list it)"
+    else:
+        named = folders[distribution] / "skipping.py"
+        named.write_text(named.read_text() + "\n# changed after pytest installed it\n")
+        why = f"not the file {distribution} {version} installed (its sha256 is not the one its RECORD gives)"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    job = run_job(run_dir, _planted(run_dir), timeout=180, env=env)
+    res = job.results
+    assert job.codes == [1] and [t["outcome"] for t in res["tests"]] == ["passed", "passed"], job.output[-3000:]
+    section = res["attestation"]
+    assert [p for p in section["plugins"] if not p["suite"]] == [
+        {"name": "skipping" if case == "changed" else f"{named.parent.name}.cg_evil", "version": None,
+         "file": str(named), "suite": False, "why": why}], section["plugins"]
+    assert res["verdict"] == "partial" and f"({named}: {why})" in res["reason"]
+    others = [p for p in section["plugins"] if p["suite"] and p["file"] and p["file"].startswith(str(site))]
+    assert {"terminal", "metadata"} <= {p["name"] for p in others}  # the copy's own files are theirs
 
 
 @pytest.mark.slow

@@ -195,14 +195,6 @@ def test_a_copied_run_directory_is_judged_by_the_node_files_it_holds(tmp_path: P
 
 # ---- keyed records -------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def key_file(tmp_path: Path) -> Path:
-    path = tmp_path / "site.key"
-    path.write_bytes(os.urandom(32).hex().encode())
-    path.chmod(0o600)
-    return path
-
-
 def signed_nodes(tmp_path: Path, key: bytes) -> Path:
     """Healthy node runs of run-0412, each signed by its node as a keyed run signs its results.json."""
     return nodes(tmp_path, {h: keyed.sign(json.loads(json.dumps(node_results(h, i + 1) | {"run_id": RUN})), key, h)

@@ -26,9 +26,13 @@ TRIVIAL = "def test_one():\n    assert 1 + 1 == 2\n"
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+            tmp_path_factory: pytest.TempPathFactory) -> pytest.Pytester:
     for key, value in job_env({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}).items():
         monkeypatch.setenv(key, value)
+    # pytester makes the project the home folder: the user's cache folder (clustergate's bytecode cache, which gets
+    # the opt-in module's code) is the user's, not the project's.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
     pytester.makepyfile(test_one=TRIVIAL)
     return pytester
 
