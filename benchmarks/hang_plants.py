@@ -1,31 +1,38 @@
-"""The hangs of the fault table (docs/how-it-works.md), planted on this machine's GPUs and timed: for one call of a
-lent 2-GPU machine (about 5 minutes; each plant is bounded).
+"""The hangs of the fault table (docs/how-it-works.md), planted on this machine's GPUs and timed: for one or two calls
+of a lent GPU machine (a plant takes 1-2 minutes with its start-up; each is bounded).
 
-    python benchmarks/hang_plants.py [--out DIR] [--plants stop,spin,skip,kill] [--budget 330] [--dry-run]
+    python benchmarks/hang_plants.py [--out DIR] [--plants stop,spin,...] [--budget 540] [--dry-run]
 
-Each plant is a test file run by torchrun on every GPU (2 ranks on a 2-GPU machine) under the profile NVML
-chooses (h100-sxm-80gb or h200: the workloads' collectives time out after 300 s, a test after the level's 600 s),
-as the whole suite (tests/faults/planted_suite.py):
+Each plant is a test file run by torchrun on this machine's GPUs under the profile NVML chooses (the workloads'
+collectives time out after its collective_timeout_s, 300 s; a test after the level's 600 s), as the whole suite
+(tests/faults/planted_suite.py). With two ranks (a machine of 2 GPUs or more):
 
 - ``stop``: rank 1 SIGSTOPped in a loop of NCCL all_reduce, rank 0 waiting in one;
 - ``spin``: rank 1's GPU spins in a kernel (``torch.cuda._sleep``) ahead of the all_reduce rank 0's GPU started;
 - ``skip``: rank 1 passes the test without the all_reduce rank 0 waits in;
-- ``kill``: rank 1 killed with SIGKILL in a loop of all_reduce.
+- ``kill``: rank 1 killed with SIGKILL in a loop of all_reduce;
+- ``hung``: every GPU spins in the same collective: both ranks broadcast 1 GiB, each as its root, so each sends and
+  none receives (started on every GPU, completed on none: what an NVSwitch or fabric manager fault looks like).
+
+With one rank (a node of one GPU, as the ``*-1gpu`` profiles): ``lone-spin``, its GPU spins in a kernel and the rank
+waits for it (``torch.cuda.synchronize``); ``lone-stop``, the rank SIGSTOPped in a loop of work (its keeper continues
+it after 30 s and it finds itself frozen).
 
 For each: the seconds from the fault (the signal sent, or the planted code's file as it goes astray) to the end of
 the job; torchrun's exit status; results.json's error, error_ranks and hang (kind, collective, the flight recorder
 read: ``source``); every process of the job still there after it (the process table: agents, ranks, their
 keepers) and every GPU process left (nvidia-smi). One line per plant on stdout; everything in one tar,
 DIR/hang_plants.tgz (DIR: --out, else $OUT, else reports/hang-plants-TIME): hang_plants/hang_plants.json and each
-plant's folder (the planted test, its report directory, torchrun's output). Exit 0 when every plant ended within
-60 s and left no process.
+plant's folder (the planted test, its report directory, torchrun's output). A plant that needs more GPUs than the
+machine has is skipped, saying so. Exit 0 when every plant run ended within 60 s and left no process.
 
 Every process a plant starts is ended, whatever happens: each torchrun runs under coreutils' ``timeout`` (which
 outlives this script), every process of its job is continued and killed once it ends or fails (SIGCONT, then
 SIGKILL), on SIGTERM, SIGINT and SIGHUP too; a rank's own keeper continues a rank left stopped.
 
-With ``--dry-run`` (no GPU): 2 CPU ranks under the cpu profile, with the GPU profile's timeouts given on the
-command line; ``spin`` becomes a rank computing on in torch's C++.
+With ``--dry-run`` (no GPU): CPU ranks under the cpu profile, with the GPU profile's timeouts given on the command
+line; ``spin`` becomes a rank computing on in torch's C++, ``lone-spin`` a rank asleep in one call; ``hung`` is a
+gloo broadcast of 64 MiB, whose bound at the cpu profile's bandwidth floor (1 MB/s) is minutes: not a dry run's.
 """
 
 from __future__ import annotations
@@ -50,10 +57,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from torchrun_job import descendants  # noqa: E402  (the suite's own: every process below torchrun, sessions and all)
 
-PLANTS = ("stop", "spin", "skip", "kill")
+PLANTS = {"stop": (2, 1), "spin": (2, None), "skip": (2, None), "kill": (2, 1), "hung": (2, None),
+          "lone-spin": (1, None), "lone-stop": (1, 0)}
+"""Each plant's ranks (one a GPU), and the rank the harness signals (None: the planted code goes astray itself)."""
 JOB_LIMIT_S = 150
 """A plant's hang guard: start-up (20-40 s on a GPU) and the 60 s the product promises, with room."""
-BUDGET_S = 330
+BUDGET_S = 540
 """The whole script's (--budget): a plant that no longer fits with its start-up and 60 s is skipped, saying so."""
 FITS_S = 100
 """What a plant needs to fit: its start-up and the 60 s it may take, with its teardown."""
@@ -87,6 +96,15 @@ def spin() -> None:
         a = torch.tanh(a @ a)
 
 
+def spin_and_wait() -> None:
+    """This rank's device spins and the rank waits for it (on a CPU: one call that sleeps for 300 s)."""
+    if DEVICE.type == "cuda":
+        torch.cuda._sleep(2**40)
+        torch.cuda.synchronize(DEVICE)
+    else:
+        time.sleep(300)
+
+
 def test_first() -> None:
     t = torch.ones(4, device=DEVICE)
     dist.all_reduce(t)
@@ -98,12 +116,18 @@ def test_planted() -> None:
     Path(f"ready-{rank}").write_text(str(os.getpid()))
     t = torch.ones(1 << 20, device=DEVICE)
     PLANT = "{plant}"
-    if PLANT in ("stop", "kill"):
+    if PLANT in ("stop", "kill", "lone-stop"):
         deadline = time.monotonic() + 300  # a hang guard: the harness acts within seconds
         while time.monotonic() < deadline:
             dist.all_reduce(t)
             sync()
             time.sleep(0.05)
+    elif PLANT == "lone-spin":
+        spin_and_wait()
+    elif PLANT == "hung":
+        big = torch.ones((1 << 28) if DEVICE.type == "cuda" else (1 << 24), device=DEVICE)  # 1 GiB, 64 MiB
+        dist.broadcast(big, src=rank)  # every rank its own root: each sends, none receives
+        sync()
     elif PLANT == "spin":
         if rank == 1:
             spin()
@@ -119,8 +143,8 @@ def test_never_reached() -> None:
     pass
 '''
 
-SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
-"""The plants the harness acts on (rank 1 gets the signal); the others go astray by themselves."""
+SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL, "lone-stop": signal.SIGSTOP}
+"""The plants the harness acts on (the rank ``PLANTS`` names gets the signal); the others go astray by themselves."""
 
 
 def alive(pid: int) -> bool:
@@ -189,7 +213,7 @@ def plant(name: str, folder: Path, env: dict[str, str], jobs: Jobs, dry_run: boo
     jobs.roots.append(job)
     row: dict[str, Any] = {"plant": name}
     deadline = started + limit_s
-    ready = [wait_for(folder / f"ready-{r}", deadline) for r in (0, 1)]
+    ready = [wait_for(folder / f"ready-{r}", deadline) for r in range(nproc)]
     if None in ready:
         row["problem"] = "the planted test was not reached (see torchrun.out)"
     else:
@@ -197,7 +221,7 @@ def plant(name: str, folder: Path, env: dict[str, str], jobs: Jobs, dry_run: boo
         jobs.track()
         fault = max(ready)  # type: ignore[type-var]
         if name in SIGNALS:
-            os.kill(int((folder / "ready-1").read_text()), SIGNALS[name])
+            os.kill(int((folder / f"ready-{PLANTS[name][1]}").read_text()), SIGNALS[name])
             fault = time.monotonic()
         tree = {job.pid, *descendants(job.pid)}
         while job.poll() is None and time.monotonic() < deadline + 15:
@@ -233,7 +257,8 @@ def wheels_site(wheels: Path, work: Path) -> str | None:
 def torch_records() -> dict[str, Any]:
     """Which of torch's flight-recorder dumps this torch has (the plugin reads them back)."""
     code = ("import json, torch, torch._C._distributed_c10d as c; print(json.dumps({'torch': torch.__version__, "
-            "'cuda': torch.version.cuda, 'dumps': sorted(n for n in dir(c) if n.startswith('_dump_'))}))")
+            "'cuda': torch.version.cuda, 'gpus': torch.cuda.device_count(), "
+            "'dumps': sorted(n for n in dir(c) if n.startswith('_dump_'))}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -271,19 +296,24 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
     summary: dict[str, Any] = {"torch": torch_records(), "dry_run": args.dry_run, "plants": []}
+    gpus = 2 if args.dry_run else int(summary["torch"].get("gpus") or 0)
     end = time.monotonic() + args.budget
     try:
         for name in names:
-            left = end - time.monotonic()
-            if left < FITS_S:
-                summary["plants"].append({"plant": name, "problem": f"skipped: {left:.0f} s of the budget left"})
-                print(f"{name}: skipped, {left:.0f} s of the --budget left", flush=True)
+            left, nproc = end - time.monotonic(), PLANTS[name][0]
+            why = f"{left:.0f} s of the --budget left" if left < FITS_S else \
+                f"it needs {nproc} GPUs, this machine has {gpus}" if nproc > gpus else None
+            if why:
+                summary["plants"].append({"plant": name, "problem": f"skipped: {why}"})
+                print(f"{name}: skipped, {why}", flush=True)
                 continue
-            row = plant(name, work / name, env, jobs, args.dry_run, nproc=2, limit_s=min(JOB_LIMIT_S, left - 15))
+            row = plant(name, work / name, env, jobs, args.dry_run, nproc=nproc,
+                        limit_s=min(JOB_LIMIT_S, left - 15))
             summary["plants"].append(row)
             print(f"{name}: {row.get('seconds', '-')} s from the fault to the job's end (exit {row.get('exit')}); "
                   f"error_ranks {row.get('error_ranks')}; hang {row.get('hang_kind')} via {row.get('source')}; "
-                  f"left {row.get('left')}; GPU processes left {row.get('gpu_processes_left')}", flush=True)
+                  f"left {row.get('left')}; GPU processes left {row.get('gpu_processes_left')}; error: "
+                  f"{str(row.get('error') or row.get('problem') or '').splitlines()[0:1]}", flush=True)
             (work / "hang_plants.json").write_text(json.dumps(summary, indent=1))
     finally:
         summary["left_at_the_end"] = jobs.end_all()
@@ -294,7 +324,8 @@ def main() -> int:
             tar.add(work, arcname="hang_plants")
         shutil.rmtree(work.parent, ignore_errors=True)
         print(f"written: {out / 'hang_plants.tgz'}")
-    return 0 if all(r.get("within_60_s") and not r.get("left") for r in summary["plants"]) else 1
+    ran = [r for r in summary["plants"] if not str(r.get("problem", "")).startswith("skipped")]
+    return 0 if all(r.get("within_60_s") and not r.get("left") for r in ran) else 1
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ class FakeLiveness:
         self.kwargs = kwargs
         self.published: dict[str, Any] | None = None
         self.stopped_beside: dict[int, int] | None = None
+        self.freeze: dict[str, Any] | None = None
+        """A freeze of this rank, which ended at its "until" (the run's clock): found by a test phase that began before
+        it ended (``frozen_since``)."""
+
+    def frozen_since(self, since: float) -> dict[str, Any] | None:
+        return self.freeze if self.freeze is not None and self.freeze["until"] >= since else None
 
     def evidence(self, finding: Any, world_size: int, beside: dict[int, int]) -> dict[str, Any]:
         self.stopped_beside = beside

@@ -8,9 +8,11 @@ real process watching a real one. The real hangs, planted under torchrun, are te
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,9 +28,26 @@ from waited_out_runs import alive
 from clustergate import manifest
 from clustergate.run import interrupts
 from clustergate.run.flight import Group, Recorder
-from clustergate.run.limits import BEAT_S, BLOCKED_S, NO_PROGRESS_S, SILENT_S
-from clustergate.run.liveness import Finding, Liveness, Position, Wait, judge, stack
+from clustergate.run.interrupts import listens_on
+from clustergate.run.limits import (
+    AGENT_STOPPED_S,
+    BEAT_S,
+    BLOCKED_S,
+    COLLECTIVE_SLACK,
+    DEFAULT_BANDWIDTH_GBPS,
+    FREEZE_S,
+    NO_PROGRESS_S,
+    SILENT_S,
+    STILL_S,
+    slowest_bandwidth_gbps,
+    waiting_bound_s,
+)
+from clustergate.run.liveness import Finding, Liveness, Main, Position, Wait, judge, judge_group, stack
+from clustergate.run.peers import RendezvousStore, StoreLost
+from clustergate.thresholds import load, shipped_thresholds
 from workloads import common
+
+from torchrun_job import free_port
 
 CONTROL, WORK = "1", "0"
 START = Clock()()
@@ -204,7 +223,8 @@ def test_a_live_peer_that_never_enters_is_found_and_every_rank_ends_on_the_repor
     rank0.sleep = meanwhile
     evidence = rank0.evidence(finding, 2, {})
     assert evidence["collective"] == {"group": "the workloads' group", "group_name": WORK, "seq": 7,
-                                      "op": "gloo:all_reduce", "joined": [0], "missing": [1]}
+                                      "op": "gloo:all_reduce", "joined": [0], "missing": [1], "bytes": 0,
+                                      "bandwidth_gbps": DEFAULT_BANDWIDTH_GBPS, "bound_s": STILL_S}
     assert [e["rank"] for e in evidence["ranks"]] == [0, 1] and evidence["ranks"][1]["main"]
     assert "test_a_live_peer_that_never_enters" in evidence["ranks"][0]["stack"]  # rank 0's own main thread
     assert evidence["ranks"][1]["stack"]  # rank 1 answered (this process's stack, given by its beat)
@@ -426,3 +446,201 @@ def test_a_keeper_outlives_a_sigterm_to_its_group_and_goes_with_its_rank() -> No
         for pid in (proc.pid, keeper):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---- a hang nobody waits for: every rank making no progress (judge_group) --------------------------------------------
+def quiet(seconds: float, inside: str = "code", where: str = "t.py:9 in test_a", wait: list[Any] | None = None,
+          nbytes: int = 0, groups: dict[str, list[int]] | None = None, test: str = "t.py::test_a") -> dict[str, Any]:
+    """A rank's beat saying it has made no progress for ``seconds``, where (its own code, a collective, a control
+    exchange)."""
+    b = beat(groups=groups or {WORK: [7, -1, 6]}, wait=wait)
+    b["still"], b["test"] = [seconds, inside, where, nbytes, "S"], test
+    return b
+
+
+def grouped(beats: dict[int, dict[str, Any]], me: int = 0, silent: dict[int, float] | None = None,
+            bound: Any = None) -> Finding | None:
+    return judge_group(me, beats, silent or {}, ranks=tuple(sorted(beats)), position=TESTING,
+                       **({"bound_s": bound} if bound else {}))
+
+
+@pytest.mark.parametrize(("still", "kind"), [(STILL_S, "stuck"), (STILL_S - 1, None)])
+def test_a_lone_rank_that_makes_no_progress_in_its_own_code_is_stuck(still: float, kind: str | None) -> None:
+    found = grouped({0: quiet(still)})
+    assert (found and (found.kind, found.culprits, found.found_by, found.waited_s)) == \
+        (kind and ("stuck", (0,), 0, STILL_S))
+
+
+def test_every_rank_stuck_alike_is_named_by_the_lowest_alone() -> None:
+    beats = {0: quiet(STILL_S + 3), 1: quiet(STILL_S)}
+    found = grouped(beats)
+    assert found is not None and (found.kind, found.culprits, found.waited_s) == ("stuck", (0, 1), STILL_S)
+    assert grouped(beats, me=1) is None  # rank 1 leaves it to rank 0
+
+
+@pytest.mark.parametrize("other", [
+    quiet(STILL_S, inside="control"),  # at a phase's exchange: the judge of a rank waiting in a collective names it
+    quiet(STILL_S - 1),  # not long enough
+    quiet(STILL_S, test="t.py::test_b"),  # elsewhere
+    {**quiet(STILL_S), "alone": ["compiling", 12.0]},  # working alone within its bound
+    {**quiet(STILL_S), "stage": "concluding"},
+])
+def test_no_group_hang_while_a_rank_is_elsewhere_or_within_a_bound(other: dict[str, Any]) -> None:
+    assert grouped({0: quiet(STILL_S * 2), 1: other}) is None
+
+
+def test_ranks_waiting_for_one_stuck_in_its_own_code_name_it() -> None:
+    """Rank 1 is stuck in its own code; rank 0 waits in a point-to-point receive from it (no collective open in
+    torch's records): rank 1 is the culprit, rank 0 the one that waits."""
+    found = grouped({0: quiet(STILL_S, inside="collective", where="recv called at t.py:4"), 1: quiet(STILL_S)})
+    assert found is not None and (found.kind, found.culprits, found.joined) == ("stuck", (1,), (0,))
+
+
+def test_a_silent_rank_counts_as_one_that_makes_no_progress() -> None:
+    found = grouped({0: quiet(STILL_S, inside="collective", where="recv called at t.py:4"), 1: quiet(0.0)},
+                    silent={1: SILENT_S})
+    assert found is not None and (found.kind, found.culprits) == ("silent", (1,))
+
+
+def test_every_rank_in_an_operation_none_completes_is_a_deadlock() -> None:
+    beats = {r: quiet(STILL_S, inside="collective", where="recv called at t.py:4") for r in (0, 1)}
+    found = grouped(beats)
+    assert found is not None and (found.kind, found.culprits, found.joined) == ("deadlock", (0, 1), (0, 1))
+    # ranks in different collectives of one group are deadlocked too
+    beats = {0: quiet(STILL_S, wait=[WORK, 7, 30.0, "gloo:all_reduce"]),
+             1: quiet(STILL_S, wait=["5", 3, 30.0, "gloo:broadcast"], groups={WORK: [6, -1, 6], "5": [3, -1, 2]})}
+    assert (grouped(beats) or Finding("", (), 0)).kind == "deadlock"
+
+
+def test_one_collective_every_rank_entered_and_none_completed_is_hung_past_its_bound() -> None:
+    """Both ranks entered collective 7 (and, with NCCL's start events, started it) and neither completed it: hung once
+    it has lasted its bound, which grows with its bytes at the profile's bandwidth."""
+    def both(still: float, nbytes: int) -> dict[int, dict[str, Any]]:
+        return {r: quiet(still, wait=[WORK, 7, still, "nccl:broadcast"], nbytes=nbytes, groups={WORK: [7, 7, 6]})
+                for r in (0, 1)}
+    bound = functools.partial(waiting_bound_s, gbps=35.0)
+    assert grouped(both(STILL_S, 1 << 20), bound=bound) is None  # 1 MiB: a moment more than STILL_S
+    found = grouped(both(bound(1 << 20), 1 << 20), bound=bound)
+    assert found is not None and (found.kind, found.culprits, found.group, found.seq, found.op) == \
+        ("hung", (0, 1), WORK, 7, "nccl:broadcast")
+    big = 1 << 40  # 1 TiB at 35 GB/s, times COLLECTIVE_SLACK both ways: minutes more
+    assert waiting_bound_s(big, 35.0) == pytest.approx(STILL_S + COLLECTIVE_SLACK * 2 * big / 35e9)
+    assert grouped(both(STILL_S + 60, big), bound=bound) is None
+    assert grouped(both(waiting_bound_s(big, 35.0), big), bound=bound) is not None
+
+
+def test_the_slowest_collective_bandwidth_of_a_profile_bounds_its_collectives() -> None:
+    thresholds = load(shipped_thresholds())
+    assert slowest_bandwidth_gbps(thresholds.profile("h100-sxm-80gb")) == 35.0  # its all-to-all floors
+    assert slowest_bandwidth_gbps(thresholds.profile("cpu")) == 0.001
+
+
+class StillMain:
+    """The main thread as a beat observes it: unchanged until ``moved`` changes."""
+
+    def __init__(self) -> None:
+        self.moved, self.inside = 0, "code"
+
+    def __call__(self) -> Main:
+        return Main(self.moved, self.inside, "t.py:9 in test_a", "S")
+
+
+def test_a_lone_rank_whose_main_thread_does_not_move_is_found_stuck_by_its_own_beat() -> None:
+    found: list[Finding] = []
+    clock, main = Clock(), StillMain()
+    live = Liveness(rank=0, host=HOSTS[0], store=dist.HashStore(), position=lambda: TESTING, on_finding=found.append,
+                    on_report=lambda r: None, control=CONTROL, default=WORK, clock=clock, sleep=clock.sleep,
+                    recorder=FakeRecorder([Group(WORK, (0,), "gloo", 3, None, 3)]), observe=main)
+    live.beat()
+    for _ in range(8):  # it moves (a loop that polls wakes on every turn): never stuck
+        clock.sleep(BEAT_S * 2)
+        main.moved += 1
+        live.beat()
+    start = clock()
+    while not found and clock() < start + STILL_S + 3 * BEAT_S:
+        clock.sleep(BEAT_S)
+        live.beat()
+    [finding] = found
+    assert (finding.kind, finding.culprits) == ("stuck", (0,)) and STILL_S <= clock() - start <= STILL_S + BEAT_S
+
+
+def test_a_late_beat_is_a_freeze_that_the_test_phase_it_spans_fails_on() -> None:
+    """A beat FREEZE_S late: the rank was frozen (stopped and continued); the freeze is kept with where it happened,
+    and found by a phase that began before it ended, not by one that began after."""
+    found: list[Finding] = []
+    rank0, _, clock = two_ranks(found, [])
+    rank0.beat()
+    began = clock()
+    clock.sleep(BEAT_S + FREEZE_S + 1)
+    rank0.beat()
+    assert found == [] and rank0.longest_late == FREEZE_S + 1
+    [freeze] = rank0.freezes
+    assert (freeze["seconds"], freeze["test"], freeze["phase"]) == (FREEZE_S + 1, "t.py::test_a", "call")
+    assert rank0.frozen_since(began) == freeze and rank0.frozen_since(clock() + 1) is None
+    summary = rank0.summary(2)
+    assert summary is not None and summary["freezes"] == [Liveness.public(freeze)]
+    assert summary["longest_late_s"] == FREEZE_S + 1 and summary["freeze_bound_s"] == FREEZE_S
+
+
+# ---- the agent: its store unanswered, the launcher stopped ----------------------------------------------------------
+SERVE = ("import sys, time, torch.distributed as d\n"
+         "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False)\n"
+         "s.set('a', '1'); print('up', flush=True); time.sleep(120)\n")
+
+
+def test_a_store_whose_server_stops_answering_is_lost_once_and_fails_at_once_after() -> None:
+    """A real TCPStore server (as torchrun's agent serves one) SIGSTOPped: torch's client would wait as long as it is
+    stopped; through RendezvousStore the call is given up on after its timeout, the run is told once, and every later
+    call fails at once."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVE, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        told: list[str] = []
+        store = RendezvousStore(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False),
+                                where=f"127.0.0.1:{port}", timeout_s=1.0)
+        store.on_lost = told.append
+        assert store.get("a") == b"1" and store.check(["a"])
+        os.kill(server.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(StoreLost):
+            store.check(["a"])
+        assert 1.0 <= time.monotonic() - start < 5.0  # its own timeout, plus a busy machine's start of a thread
+        assert told == ["did not answer within 1 s (its check)"] and store.lost == told[0]
+        start = time.monotonic()
+        with pytest.raises(StoreLost):
+            store.get("a")
+        assert time.monotonic() - start < 0.5 and len(told) == 1
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+def test_a_rank_whose_launcher_is_stopped_finds_it_after_agent_stopped_s() -> None:
+    found: list[Finding] = []
+    launcher = subprocess.Popen(["sleep", "60"])
+    try:
+        clock = Clock()
+        live = Liveness(rank=0, host=HOSTS[0], store=dist.HashStore(), position=lambda: TESTING,
+                        on_finding=found.append, on_report=lambda r: None, control=CONTROL, default=WORK, clock=clock,
+                        sleep=clock.sleep, recorder=FakeRecorder([]), launcher=launcher.pid, observe=StillMain())
+        live.beat()
+        os.kill(launcher.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        while not found and clock() < START + 2 * AGENT_STOPPED_S:
+            clock.sleep(BEAT_S)
+            live.beat()
+        [finding] = found
+        assert finding.kind == "launcher stopped" and AGENT_STOPPED_S <= finding.waited_s <= AGENT_STOPPED_S + BEAT_S
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_a_process_that_listens_on_a_port_is_found_by_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert listens_on(os.getpid(), port) and not listens_on(os.getpid(), free_port())

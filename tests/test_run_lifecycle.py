@@ -13,6 +13,7 @@ tests/test_faults.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,9 +31,11 @@ from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
 from clustergate.run.lifecycle import Stage
 from clustergate.run.limits import (
+    AGENT_STOPPED_S,
     BLOCKED_S,
     EXCHANGE_GRACE_S,
     FINAL_S,
+    FREEZE_S,
     LEAVING_S,
     NO_PROGRESS_S,
     POLL_S,
@@ -42,9 +45,12 @@ from clustergate.run.limits import (
     SIGNAL_GRACE_S,
     SILENT_S,
     STARTUP_S,
+    STILL_S,
+    STORE_CALL_S,
     exit_status,
 )
 from clustergate.run.liveness import Finding
+from clustergate.run.peers import StoreLost
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
 
 
@@ -213,6 +219,38 @@ def skipped_after_failing(h: Harness) -> None:
         _finding(h, Finding("skipped", (0,), 0, "0", 7, BLOCKED_S, (1,)))
 
 
+def every_rank_stuck(h: Harness) -> None:
+    """Neither rank has moved in its own code for STILL_S, in the same test: rank 0, the lowest, names both."""
+    if h.run.stage is Stage.TESTING:
+        _finding(h, Finding("stuck", (0, 1), 0, waited_s=STILL_S))
+
+
+def deadlock(h: Harness) -> None:
+    """Each rank waits in a torch.distributed call none of them will complete (each receives from the other)."""
+    if h.run.stage is Stage.TESTING:
+        _finding(h, Finding("deadlock", (0, 1), 0, waited_s=STILL_S, joined=(0, 1)))
+
+
+def collective_hung(h: Harness) -> None:
+    """Both ranks entered collective 7 and neither completed it within its bound."""
+    if h.run.stage is Stage.TESTING:
+        _finding(h, Finding("hung", (0, 1), 0, "0", 7, STILL_S + 1, (0, 1), op="gloo:all_reduce"))
+
+
+def launcher_stopped(h: Harness) -> None:
+    """Rank 0's launcher (torchrun's agent) has been stopped for AGENT_STOPPED_S: its beat says so."""
+    _finding(h, Finding("launcher stopped", (), 0, waited_s=AGENT_STOPPED_S))
+
+
+def store_lost(h: Harness) -> None:
+    """A call to the rendezvous store went unanswered for STORE_CALL_S (its agent stopped): the run is told once
+    (from the thread that made the call), from the moment it listens (every rank known)."""
+    store = h.run.peers.store
+    if store is not None and store.on_lost is not None and h.run.stage is not Stage.ENDED:
+        with contextlib.suppress(StoreLost):
+            store._lose(f"did not answer within {STORE_CALL_S:.0f} s (its check)")
+
+
 def hang_reported(h: Harness) -> None:
     """Rank 1 found a hang (rank 1 itself, not entering) and published its report: rank 0 ends on it."""
     if h.run.liveness is not None and h.run.position().stage != Stage.ENDED.value:
@@ -233,7 +271,8 @@ FAULTS: dict[str, Callable[[Harness], None]] = {
     "peer stuck": peer_stuck, "peer elsewhere": peer_elsewhere, "pytest.exit": pytest_exit,
     "internal error": internal_error, "failed write": failed_write, "peer frozen": peer_frozen,
     "peer not entering": peer_not_entering, "frozen itself": frozen_itself, "hang reported": hang_reported,
-    "skipped after failing": skipped_after_failing,
+    "skipped after failing": skipped_after_failing, "every rank stuck": every_rank_stuck, "deadlock": deadlock,
+    "collective hung": collective_hung, "launcher stopped": launcher_stopped, "store lost": store_lost,
 }
 
 
@@ -345,6 +384,23 @@ def _table() -> dict[tuple[str, Stage], Ends]:
         t["frozen itself", stage] = Ends(NOT_ACCEPTED, (0,), f"rank 0 (node-a) was frozen for 20 s during {w} "
                                          "(stopped by SIGSTOP, or its process could not run)")
         t["hang reported", stage] = Ends(NOT_ACCEPTED, (1,), "rank 1 (node-b) did not enter collective 7")
+    t["every rank stuck", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (0, 1), f"every rank is stuck alike in its own code during {IN_TEST}: none has made progress for "
+        "30 s (rank 0 (node-a) at t.py:3 in test_a; rank 1 (node-b) at t.py:3 in test_a)")
+    t["deadlock", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (0, 1), "every rank waits in an operation none of them will complete (a deadlock of the group) "
+        f"during {IN_TEST}: none has made progress for 30 s")
+    t["collective hung", Stage.TESTING] = Ends(
+        NOT_ACCEPTED, (0, 1), f"{collective}, entered (rank 0 (node-a), rank 1 (node-b)), completed on none within "
+        f"31 s during {IN_TEST}: the collective hangs")
+    for stage in SESSION:
+        w = where(stage)
+        t["launcher stopped", stage] = Ends(NOT_ACCEPTED, (0, 1), "the launcher of rank 0 (node-a), torchrun's agent "
+                                            f"of node 0 (pid 4242), has been stopped (SIGSTOP) for 15 s during {w}: a "
+                                            "stopped agent watches no rank and ends no job")
+        t["store lost", stage] = Ends(NOT_ACCEPTED, (), "the rendezvous store did not answer within 10 s (its check) "
+                                      f"for rank 0 (node-a) during {w}: the torchrun agent that serves it is stopped "
+                                      "or gone")
     t["peer not entering", Stage.TESTING] = Ends(
         NOT_ACCEPTED, (1,), f"rank 1 (node-b) did not enter {collective}, which rank 0 (node-a) waited in for 30 s "
         f"during {IN_TEST}: stuck in its own code (a call that does not return, or work that does not end); rank 1 "
@@ -399,6 +455,28 @@ def test_every_stage_and_fault(tmp_path: Path, fault: str, stage: Stage) -> None
         if ending.test is not None and (ending.interrupted or not ending.unwinds):  # else pytest's report says
             [test] = res["tests"]
             assert test["outcome"] == ("interrupted" if ending.interrupted else "failed"), test
+
+
+def test_a_freeze_fails_the_test_phase_it_spans_saying_when_how_long_and_where(tmp_path: Path) -> None:
+    """Rank 0 was frozen (its beat FREEZE_S + 1 late) during the test's call: that phase fails on rank 0, its message
+    saying so; the run goes on to its end and is not accepted."""
+    h = Harness(tmp_path)
+
+    def freeze_in_the_call(step: Step) -> None:  # at the setup's exchange: it ends during the call (a second later)
+        h.run.liveness.freeze = {"rank": 0, "from": 1795900000.0, "seconds": FREEZE_S + 1, "test": TEST,
+                                 "phase": "call", "until": h.clock() + 1.5}
+    h.exchange.at["setup"] = freeze_in_the_call
+    with pytest.raises(Exited):
+        h.drive()
+    res = h.results()
+    assert res is not None and res["verdict"] == "reject", res
+    [test] = res["tests"]
+    # (the fake's rank 1 sends what rank 0 sends: the phase failed on both)
+    assert test["outcome"] == "failed" and 0 in test["failed_ranks"], test
+    assert test["message"].startswith("[call] failed on "), test["message"]  # not setup, not teardown
+    assert f"rank 0 (node-a) was frozen for 6 s from 21:06:40 UTC, during {TEST} [call] (its beat could not run: " \
+        "stopped by SIGSTOP, or its process could not run): a measurement that spans it does not count" \
+        in test["message"], test["message"]
 
 
 def test_only_ranks_beside_it_are_stopped(tmp_path: Path) -> None:

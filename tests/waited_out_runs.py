@@ -34,10 +34,21 @@ import children
 import pytest
 from report_runs import shared_path
 
-from clustergate.run.limits import TEST_LIMIT_S
+from clustergate.run.interrupts import listens_on
+from clustergate.run.limits import FREEZE_S, TEST_LIMIT_S
 from clustergate.thresholds import load, shipped_thresholds
 
-from torchrun_job import ROOT, Job, JobResult, job_processes, plant, start_job, wait_for
+from torchrun_job import (
+    ROOT,
+    Job,
+    JobResult,
+    foreground_signals,
+    job_env,
+    job_processes,
+    plant,
+    start_job,
+    wait_for,
+)
 
 GPU_LIMITS = ["--collective-timeout", str(load(shipped_thresholds()).profile("h100-sxm-80gb").settings[
     "collective_timeout_s"]), "--test-timeout", str(TEST_LIMIT_S["standard"])]
@@ -136,36 +147,133 @@ def _watch_hangs_in_its_test(tmp_path: Path, job: Job) -> dict[str, Any]:
 
 # ---- test_hang_endings -------------------------------------------------------------------------------------------
 
-def _hang(fault: str, nodes: int = 1) -> Callable[[Path], Job]:
-    """A job of ``fault`` under GPU_LIMITS: 2 ranks under one agent, or (``nodes`` 2) one rank under each of two
-    agents, each rank alone on its "node"."""
+def _hang(fault: str, nodes: int = 1, nproc: int | None = None, *args: str) -> Callable[[Path], Job]:
+    """A job of ``fault`` under GPU_LIMITS: ``nproc`` ranks (default 2) under one agent, or (``nodes`` 2) one rank
+    under each of two agents, each rank alone on its "node"; ``args``: more pytest arguments."""
     def start(tmp_path: Path) -> Job:
-        return start_job(tmp_path, [*plant(tmp_path, fault), *GPU_LIMITS], nodes=nodes, nproc=2 if nodes == 1 else 1,
-                         timeout=240)
+        return start_job(tmp_path, [*plant(tmp_path, fault), *GPU_LIMITS, *args], nodes=nodes,
+                         nproc=nproc or (2 if nodes == 1 else 1), timeout=240)
     return start
 
 
-def _watch_hang(signum: int | None) -> Callable[[Path, Job], dict[str, Any]]:
-    """Rank 1 gets ``signum`` once both ranks are in the planted test (None: the planted code goes astray by itself
-    as it writes ready-1). What the job left: how long from the fault to its end, and which of its processes (every
-    process under its agents once the test began: ranks, keepers) were still there after it."""
+def _left_after(job: Job, tree: list[int]) -> list[int]:
+    """The processes of ``tree`` still there a second after the job ended (a keeper goes with its rank at once, by the
+    parent-death signal; the kernel is allowed a beat), each then killed."""
+    time.sleep(1.0)
+    left = [pid for pid in tree if alive(pid)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _watch_hang(signum: int | None, ranks: int = 2, target: int = 1) -> Callable[[Path, Job], dict[str, Any]]:
+    """Rank ``target`` gets ``signum`` once every one of ``ranks`` is in the planted test (None: the planted code goes
+    astray by itself as it writes its ready file). What the job left: how long from the fault to its end, and which
+    of its processes (every process under its agents once the test began: ranks, keepers) were still there after
+    it."""
     def watch(tmp_path: Path, job: Job) -> dict[str, Any]:
-        astray = max(wait_for(tmp_path / "ready-0"), wait_for(tmp_path / "ready-1"))
-        time.sleep(0.5)  # the pids are written, and rank 0 is in its wait
+        astray = max(wait_for(tmp_path / f"ready-{r}") for r in range(ranks))
+        time.sleep(0.5)  # the pids are written, and the others are in their wait
         tree = job_processes(job)
         if signum is not None:
-            os.kill(int((tmp_path / "ready-1").read_text()), signum)
+            os.kill(int((tmp_path / f"ready-{target}").read_text()), signum)
             astray = time.monotonic()
         try:
             r = job.wait()
         finally:
-            time.sleep(1.0)  # a keeper goes with its rank at once (the parent-death signal); allow the kernel a beat
-            left = [pid for pid in tree if alive(pid)]
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            left = _left_after(job, tree)
         return {"job": r, "took": ended_after(r, astray), "left": left}
     return watch
+
+
+def _watch_freeze(tmp_path: Path, job: Job) -> dict[str, Any]:
+    """The lone rank stopped for FREEZE_S and a few seconds more, then continued by hand (before its keeper would):
+    the run goes on, and is judged."""
+    wait_for(tmp_path / "ready-0")
+    pid = int((tmp_path / "ready-0").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(FREEZE_S + 3)
+    os.kill(pid, signal.SIGCONT)
+    return {"job": job.wait()}
+
+
+def _states(pids: list[int]) -> list[str]:
+    """Each process's state letter ("gone" once reaped)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0])
+        except (OSError, IndexError):
+            out.append("gone")
+    return out
+
+
+def _stop_agent_and_continue(job: Job, agent: subprocess.Popen[str], ranks: list[int],
+                             tree: list[int]) -> dict[str, Any]:
+    """SIGSTOP ``agent`` (torchrun's, in the job), time how long its job's ``ranks`` take to end (exited: a zombie its
+    stopped agent cannot reap), then SIGCONT it and time how long the job takes to end after that."""
+    os.kill(agent.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    deadline = stopped + 120  # a hang guard: before, the ranks of a stopped agent ran on and its job never ended
+    while time.monotonic() < deadline and not all(s in ("Z", "gone") for s in _states(ranks)):
+        time.sleep(0.2)
+    ranks_ended = time.monotonic() - stopped
+    still = _states(ranks)
+    time.sleep(2.0)  # the agent stays stopped a while longer: continued, it ends at once
+    os.kill(agent.pid, signal.SIGCONT)
+    continued = time.monotonic()
+    try:
+        r = job.wait()
+    finally:
+        left = _left_after(job, tree)
+    return {"job": r, "took": ranks_ended, "ranks_after": still, "after_continue": ended_after(r, continued),
+            "left": left}
+
+
+SLOW_FIRST_TEST = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)  # after the test itself: the run is in its call phase
+def pytest_runtest_call(item):
+    Path(f"ready-{os.environ['RANK']}").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 120  # a hang guard: the harness stops the agent long before
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+"""A plugin that makes the run's first test last two minutes on every rank: the agent is stopped meanwhile."""
+
+
+def _command_with_a_slow_test(tmp_path: Path) -> Job:
+    """``clustergate run`` of two CPU ranks (its agent runs in the command's own process) whose first test lasts."""
+    (tmp_path / "slow_first_test.py").write_text(SLOW_FIRST_TEST)
+    cmd = [sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "2", "--level", "quick", "-k", "test_world",
+           "--report-dir", str(tmp_path / "report"), "-p", "slow_first_test", *GPU_LIMITS]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=foreground_signals)
+    return Job([proc], time.monotonic(), 240, tmp_path / "report")
+
+
+def _watch_command_agent_stopped(tmp_path: Path, job: Job) -> dict[str, Any]:
+    ranks = [int((tmp_path / f"ready-{r}").read_text()) for r in range(2) if wait_for(tmp_path / f"ready-{r}")]
+    time.sleep(0.5)
+    return _stop_agent_and_continue(job, job.procs[0], ranks, job_processes(job))
+
+
+def _watch_store_agent_stopped(tmp_path: Path, job: Job) -> dict[str, Any]:
+    """Two agents of one rank each: the one that serves the ranks' store (MASTER_PORT) is stopped."""
+    ranks = [int((tmp_path / f"ready-{r}").read_text()) for r in range(2) if wait_for(tmp_path / f"ready-{r}")]
+    time.sleep(0.5)
+    environ = Path(f"/proc/{ranks[0]}/environ").read_bytes().split(b"\0")
+    port = int(next(v for v in environ if v.startswith(b"MASTER_PORT=")).split(b"=")[1])
+    [agent] = [p for p in job.procs if listens_on(p.pid, port)]
+    seen = _stop_agent_and_continue(job, agent, ranks, job_processes(job))
+    return {**seen, "agent": agent.pid, "agent_index": job.procs.index(agent)}
 
 
 STOP_AT_REPORT_DIR = """
@@ -200,11 +308,7 @@ def _watch_stopped_before_the_start(tmp_path: Path, job: Job) -> dict[str, Any]:
     try:
         r = job.wait()
     finally:
-        time.sleep(1.0)
-        left = [p for p in tree if alive(p)]
-        for p in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+        left = _left_after(job, tree)
     return {"job": r, "took": ended_after(r, float(stopped)), "left": left, "pid": int(pid)}
 
 
@@ -228,6 +332,18 @@ WAITED_OUT: dict[str, tuple[Start, Watch]] = {
                                                                   _watch_hang(signal.SIGSTOP)),
     "test_a_rank_stopped_before_the_run_starts_ends_it_named_and_nothing_is_left":
         (_stopped_before_the_start, _watch_stopped_before_the_start),
+    "test_a_lone_rank_stopped_is_named_and_ended": (_hang("collective_loop", nproc=1),
+                                                    _watch_hang(signal.SIGSTOP, ranks=1, target=0)),
+    "test_a_lone_rank_stuck_in_its_own_code_is_named": (_hang("stuck_alike", nproc=1), _watch_hang(None, ranks=1)),
+    "test_a_lone_rank_frozen_and_continued_fails_the_test_it_froze_in": (_hang("measures_for_a_while", nproc=1),
+                                                                          _watch_freeze),
+    "test_every_rank_stuck_alike_is_named": (_hang("stuck_alike"), _watch_hang(None)),
+    "test_every_rank_receiving_from_a_peer_that_never_sends_is_a_deadlock": (_hang("p2p_deadlock"),
+                                                                              _watch_hang(None)),
+    "test_the_agent_stopped_ends_the_ranks_and_the_command_continued_ends_at_once":
+        (_command_with_a_slow_test, _watch_command_agent_stopped),
+    "test_another_nodes_rank_names_the_node_whose_agent_stopped": (_hang("collective_loop", 2, None, "-s"),
+                                                                    _watch_store_agent_stopped),
 }
 """Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
 fault, timing it)."""

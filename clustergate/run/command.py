@@ -307,5 +307,7 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
     line = verdict_line(status, path, results, launched, told)
     sys.stderr.flush()
     if line is not None:
-        print(line, flush=True)
+        # A rank that ended the run early left rank 0's last line of output unfinished (a test's name, its dots): the
+        # verdict starts a line of its own.
+        print(("\n" if launched.codes else "") + line, flush=True)
     return int(status)

@@ -7,8 +7,11 @@
   that phase (the watchdog's poll);
 - SIGTERM (from outside, or from torchrun because a peer exited) and the launcher gone; SIGINT;
 - rank 0 stuck between the verdict and the final barrier (the watchdog, REPORT_S);
-- a rank that stopped making progress while its peers wait for it, or this rank frozen itself (the liveness
-  thread, ``clustergate.run.liveness``).
+- a rank that stopped making progress while its peers wait for it, or this rank frozen itself; every rank making
+  no progress alike (stuck in its own code, a lone rank's included; one collective none completes; a deadlock);
+  this rank's launcher stopped, or the rendezvous store its agent serves unanswered (the liveness thread,
+  ``clustergate.run.liveness``, and the store's client, ``clustergate.run.peers.RendezvousStore``);
+- a freeze of this rank that a test phase spans: the phase fails (``frozen_measurement``).
 
 Each function reads the run's state (``RunView``: what a detector may see of ``clustergate.run.lifecycle.Run``)
 and says what it means; none changes it.
@@ -16,6 +19,7 @@ and says what it means; none changes it.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import pytest
@@ -127,18 +131,66 @@ BUSY = {"R": "it is busy in its own work, which does not end", "S": "it waits in
 """What a live rank that does not enter a collective does, from its process state beside this rank (/proc)."""
 
 
+STILL = {"R": "busy in a call that does not end (on a GPU: waiting for device work that does not finish, a kernel "
+                "that spins)", "S": "it waits in a call that does not return",
+         "D": "it waits in a call that does not return (an uninterruptible wait, D)"}
+"""What a main thread that has not moved does, from its own state in /proc (``liveness.Main.state``)."""
+
+
+def _doing(ranks: dict[Any, dict[str, Any]], who: Any, culprits: tuple[int, ...] | list[int],
+           named: bool = True) -> str:
+    """'rank 0 (h) at t.py:12 in test_x (it waits in a call that does not return); rank 1 (h) in recv called at
+    t.py:14': where each of ``culprits`` was, as its beat said (without its name where not ``named``)."""
+    parts = []
+    for r in culprits:
+        still = ranks.get(r, {}).get("still") or []
+        where = still[2] if len(still) > 2 and still[2] else ranks.get(r, {}).get("main")
+        if not where:
+            continue
+        inside = still[1] if len(still) > 1 else "code"
+        how = STILL.get(still[4]) if len(still) > 4 and inside == "code" else None
+        parts.append((f"{who(r, gpu=True)} " if named else "") + f"{'in' if inside == 'collective' else 'at'} {where}"
+                     + (f" ({how})" if how and named else f": {how}" if how else ""))
+    return "; ".join(parts)
+
+
 def no_progress(run: RunView, finding: Finding, collective: str, evidence: dict[str, Any]) -> Ending:
     """A rank stopped making progress (``finding``, from the liveness thread): named with what it did not do, in
     which collective (``collective``: 'collective 12 (gloo:all_reduce) of the workloads' group'), for how long."""
     who, me = run.peers.who, run.world.rank
-    names = ", ".join(who(r) for r in finding.culprits)
+    names = ", ".join(who(r, gpu=True) for r in finding.culprits)
     others = [r for r in finding.joined if r not in finding.culprits]
     waiting = ", ".join(who(r) for r in others) or run.who
     ranks = {e.get("rank"): e for e in evidence.get("ranks") or [] if isinstance(e, dict)}
     where, waited = run.where_now(), finding.waited_s
     if finding.kind == "frozen":
-        cause = (f"{run.who} was frozen for {waited:.0f} s during {where} (stopped by SIGSTOP, or its process could "
-                 "not run): it stopped making progress, so the run stops")
+        cause = (f"{who(me, gpu=True)} was frozen for {waited:.0f} s during {where} (stopped by SIGSTOP, or its "
+                 "process could not run): it stopped making progress, so the run stops")
+    elif finding.kind == "stuck":
+        one = len(finding.culprits) == 1
+        if not one and not others:
+            lead = (f"every rank is stuck alike in its own code during {where}: none has made progress for "
+                    f"{waited:.0f} s")
+        else:
+            lead = (f"{names} {'is' if one else 'are'} stuck in {'its' if one else 'their'} own code during {where}: "
+                    f"no progress for {waited:.0f} s")
+        doing = _doing(ranks, who, finding.culprits, named=not one)
+        waits = _doing(ranks, who, others)
+        cause = lead + (f", {doing}" if doing and one else f" ({doing})" if doing else "") + \
+            (f"; meanwhile {waits}, waiting for {'it' if one else 'them'}" if waits else "")
+    elif finding.kind == "hung":
+        gpus = "started on every GPU" if any((ranks.get(r, {}).get("groups") or {}).get(finding.group or "", [0, -1])[1]
+                                             >= (finding.seq or 0) > 0 for r in finding.culprits) else "entered"
+        seen = evidence.get("collective") or {}
+        size = (f" ({seen['bytes'] / 2**20:.1f} MiB: at most {seen['bound_s']:.0f} s at the profile's slowest "
+                f"bandwidth, {seen['bandwidth_gbps']:g} GB/s, with its slack)" if seen.get("bound_s") else "")
+        cause = (f"{collective}, {gpus} ({names}), completed on none within {waited:.0f} s during {where}{size}: the "
+                 "collective hangs (a fabric, NVLink, NVSwitch or fabric manager fault, or ranks that called it with "
+                 "different arguments)")
+    elif finding.kind == "deadlock":
+        doing = _doing(ranks, who, finding.culprits)
+        cause = (f"every rank waits in an operation none of them will complete (a deadlock of the group) during "
+                 f"{where}: none has made progress for {waited:.0f} s" + (f" ({doing})" if doing else ""))
     elif finding.kind == "silent":
         seen = [ranks.get(r, {}) for r in finding.culprits]
         how = STATES.get(seen[0].get("process_state"), "stopped, unable to run, or its host unreachable") \
@@ -169,6 +221,42 @@ def no_progress(run: RunView, finding: Finding, collective: str, evidence: dict[
         cause = (f"{names} did not enter {collective}, which {waiting} waited in for {waited:.0f} s{during}: {how}"
                  + (f"; {doing}" if doing else ""))
     return Ending(cause, culprits=finding.culprits, stuck=tuple(r for r in finding.culprits if r != me))
+
+
+def frozen_measurement(run: RunView, freeze: dict[str, Any]) -> str:
+    """This rank was frozen (``freeze``, from the liveness thread) in the test phase that ends now: its measurement
+    does not count."""
+    began = time.strftime("%H:%M:%S", time.gmtime(float(freeze.get("from") or 0)))
+    where = f"{freeze['test']} [{freeze['phase']}]" if freeze.get("test") else run.where_now()
+    return (f"{run.peers.who(run.world.rank, gpu=True)} was frozen for {float(freeze['seconds']):.0f} s from {began} "
+            f"UTC, during {where} (its beat could not run: stopped by SIGSTOP, or its process could not run): a "
+            "measurement that spans it does not count, so this phase fails")
+
+
+def agent_lost(run: RunView, *, launcher_stopped_s: float | None, store_lost: str | None,
+               store_host: dict[str, Any] | None, culprits: tuple[int, ...]) -> Ending:
+    """torchrun's agent does not watch the run any more: this rank's own launcher is stopped (SIGSTOP; for
+    ``launcher_stopped_s``, where its beat measured it), or the rendezvous store did not answer (``store_lost``: how),
+    whose agent ``store_host`` names where known. ``culprits``: the ranks of the node whose agent it is."""
+    pid, me, node = run.outside.launcher.pid, run.world.rank, run.world.node_rank
+    who, where = run.peers.who(me, gpu=True), run.where_now()
+    store = run.peers.store
+    at = f" at {store.where}" if store is not None and store.where else ""
+    stopped = "a stopped agent watches no rank and ends no job, so the run stops (the agent, continued, ends at once)"
+    if launcher_stopped_s is not None and store_lost is None:
+        cause = (f"the launcher of {who}, torchrun's agent of node {node} (pid {pid}), has been stopped (SIGSTOP) for "
+                 f"{launcher_stopped_s:.0f} s during {where}: {stopped}")
+    elif launcher_stopped_s is not None:
+        cause = (f"the launcher of {who}, torchrun's agent of node {node} (pid {pid}), which serves the rendezvous "
+                 f"store{at}, is stopped (SIGSTOP): the store {store_lost} during {where}; {stopped}")
+    else:
+        agent = "the torchrun agent that serves it"
+        if store_host:
+            host, agent_pid = store_host.get("host"), store_host.get("pid")
+            agent = f"torchrun's agent of node {store_host['node']} ({host}, pid {agent_pid})"
+        cause = (f"the rendezvous store{at} {store_lost} for {who} during {where}: {agent} is stopped or gone, and no "
+                 "rank can tell another anything, so the run stops")
+    return Ending(cause, culprits=culprits)
 
 
 def stuck_after_verdict(run: RunView, limit_s: float) -> Ending:

@@ -189,11 +189,33 @@ class Recorder:
                     state = str(entry.get("state", ""))
                     out.append({"seq": int(entry["collective_seq_id"]), "op": str(entry.get("profiling_name", "")),
                                 "state": state, "input_sizes": entry.get("input_sizes"),
+                                "bytes": _bytes(entry.get("input_sizes"), entry.get("input_dtypes")),
                                 "created_ns": entry.get("time_created_ns"),
                                 "completed": bool(entry.get("retired")) or state == "completed"})
                 except (KeyError, TypeError, ValueError, IndexError):
                     continue
         return out
+
+
+DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4, "Int": 4, "Half": 2,
+               "BFloat16": 2, "Short": 2, "UInt16": 2, "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1,
+               "Float8_e5m2": 1}
+"""Bytes per element of the recorder's dtype names (c10's); one it does not list counts 4."""
+
+
+def _bytes(sizes: Any, dtypes: Any) -> int:
+    """A collective's input in bytes, from the recorder's ``input_sizes`` (each tensor's shape) and
+    ``input_dtypes``; 0 where it does not say."""
+    try:
+        total = 0
+        for shape, dtype in zip(sizes or [], dtypes or [], strict=False):
+            count = 1
+            for n in shape:
+                count *= int(n)
+            total += count * DTYPE_BYTES.get(str(dtype), 4)
+        return total
+    except (TypeError, ValueError):
+        return 0
 
 
 def _members() -> dict[str, tuple[Any, tuple[int, ...], str]]:

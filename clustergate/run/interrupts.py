@@ -150,6 +150,33 @@ def stopped_siblings() -> dict[int, str]:
     return found
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (this host's /proc: the listening sockets of
+    /proc/net/tcp and tcp6, and the process's descriptors). How a rank learns that its launcher serves the rendezvous
+    store (MASTER_PORT); False where /proc cannot say."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                return True
+    return False
+
+
 STACK_SIGNAL = signal.SIGUSR1
 """The signal on which a rank writes every thread's Python stack (``register_stack_dump``)."""
 

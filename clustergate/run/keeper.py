@@ -27,9 +27,9 @@ POLL_S = 1.0
 PR_SET_PDEATHSIG = 1
 
 
-def stat(pid: int) -> tuple[str, int] | None:
+def stat(pid: int | str) -> tuple[str, int] | None:
     """A process's state letter and parent pid from /proc (``T`` stopped, ``D`` in an uninterruptible wait, ``Z`` a
-    zombie); None where it is gone (or /proc cannot say)."""
+    zombie); None where it is gone (or /proc cannot say). ``pid`` may name one of its threads: 'PID/task/TID'."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(") ", 1)[1].split()
@@ -38,7 +38,7 @@ def stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def state(pid: int) -> str | None:
+def state(pid: int | str) -> str | None:
     """A process's state letter (``stat``); None where it is gone."""
     found = stat(pid)
     return found[0] if found is not None else None

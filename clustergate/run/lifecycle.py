@@ -40,6 +40,7 @@ from clustergate.results import RunRecord, nodes_from_identities, signed
 from clustergate.run import control, detectors
 from clustergate.run.control import Step
 from clustergate.run.ending import Ending, Kind, first_cause
+from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
     EXIT_EARLY,
@@ -53,6 +54,7 @@ from clustergate.run.limits import (
     STARTUP_S,
     STORE_WAIT_S,
     exit_status,
+    slowest_bandwidth_gbps,
 )
 from clustergate.run.liveness import Finding, Position
 from clustergate.run.memory import Memory
@@ -133,6 +135,8 @@ class Run:
         self._last_write = -1e9
         self._sigints = 0
         self._blocked: tuple[str, str, float] | None = None
+        self._phase_since = 0.0
+        """When the current test phase began (the run's clock): a freeze after it fails the phase."""
         self._ending_once = threading.Lock()
         gpu = identity.gpu
         self.where = Where(rank=world.rank, host=identity.host, node_rank=world.node_rank,
@@ -197,10 +201,7 @@ class Run:
 
     def gpu_label(self) -> str:
         """'gpu N serial S' for failure headers ("" on a CPU rank)."""
-        w = self.where
-        if w.gpu_index is None:
-            return ""
-        return f"gpu {w.gpu_index}" + (f" serial {w.gpu_serial}" if w.gpu_serial else "")
+        return gpu_label({"index": self.where.gpu_index, "serial": self.where.gpu_serial}) or ""
 
     # ---- configuring ----------------------------------------------------------------------------------------
     def meet(self, environment: dict[str, Any]) -> None:
@@ -211,21 +212,28 @@ class Run:
         with self._lock:
             self.identities = identities
             self.peers.hosts = [i["host"] for i in identities]
+            self.peers.gpus = [gpu_label(i.get("gpu")) for i in identities]
             self.node_count = len({i["node_rank"] for i in identities})
             self.record.nodes = nodes_from_identities(identities)
             self.record.environment = environment
         self.signals = self.outside.signals(self.on_signal)
-        if self.world.launched:
+        if self.world.supervised:  # under torchrun's agent, a lone rank included: nothing runs unwatched
             # A rank dies with its launcher: SIGTERM records why (the watcher), SIGKILL where none watches.
             self.outside.launcher.follow(signal.SIGTERM if self.signals.handles_sigterm else signal.SIGKILL)
             if self.outside.launcher.gone(settle=False):  # the launcher died before that was set
                 self.on_signal(signal.SIGTERM)
+            store = self.peers.store
+            if store is not None:  # the store unanswered: its agent is stopped or gone
+                store.on_lost = self.on_store_lost
+                self.peers.learn_store_host()
             # Progress is watched from here on, whatever the limits: every rank's beat, and its keeper.
             control = self.world.control.group_name if self.world.control is not None else None
-            self.liveness = self.outside.liveness(rank=self.world.rank, host=self.identity.host,
-                                                  store=self.peers.store, position=self.position,
-                                                  on_finding=self.on_finding, on_report=self.on_report,
-                                                  control=control)
+            self.liveness = self.outside.liveness(rank=self.world.rank, host=self.identity.host, store=store,
+                                                  position=self.position, on_finding=self.on_finding,
+                                                  on_report=self.on_report, control=control,
+                                                  world_size=self.world.world_size, node=self.world.node_rank,
+                                                  launcher=self.outside.launcher.pid,
+                                                  bandwidth_gbps=slowest_bandwidth_gbps(self.profile))
             self.outside.keeper()
 
     # ---- starting -------------------------------------------------------------------------------------------
@@ -400,6 +408,7 @@ class Run:
         with self._lock:
             self.stage = Stage.TESTING
             self.test, self.phase = nodeid, "setup"
+            self._phase_since = self.outside.clock()
         self._event("test_start", nodeid=nodeid)
         self.peers.mark(0, nodeid)
         self.watchdog.arm(nodeid, limit_s)
@@ -408,6 +417,7 @@ class Run:
         """The test enters ``phase`` (setup, call, teardown)."""
         with self._lock:
             self.phase = phase
+            self._phase_since = self.outside.clock()
 
     def end_test(self, nodeid: str, aborted: bool = False) -> None:
         """``aborted``: the test was left by an exception that ends the session (pytest.exit,
@@ -433,6 +443,11 @@ class Run:
                     duration_s: float) -> PhaseVerdict:
         """Gather this phase from every rank, merge and judge on rank 0, and share the verdict."""
         self.peers.mark(("setup", "call", "teardown").index(when) + 1, nodeid)
+        frozen = self.liveness.frozen_since(self._phase_since) if self.liveness is not None else None
+        if frozen is not None:  # a measurement that spans a freeze does not count
+            said = detectors.frozen_measurement(self, frozen)
+            mine = replace(mine, outcome="failed", message=said if not mine.message else f"{said}\n{mine.message}",
+                           said=said, records=[])
         limit = self.watchdog.deadline or self.within(self.test_timeout_s)
         step = Step(nodeid, when, limit + EXCHANGE_GRACE_S)
         if mine.poisoned:  # the others cannot be in that collective any more, or never joined it
@@ -729,6 +744,10 @@ class Run:
         The evidence first (every live rank's stack, the collective, who joined it), then the ending, published for
         every other rank before this one ends the run."""
         liveness = self.liveness
+        if finding.kind == "launcher stopped":  # the store may be its agent's: no evidence is asked of anyone
+            culprits = self.node_ranks(self.world.node_rank)
+            self.end(detectors.agent_lost(self, launcher_stopped_s=finding.waited_s, store_lost=None,
+                                          store_host=self.peers.store_host, culprits=culprits))
         if finding.kind == "skipped" and finding.culprits == (self.world.rank,) and self.test and self.phase:
             early = self.peers.waiting_after_failure(Step(self.test, self.phase).tag)
             if early is not None and early.get("rank") == self.world.rank:
@@ -738,6 +757,23 @@ class Run:
         ending = replace(self.blamed(observed, grace_s=0.0), evidence=evidence)
         liveness.publish({**evidence, "cause": ending.cause, "error_ranks": list(ending.culprits)})
         self.end(ending)
+
+    def on_store_lost(self, why: str) -> None:
+        """The rendezvous store did not answer (``peers.RendezvousStore``, from whichever thread called it): torchrun's
+        agent that serves it is stopped or gone, this rank's own or another node's. Unless the run ends already."""
+        with self._lock:
+            if self.exiting:
+                return
+        host = self.peers.store_host
+        mine = self.outside.launcher.pid
+        stopped = process_state(mine) == "T"
+        node = self.world.node_rank if stopped else host.get("node") if host else None
+        self.end(detectors.agent_lost(self, launcher_stopped_s=0.0 if stopped else None, store_lost=why,
+                                      store_host=host, culprits=self.node_ranks(node)))
+
+    def node_ranks(self, node: int | None) -> tuple[int, ...]:
+        """The ranks of node ``node`` (torchrun's GROUP_RANK), from every rank's identity; () for None."""
+        return tuple(i["rank"] for i in self.identities if node is not None and i.get("node_rank") == node)
 
     def on_report(self, report: dict[str, Any]) -> None:
         """The liveness thread: another rank found a hang and ends the run; this rank ends with its words."""
@@ -776,6 +812,13 @@ class Run:
             self.signalled = (ending.cause, came)
         self.end(ending)
         self.outside.timer(SIGINT_GRACE_S, lambda: self.end(detectors.still_running_after_sigint(self)))
+
+
+def gpu_label(gpu: dict[str, Any] | None) -> str | None:
+    """A rank's GPU as messages name it, from its identity's ``gpu``: 'gpu N serial S'; None without one."""
+    if not gpu or gpu.get("index") is None:
+        return None
+    return f"gpu {gpu['index']}" + (f" serial {gpu['serial']}" if gpu.get("serial") else "")
 
 
 # ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------

@@ -6,9 +6,14 @@ unwind) before it ends the run naming what did not come. Each says why it is as 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from clustergate.exit_codes import Exit
+
+if TYPE_CHECKING:
+    from clustergate.thresholds import Profile
 
 # ---- waiting for the other ranks ------------------------------------------------------------------------------
 STARTUP_S = 45.0
@@ -106,6 +111,63 @@ rank stopped while nobody waited for it then finds itself frozen and says so."""
 KEEPER_GRACE_S = 2 * STOP_GRACE_S
 """A rank its keeper continued has this long to record its ending and go (its evidence, EVIDENCE_S; a pending
 SIGTERM's grace, SIGNAL_GRACE_S) before the keeper kills it."""
+FREEZE_S = 5.0
+"""A rank whose own beat thread could not run for this long past its interval (measured between the end of one beat
+and the start of the next: the beat's own store calls are not counted) was frozen: stopped and continued, or its
+process unable to run. A beat thread waits for nothing but its 2 s sleep and the interpreter's lock, which a running
+main thread hands over every 5 ms: every run records its latest beat (results.json ``liveness.longest_late_s``): 0.02
+s in a quick run on 2 CPU ranks, 0.2 s in a lone rank's 849 s fine-tune, on a 2-core machine at a load average of
+10-23. A measurement that spans a freeze does not count: the test phase it fell in fails, saying when and for how long
+(a freeze of SILENT_S or more ends the run)."""
+
+# ---- a hang nobody waits for: a lone rank, the whole group, the launcher ---------------------------------------
+# A rank makes progress while its main thread moves: its stack changes (another frame, another instruction), it
+# wakes from a wait (a voluntary context switch: a loop that polls), or a collective of its groups is entered,
+# started or completed. A rank that waits in a collective for a peer has the judge above; these bounds are for the
+# hangs where no rank waits for another that still works: a rank alone, every rank stuck alike, every rank waiting
+# in an operation none of them will complete, and the agent itself.
+STILL_S = NO_PROGRESS_S
+"""How long every live rank (a lone rank: itself) must have made no progress, in a test and outside any control
+exchange or bounded work of its own (``workloads.common.working_alone``), before the lowest of them ends the run
+naming them: the same bound as a peer that does not enter a collective, for the same reasons (far above the suite's
+healthy waits, and it ends the fault within 60 s). A rank waiting in a collective is given COLLECTIVE_SLACK times what
+its bytes (torch's flight recorder says them) take at the profile's bandwidth on top; a point-to-point operation,
+whose size gloo does not record, is given STILL_S."""
+COLLECTIVE_SLACK = 4.0
+"""A collective every rank started and none completed is hung, not slow, once it has taken this many times what its
+bytes (both directions: twice its input) take at the profile's slowest collective bandwidth criterion, on top of
+STILL_S: the criterion is the least bandwidth a node may show and pass, so this is a quarter of the slowest
+bandwidth that fails (4 GiB on the H100 profile's 35 GB/s alltoall floor: 0.98 s more)."""
+DEFAULT_BANDWIDTH_GBPS = 1.0
+"""The bandwidth a profile with no collective bandwidth criterion is given for COLLECTIVE_SLACK (GB/s): gloo on
+loopback TCP, the slowest transport the suite runs."""
+STORE_CALL_S = 10.0
+"""How long a call to the rendezvous store (a beat, a rank's word) may go unanswered: torchrun's agent serves it in
+a thread of its own within milliseconds, so past this the agent is stopped or gone. torch's store client has no
+timeout of its own for a server that stops answering (its check, get and add wait as long as it is stopped): each
+call runs in a thread of its own and is given up on after this. The store is then lost for the run: the rank ends,
+naming the node whose agent serves it."""
+AGENT_STOPPED_S = SILENT_S
+"""How long a rank's own launcher (torchrun's agent) may be stopped (SIGSTOP, state T in /proc) before the rank ends
+the run: a stopped agent watches nothing (a rank that exits is never reaped, the job never ends) and, where it
+serves the rendezvous store, answers nothing; the store then names it within STORE_CALL_S already."""
+
+
+def slowest_bandwidth_gbps(profile: Profile) -> float:
+    """The least bandwidth (GB/s) the profile lets a collective or a transfer between GPUs show and pass: the lowest
+    floor of its ``*busbw_gbps`` and ``*_bw_gbps`` criteria (all_reduce to sendrecv, in a node and across nodes);
+    DEFAULT_BANDWIDTH_GBPS where it judges none."""
+    floors = [floor for name, criterion in profile.metrics.items() if name.endswith(("busbw_gbps", "_bw_gbps"))
+              for bound in criterion.bounds if (floor := bound.floor(None)) is not None and floor > 0]
+    return min(floors, default=DEFAULT_BANDWIDTH_GBPS)
+
+
+def waiting_bound_s(nbytes: int, gbps: float) -> float:
+    """How long a collective of ``nbytes`` (its input, as torch's flight recorder gives it) may stay started and not
+    completed on every rank before it is hung: STILL_S, and COLLECTIVE_SLACK times what twice its bytes take at
+    ``gbps``."""
+    return STILL_S + COLLECTIVE_SLACK * 2 * max(nbytes, 0) / (gbps * 1e9)
+
 
 # ---- a test's limit (clustergate.run.testlimit: the one rule) -------------------------------------------------
 # A test's limit follows its healthy time, measured per profile, level and job shape (nodes x ranks a node): the

@@ -18,7 +18,27 @@ A rank that has waited in a collective for ``BEAT_S`` reads every peer's beat an
 - ``not entered``: a live peer that has not entered it for ``NO_PROGRESS_S``, waits in no collective itself and
   works alone past no bound: stuck in its own code (a syscall that never returns, a long C++ call, a loop).
 
-A rank that finds its own beat thread could not run for ``SILENT_S`` was frozen itself (``frozen``) and says so.
+A rank that finds its own beat thread could not run for ``SILENT_S`` was frozen itself (``frozen``) and says so; one
+that could not run for ``FREEZE_S`` records the freeze (``freezes``: when, how long, in which test): the run fails the
+test phase it fell in, since a measurement that spans it does not count.
+
+A hang where no rank waits for another that still works has a judge of its own (``judge_group``): each beat says how
+long this rank has made no progress (``still``: its main thread's stack, its wake-ups and its groups' collectives all
+unchanged), and where it is (its own code, a torch.distributed call, a control exchange). Once every live rank of the
+job (a lone rank: itself) has made none in the same test for ``STILL_S`` (a rank waiting in a collective: more, by the
+collective's size at the profile's bandwidth), the lowest of them names them:
+
+- ``stuck``: ranks stuck in their own code (a call that does not return, a GPU whose work does not finish) while the
+  others, if any, wait for them outside a collective the judge above sees (a point-to-point operation);
+- ``hung``: one collective every rank entered (and, where the recorder says so, started on its GPU) and none
+  completed: a fabric, NVSwitch or fabric manager fault, or a collective the ranks called with different arguments;
+- ``deadlock``: every rank waits in a torch.distributed operation (collective or point-to-point) that none of them
+  will complete: each receives from a peer that never sends, or waits in another collective than its peers.
+
+The agent is watched too: a rank whose launcher (torchrun's agent) has been stopped for ``AGENT_STOPPED_S`` says so
+(``launcher stopped``); a store call unanswered for ``STORE_CALL_S`` loses the store for the run
+(``clustergate.run.peers.RendezvousStore``), and the run names the node whose agent serves it
+(``Peers.store_host``).
 
 The rank that finds a hang asks every rank for its stack (``.../hang``), gathers the evidence (``evidence``: the
 collective, which ranks joined it, each rank's state and Python stack) and publishes it with the cause
@@ -45,7 +65,19 @@ from clustergate.redact import outgoing
 from clustergate.run.flight import Group, Recorder, default_group_name
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
-from clustergate.run.limits import BEAT_S, BLOCKED_S, EVIDENCE_S, NO_PROGRESS_S, SILENT_S
+from clustergate.run.limits import (
+    AGENT_STOPPED_S,
+    BEAT_S,
+    BLOCKED_S,
+    DEFAULT_BANDWIDTH_GBPS,
+    EVIDENCE_S,
+    FREEZE_S,
+    NO_PROGRESS_S,
+    SILENT_S,
+    STILL_S,
+    waiting_bound_s,
+)
+from clustergate.run.peers import main_thread_collective
 from workloads.common import alone_now
 
 BEATS_READ_PER_BEAT = 64
@@ -84,6 +116,8 @@ class Wait:
     seconds: float
     op: str | None = None
     """What it is ('gloo:all_reduce'), once it has lasted a beat (the recorder's entries are read once for it)."""
+    nbytes: int = 0
+    """Its input's bytes, as the recorder's entry gives them (0 where not known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +125,8 @@ class Finding:
     """A rank that stopped making progress, as the judge found it."""
 
     kind: str
-    """silent, skipped, not started, not entered or frozen."""
+    """silent, skipped, not started, not entered, frozen; stuck, hung, deadlock (``judge_group``); launcher
+    stopped."""
     culprits: tuple[int, ...]
     found_by: int
     group: str | None = None
@@ -158,16 +193,63 @@ def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[
     return find("not entered", behind) if behind else None
 
 
+def judge_group(me: int, beats: dict[int, dict[str, Any]], silent_s: dict[int, float], *, ranks: tuple[int, ...],
+                position: Position, bound_s: Callable[[int], float] = lambda nbytes: STILL_S) -> Finding | None:
+    """Every rank of the job (``ranks``; a lone rank: itself) making no progress in the same test, none at a control
+    exchange or working alone within its bound: the lowest live rank (``me``) names them; None while that is not so
+    (or this rank is not the lowest). ``beats``: every rank's last; ``silent_s``: how long each has not changed (a
+    rank silent for SILENT_S makes no progress either). A rank in its own code has made none once it has been still
+    for STILL_S; one that waits in a torch.distributed call or an open collective once it has been still for
+    ``bound_s`` of the collective's bytes."""
+    if position.stage != TESTING:
+        return None
+    silent = [r for r in ranks if silent_s.get(r, 0.0) >= SILENT_S]
+    live = [r for r in ranks if r not in silent]
+    if not live or me != live[0] or any(r not in beats for r in live):
+        return None
+    waiting: dict[int, list[Any] | None] = {}
+    stillest = float("inf")
+    for r in live:
+        b = beats[r]
+        still = b.get("still")
+        if b.get("stage") != TESTING or b.get("test") != position.test or not still or still[1] == "control" \
+                or (b.get("alone") or [None, 0])[1] > 0:
+            return None
+        waits = still[1] == "collective" or b.get("wait") is not None
+        if float(still[0]) < (bound_s(int(still[3] or 0)) if waits else STILL_S):
+            return None
+        stillest = min(stillest, float(still[0]))
+        if waits:
+            waiting[r] = b.get("wait")
+    own = [r for r in live if r not in waiting]
+
+    def find(kind: str, culprits: list[int], **extra: Any) -> Finding:
+        return Finding(kind, tuple(sorted(culprits)), me, waited_s=stillest,
+                       silent_s=min((silent_s[r] for r in silent), default=0.0), **extra)
+
+    if own or silent:
+        return find("stuck" if own else "silent", own + silent, joined=tuple(sorted(waiting)))
+    opened = {(w[0], int(w[1])) for w in waiting.values() if w}
+    if len(opened) == 1 and all(waiting.values()):
+        group, seq = opened.pop()
+        members = [r for r in live if group in (beats[r].get("groups") or {})]
+        entered = [r for r in members if int(beats[r]["groups"][group][0]) >= seq]
+        if entered == members == live:
+            op = next((w[3] for w in waiting.values() if w and len(w) > 3 and w[3]), None)
+            return find("hung", live, group=group, seq=seq, joined=tuple(live), op=op)
+    return find("deadlock", live, joined=tuple(live))
+
+
 def _alone() -> list[Any] | None:
     """[what, seconds left of its bound] where the workloads say this rank works alone (workloads.common)."""
     said = alone_now()
     return [said[0], round(said[1], 1)] if said else None
 
 
-def main_waits() -> str | None:
-    """What the main thread is inside: "control" (a control exchange), "collective" (a torch.distributed call), or
-    None."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+def main_waits(frame: Any = None) -> str | None:
+    """What the main thread (or ``frame``, its innermost) is inside: "control" (a control exchange), "collective" (a
+    torch.distributed call), or None."""
+    frame = frame or sys._current_frames().get(threading.main_thread().ident or -1)
     found = None
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
@@ -179,12 +261,64 @@ def main_waits() -> str | None:
     return found
 
 
-def main_frame() -> str:
-    """The main thread's innermost frame: 'test_x.py:12 in test_x' (what a beat says the rank is doing)."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+def main_frame(frame: Any = None) -> str:
+    """The main thread's innermost frame (or ``frame``): 'test_x.py:12 in test_x' (what a beat says the rank is
+    doing)."""
+    frame = frame or sys._current_frames().get(threading.main_thread().ident or -1)
     if frame is None:
         return ""
     return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def wakeups(tid: int | None) -> int | None:
+    """How often thread ``tid`` of this process has slept and woken (its voluntary context switches, /proc): a main
+    thread in a loop that polls wakes on every turn, one in a call that never returns does not; None where /proc
+    cannot say."""
+    if tid is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fingerprint(frame: Any) -> tuple[tuple[int, int], ...]:
+    """Where a thread is, down to the instruction, in every frame of its stack: the same only while it has not
+    moved (a frame blocked in a call keeps its instruction; a loop changes it, or its frames)."""
+    out = []
+    while frame is not None:
+        out.append((id(frame), frame.f_lasti))
+        frame = frame.f_back
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Main:
+    """The main thread as one beat sees it."""
+
+    moved: Any
+    """What changes whenever it makes progress (``fingerprint`` and its ``wakeups``)."""
+    inside: str
+    """"code" (its own), "collective" (a torch.distributed call) or "control" (a control exchange)."""
+    where: str
+    """'all_reduce called at test_x.py:12' in a collective, else its innermost frame 'test_x.py:12 in test_x'."""
+    state: str | None = None
+    """Its own state letter in /proc: R running (busy), S or D waiting."""
+
+
+def observe_main() -> Main:
+    """The main thread now."""
+    main = threading.main_thread()
+    frame = sys._current_frames().get(main.ident or -1)
+    inside = main_waits(frame) or "code"
+    where = (main_thread_collective() if inside == "collective" else None) or main_frame(frame)
+    tid = main.native_id
+    return Main((fingerprint(frame), wakeups(tid)), inside, where,
+                process_state(f"{os.getpid()}/task/{tid}") if tid is not None else None)
 
 
 NOISE = ("/_pytest/", "/pluggy/", "<frozen runpy>", "/pytest/__main__.py")
@@ -194,20 +328,24 @@ evidence)."""
 
 def stack() -> str:
     """This process's main thread's Python stack (its last STACK_FRAMES frames, pytest's machinery left out), then
-    each other thread's innermost frame."""
+    each other thread's innermost frame while STACK_CHARS allow: the main thread's is the evidence, and comes first
+    however many threads a process has (compile workers, a store's client)."""
     frames = sys._current_frames()
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
-    lines = []
+    text = ""
     if main in frames:
         summary = [f for f in traceback.extract_stack(frames[main]) if not any(n in f.filename for n in NOISE)]
-        lines.append("Main thread (most recent call last):")
-        lines += [line.rstrip("\n") for line in traceback.format_list(summary[-STACK_FRAMES:])]
+        lines = [line.rstrip("\n") for line in traceback.format_list(summary[-STACK_FRAMES:])]
+        text = "Main thread (most recent call last):\n" + "\n".join(lines)[-STACK_CHARS:]
     for ident, frame in frames.items():
         if ident not in (main, threading.get_ident()):
-            lines.append(f"Thread {names.get(ident, ident)}: {frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
-                         f"{frame.f_lineno} in {frame.f_code.co_name}")
-    return "\n".join(lines)[-STACK_CHARS:]
+            line = (f"\nThread {names.get(ident, ident)}: {frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
+                    f"{frame.f_lineno} in {frame.f_code.co_name}")
+            if len(text) + len(line) > STACK_CHARS:
+                break
+            text += line
+    return text.lstrip("\n")
 
 
 @dataclass
@@ -231,11 +369,34 @@ class Liveness:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     interval_s: float = BEAT_S
+    world_size: int = 1
+    node: int = 0
+    """This rank's node (torchrun's GROUP_RANK)."""
+    launcher: int | None = None
+    """This rank's launcher's (torchrun's agent's) process id; None: not watched."""
+    bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
+    """The profile's slowest collective bandwidth (``limits.slowest_bandwidth_gbps``): how long a collective every rank
+    started may take (``limits.waiting_bound_s``)."""
+    observe: Callable[[], Main] = observe_main
+    wall: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         self.default = self.default or default_group_name()
         self._count = 0
-        self._last = self.clock()
+        self._slept = self.clock()
+        """When this thread last went to sleep between beats (a beat due interval_s later that comes later than
+        FREEZE_S was frozen)."""
+        self._moved: tuple[Any, float] = (None, self.clock())
+        """What the main thread's progress looked like, and since when it has looked so."""
+        self._still: list[Any] = [0.0, "code", "", 0, None]
+        """[seconds without progress, where (code, collective, control), what it does there, the open collective's
+        bytes, the main thread's state]: published in the beat."""
+        self.freezes: list[dict[str, Any]] = []
+        """This rank's freezes: when ("from", wall clock), how long ("seconds"), in which test and phase."""
+        self.longest_late = 0.0
+        """The most a beat of this rank came late (past its interval): how far healthy runs are from FREEZE_S."""
+        self._launcher_stopped: float | None = None
+        self._next_group = 0.0
         self._since: dict[tuple[str, int], float] = {}
         self._checked: dict[tuple[str, int, int], dict[str, Any] | None] = {}
         """(group, done, entered) -> the collective the recorder's entries say the rank waits in (None: none)."""
@@ -278,19 +439,34 @@ class Liveness:
             self.sleep(self.interval_s)
 
     def beat(self) -> None:
-        """One beat: publish, answer a hang another rank found, judge the peers this rank waits for."""
+        """One beat: publish, answer a hang another rank found, judge the peers this rank waits for, and the whole
+        job where no rank waits for another that works; watch this rank's own launcher."""
         now = self.clock()
-        gap, self._last = now - self._last, now
+        late = now - self._slept - self.interval_s  # its own store calls are not counted: measured from its sleep
+        try:
+            self._beat(now, late)
+        finally:
+            self._slept = self.clock()
+
+    def _beat(self, now: float, late: float) -> None:
         here = self.position()
         if here.stage == "ended":
             return
+        self.longest_late = max(self.longest_late, late)
+        if FREEZE_S <= late < SILENT_S:  # where it is now is where it froze: a frozen main thread goes nowhere
+            self._frozen(late, here, since=now - late)
+        stopped = self._watch_launcher(now)
+        if stopped is not None:
+            self.on_finding(stopped)
+            return
         wait = self._wait(now, here)
+        self._progress(now, wait)
         self._count += 1
         self._publish(here, wait)
         if self._answer():
             return
-        if gap - self.interval_s >= SILENT_S:  # this thread could not run: the whole process was frozen
-            self.on_finding(Finding("frozen", (self.rank,), self.rank, waited_s=gap))
+        if late >= SILENT_S:  # this thread could not run: the whole process was frozen
+            self.on_finding(Finding("frozen", (self.rank,), self.rank, waited_s=late + self.interval_s))
             return
         if wait is not None and wait.seconds >= self.interval_s and now >= self._next_judge:
             members = self._members(wait.group)
@@ -298,6 +474,57 @@ class Liveness:
             finding = self._judge(wait, here, members)
             if finding is not None:
                 self.on_finding(finding)
+                return
+        if self._still[0] >= STILL_S and self._still[1] != "control" and here.stage == TESTING \
+                and now >= self._next_group:
+            ranks = tuple(range(self.world_size))
+            self._next_group = now + self.interval_s * (math.ceil(len(ranks) / BEATS_READ_PER_BEAT) - 0.5)
+            finding = self._judge_group(here, ranks)
+            if finding is not None:
+                self.on_finding(finding)
+
+    # ---- this rank's own progress, its freezes, its launcher ----------------------------------------------------
+    def _progress(self, now: float, wait: Wait | None) -> None:
+        """How long the main thread has made no progress (``_still``): its stack, its wake-ups and its groups'
+        collectives unchanged."""
+        main = self.observe()
+        moved = (main.moved, tuple((g.name, *g.as_beat()) for g in self._groups))
+        if moved != self._moved[0]:
+            self._moved = (moved, now)
+        self._still = [round(now - self._moved[1], 1), main.inside, main.where, wait.nbytes if wait else 0,
+                       main.state]
+
+    def _frozen(self, late: float, where: Position, since: float) -> None:
+        """A freeze of ``late`` seconds past this thread's interval, from about ``since``, in ``where``."""
+        self.freezes.append({"rank": self.rank, "from": round(self.wall() - (self.clock() - since), 1),
+                             "seconds": round(late, 1), "test": where.test, "phase": where.phase,
+                             "since": since, "until": self.clock()})
+
+    def frozen_since(self, since: float) -> dict[str, Any] | None:
+        """The longest freeze of this rank that ended after ``since`` (the clock's reading, as a test phase started),
+        counting one under way that this thread has not seen yet (the main thread asks before its beat runs); None
+        where there was none, or nothing watches."""
+        found = [f for f in self.freezes if f["until"] >= since]
+        if self._thread is not None and self._thread.is_alive():
+            late = self.clock() - self._slept - self.interval_s
+            if late >= FREEZE_S:
+                where = self.position()
+                found.append({"rank": self.rank, "from": round(self.wall() - late, 1), "seconds": round(late, 1),
+                              "test": where.test, "phase": where.phase, "since": self.clock() - late,
+                              "until": self.clock()})
+        return max(found, key=lambda f: f["seconds"], default=None)
+
+    def _watch_launcher(self, now: float) -> Finding | None:
+        """This rank's launcher stopped (SIGSTOP) for AGENT_STOPPED_S: a finding; None while it is not."""
+        if self.launcher is None:
+            return None
+        if process_state(self.launcher) != "T":
+            self._launcher_stopped = None
+            return None
+        since = self._launcher_stopped = self._launcher_stopped or now
+        if now - since < AGENT_STOPPED_S:
+            return None
+        return Finding("launcher stopped", (), self.rank, waited_s=now - since)
 
     def _wait(self, now: float, here: Position) -> Wait | None:
         """The collective this rank has waited in longest (since this thread first saw it open), or None. A wait
@@ -315,7 +542,7 @@ class Liveness:
                 open_now[(g.name, g.entered)] = g
         self._since = {k: self._since.get(k, now) for k in open_now}
         for (name, seq), since in sorted(self._since.items(), key=lambda kv: kv[1]):
-            g, op = groups[name], None
+            g, op, nbytes = groups[name], None, 0
             if now - since >= self.interval_s and g.done is not None:
                 key = (name, g.done, g.entered)
                 if key not in self._checked:
@@ -324,8 +551,8 @@ class Liveness:
                 entry = self._checked[key]
                 if entry is None:
                     continue  # open in the status only (point-to-point operations): no collective waits
-                seq, op = entry["seq"], entry["op"]
-            wait = Wait(name, int(seq), now - since, op)
+                seq, op, nbytes = entry["seq"], entry["op"], int(entry.get("bytes") or 0)
+            wait = Wait(name, int(seq), now - since, op, nbytes)
             if here.stage == TESTING and wait.seconds >= self.interval_s and \
                     (self.longest is None or wait.seconds > self.longest[0]):
                 self.longest = [round(wait.seconds, 1), self.label(name), wait.seq, here.test, here.phase]
@@ -337,7 +564,8 @@ class Liveness:
                 "phase": here.phase, "main": main_frame(), "dump_fd": self.dump_fd, "alone": _alone(),
                 "groups": {g.name: g.as_beat() for g in self._groups if g.entered > 0},
                 "wait": [wait.group, wait.seq, round(wait.seconds, 1), wait.op] if wait else None,
-                "longest": self.longest}
+                "still": self._still, "longest": self.longest, "late": round(self.longest_late, 2),
+                "freezes": [self.public(f) for f in self.freezes]}
         self._set(_key("beat", self.rank), beat)
 
     def _answer(self) -> bool:
@@ -357,7 +585,19 @@ class Liveness:
         return self.clock() - self._asked < 3 * EVIDENCE_S
 
     def _judge(self, wait: Wait, here: Position, members: tuple[int, ...]) -> Finding | None:
-        beats = self.beats(members)
+        beats, silent = self._read(members)
+        mine = {g.name: g.as_beat() for g in self._groups}
+        return judge(self.rank, wait, beats, silent, members=members, mine=mine, position=here,
+                     control=self.control)
+
+    def _judge_group(self, here: Position, ranks: tuple[int, ...]) -> Finding | None:
+        beats, silent = self._read(ranks)
+        return judge_group(self.rank, beats, silent, ranks=ranks, position=here,
+                           bound_s=lambda nbytes: waiting_bound_s(nbytes, self.bandwidth_gbps))
+
+    def _read(self, ranks: tuple[int, ...]) -> tuple[dict[int, dict[str, Any]], dict[int, float]]:
+        """The beats of ``ranks``, and how long each has not changed."""
+        beats = self.beats(ranks)
         now = self.clock()
         silent = {}
         for r, b in beats.items():
@@ -365,9 +605,12 @@ class Liveness:
             if seen is None or seen[0] != b.get("n"):
                 self._seen[r] = (b.get("n"), now)  # type: ignore[assignment]
             silent[r] = now - self._seen[r][1]
-        mine = {g.name: g.as_beat() for g in self._groups}
-        return judge(self.rank, wait, beats, silent, members=members, mine=mine, position=here,
-                     control=self.control)
+        return beats, silent
+
+    @staticmethod
+    def public(freeze: dict[str, Any]) -> dict[str, Any]:
+        """A freeze as results.json says it (without this process's clock readings)."""
+        return {k: v for k, v in freeze.items() if k not in ("since", "until")}
 
     # ---- the store ----------------------------------------------------------------------------------------------
     def beats(self, ranks: tuple[int, ...] | list[int]) -> dict[int, dict[str, Any]]:
@@ -480,14 +723,16 @@ class Liveness:
             state = process_state(int(b["pid"])) if b.get("host") == self.host and b.get("pid") else None
             per_rank.append({"rank": r, "host": b.get("host"), "stage": b.get("stage"), "test": b.get("test"),
                              "phase": b.get("phase"), "main": b.get("main"), "wait": b.get("wait"),
-                             "alone": b.get("alone"),
+                             "still": b.get("still"), "alone": b.get("alone"),
                              "groups": b.get("groups"), "process_state": states.get(r, state),
                              "stack": stacks.get(r)})
         return {"kind": finding.kind, "culprits": list(finding.culprits), "found_by": finding.found_by,
                 "collective": None if finding.group is None else {
                     "group": self.label(finding.group), "group_name": finding.group, "seq": finding.seq,
                     "op": (detail or {}).get("op") or finding.op, "joined": list(finding.joined),
-                    "missing": [r for r in self._members(finding.group) if r not in finding.joined]},
+                    "missing": [r for r in self._members(finding.group) if r not in finding.joined],
+                    "bytes": int((detail or {}).get("bytes") or 0), "bandwidth_gbps": self.bandwidth_gbps,
+                    "bound_s": round(waiting_bound_s(int((detail or {}).get("bytes") or 0), self.bandwidth_gbps), 1)},
                 "waited_s": round(finding.waited_s, 1), "silent_s": round(finding.silent_s, 1),
                 "source": self.recorder.source, "ranks": per_rank}
 
@@ -514,14 +759,23 @@ class Liveness:
     def summary(self, world_size: int) -> dict[str, Any] | None:
         """The longest wait in a collective during a test of any rank (from every rank's last beat), as the beats saw
         it (a wait shorter than a beat is not seen: ``resolution_s``): how far a run's healthy waits are from
-        NO_PROGRESS_S."""
+        NO_PROGRESS_S; the latest any rank's beat came (``longest_late_s``: how far from FREEZE_S); and every rank's
+        freezes."""
         if self.store is None:
             return None
-        longest = [(b["longest"], r) for r, b in self.beats(list(range(world_size))).items() if b.get("longest")]
+        beats = self.beats(list(range(world_size)))
+        beats.pop(self.rank, None)  # this rank's own, as it is now
+        longest = [(b["longest"], r) for r, b in beats.items() if b.get("longest")]
         if self.longest is not None:
             longest.append((self.longest, self.rank))
-        if not longest:  # no wait in a test lasted a beat
-            return {"longest_wait_s": 0.0, "resolution_s": self.interval_s, "bound_s": NO_PROGRESS_S}
-        (seconds, group, seq, test, phase), rank = max(longest, key=lambda x: x[0][0])
-        return {"longest_wait_s": seconds, "rank": rank, "group": group, "collective": seq, "test": test,
-                "phase": phase, "resolution_s": self.interval_s, "bound_s": NO_PROGRESS_S}
+        late = max([self.longest_late, *(float(b.get("late") or 0.0) for b in beats.values())])
+        freezes = sorted([*(self.public(f) for f in self.freezes),
+                          *(f for b in beats.values() for f in b.get("freezes") or [] if isinstance(f, dict))],
+                         key=lambda f: (f.get("from") or 0, f.get("rank") or 0))
+        out: dict[str, Any] = {"longest_wait_s": 0.0}
+        if longest:  # a wait in a test lasted a beat
+            (seconds, group, seq, test, phase), rank = max(longest, key=lambda x: x[0][0])
+            out = {"longest_wait_s": seconds, "rank": rank, "group": group, "collective": seq, "test": test,
+                   "phase": phase}
+        return {**out, "resolution_s": self.interval_s, "bound_s": NO_PROGRESS_S,
+                "longest_late_s": round(max(late, 0.0), 2), "freeze_bound_s": FREEZE_S, "freezes": freezes}

@@ -3,6 +3,10 @@
 A rank that times out, is stopped or loses a peer reads it to say which rank was where, which ranks
 left the run and why, and which rank failed a phase and waits for the others. It is a diagnostic
 aid: a store that cannot be reached never breaks a run (every access is guarded).
+
+The run reaches the store through a client of its own (``RendezvousStore``), every call bounded by STORE_CALL_S:
+torch's client waits as long as the agent that serves the store is stopped. A store that does not answer in time is
+lost for the run: the run is told once (``on_lost``) and ends, naming the agent; every later call fails at once.
 """
 
 from __future__ import annotations
@@ -10,37 +14,129 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
 from clustergate.redact import outgoing
+from clustergate.run.interrupts import listens_on
+from clustergate.run.limits import STORE_CALL_S
 from clustergate.run.world import World
 from workloads.common import wait_for_collectives
+
+
+class StoreLost(RuntimeError):
+    """The rendezvous store did not answer (its agent is stopped or gone): nothing more is read or written there."""
+
+
+class RendezvousStore:
+    """The rendezvous store as the run uses it: each call runs in a thread of its own and is given up on after
+    ``timeout_s`` (torch's client has no timeout for a server that stops answering); the first call given up on, or
+    refused (the agent gone), loses the store for the run: ``lost`` says why, ``on_lost`` is called once (from the
+    thread that found it), and every later call raises StoreLost at once."""
+
+    def __init__(self, client: Any, where: str = "", timeout_s: float = STORE_CALL_S) -> None:
+        self.client = client
+        self.where = where
+        """Where the store is served ('127.0.0.1:29500'), for the message that names it."""
+        self.timeout_s = timeout_s
+        self.lost: str | None = None
+        self.on_lost: Callable[[str], None] | None = None
+        self._once = threading.Lock()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="clustergate-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, box, done = self._calls.get()
+            try:
+                box["value"] = fn()
+            except Exception as exc:  # handed to the caller
+                box["error"] = exc
+            done.set()
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self.lost is not None:
+            raise StoreLost(self.lost)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        self._calls.put((fn, box, done))
+        if not done.wait(self.timeout_s):
+            self._lose(f"did not answer within {self.timeout_s:.0f} s (its {what})")
+        error = box.get("error")
+        if isinstance(error, dist.DistNetworkError):  # the connection refused or reset: the agent is gone
+            self._lose(f"refused the connection ({str(error).splitlines()[0][:120]})")
+        if error is not None:
+            raise error
+        return box.get("value")
+
+    def _lose(self, why: str) -> None:
+        with self._once:
+            first = self.lost is None
+            if first:
+                self.lost = why
+        if first and self.on_lost is not None:
+            self.on_lost(why)
+        raise StoreLost(self.lost)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call("set", lambda: self.client.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", lambda: self.client.get(key))  # type: ignore[no-any-return]
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._call("check", lambda: self.client.check(keys)))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._call("multi_get", lambda: self.client.multi_get(keys))  # type: ignore[no-any-return]
 
 STEPS = ("started", "finished setup of", "finished call of", "finished teardown of")
 """A rank's progress through a test, in order (the index is how far it got)."""
 
 
-def _store(world: World) -> Any:
-    if not world.launched or not dist.is_initialized():
+def _store(world: World) -> RendezvousStore | None:
+    """A client of this rank's own on the rendezvous store torchrun's agent serves (MASTER_ADDR:MASTER_PORT), under
+    a prefix of this attempt of the job (torchrun keeps its store across the restarts it makes); None where the run
+    is not supervised or the store cannot be reached."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not world.supervised or not addr or not port:
         return None
     try:
-        return dist.distributed_c10d._get_default_store()
+        client = dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=STORE_CALL_S),
+                               wait_for_workers=False)
     except Exception:
         return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return RendezvousStore(dist.PrefixStore(f"clustergate/attempt_{attempt}", client), where=f"{addr}:{port}")
 
 
 class Peers:
     def __init__(self, world: World, store: Any = None) -> None:
-        """``store``: the rendezvous store's client (default: the default process group's)."""
+        """``store``: the rendezvous store's client (default: a client of this rank's own, ``_store``); any other
+        is used through a ``RendezvousStore`` too."""
         self.world = world
+        if store is not None and not isinstance(store, RendezvousStore):
+            store = RendezvousStore(store)
         self._store = store if store is not None else _store(world)
         self.hosts: list[str | None] = [world.host if r == world.rank else None for r in range(world.world_size)]
         """Each rank's host, once every rank's identity is known (before, only this rank's own)."""
+        self.gpus: list[str | None] = [None] * world.world_size
+        """Each rank's GPU as a message names it ('gpu 3 serial 1650...'), once every rank's identity is known."""
+        self.store_host: dict[str, Any] | None = None
+        """The node whose launcher (torchrun's agent) serves the rendezvous store: {"node", "host", "pid"}, said by a
+        rank of that node as it starts (its launcher holds the store's port) and read by every rank once they have all
+        started (``learn_store_host``): a rank that later finds the store unanswered names that node."""
+        port = os.environ.get("MASTER_PORT", "")
+        if self._store is not None and port.isdigit() and listens_on(os.getppid(), int(port)):
+            self.store_host = {"node": world.node_rank, "host": world.host, "pid": os.getppid()}
+            self._set("store-host", self.store_host)
         # Every rank's keys exist before any peer reads them (a get of a missing key would block).
         self._set(f"state/{world.rank}", {"test": None, "step": -1, "text": "starting the session"})
         self._set(f"left/{world.rank}", None)
@@ -62,9 +158,19 @@ class Peers:
         except Exception:
             return default
 
-    def who(self, rank: int) -> str:
+    def learn_store_host(self) -> None:
+        """``store_host``, as the rank whose launcher serves the store said it as it started (called once every rank
+        has started: the identities' exchange)."""
+        if self.store_host is None:
+            said = self._get("store-host", None)
+            self.store_host = said if isinstance(said, dict) else None
+
+    def who(self, rank: int, gpu: bool = False) -> str:
+        """'rank 3 (node-a)'; with ``gpu``, its GPU too where it has one: 'rank 3 (node-a, gpu 3 serial 1650...)'."""
         host = self.hosts[rank] if 0 <= rank < len(self.hosts) else None
-        return f"rank {rank} ({host})" if host else f"rank {rank}"
+        label = self.gpus[rank] if gpu and 0 <= rank < len(self.gpus) else None
+        where = ", ".join(filter(None, [host, label]))
+        return f"rank {rank} ({where})" if where else f"rank {rank}"
 
     # ---- this rank says ------------------------------------------------------------------------
     def mark(self, step: int, nodeid: str) -> None:
@@ -112,7 +218,7 @@ class Peers:
         return out
 
     @property
-    def store(self) -> Any:
+    def store(self) -> RendezvousStore | None:
         """The rendezvous store's client (None without one)."""
         return self._store
 

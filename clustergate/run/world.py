@@ -45,6 +45,8 @@ class World:
     backend: str
     control: dist.ProcessGroup | None
     """gloo group for the plugin's traffic; None at world size 1 (nothing to exchange)."""
+    under_agent: bool = False
+    """Started by torchrun's agent (``Launch.under_agent``)."""
 
     @property
     def is_leader(self) -> bool:
@@ -52,7 +54,14 @@ class World:
 
     @property
     def launched(self) -> bool:
+        """Several ranks: there are peers to exchange with."""
         return self.world_size > 1
+
+    @property
+    def supervised(self) -> bool:
+        """Watched as a job is (``Launch.supervised``): the rendezvous store, liveness, a keeper, the launcher's
+        death."""
+        return self.launched or self.under_agent
 
 
 def _env_int(name: str, default: int) -> int:
@@ -77,7 +86,20 @@ class Launch:
 
     @property
     def launched(self) -> bool:
+        """Several ranks: there are peers to exchange with."""
         return self.world_size > 1
+
+    @property
+    def under_agent(self) -> bool:
+        """Started by torchrun's agent (it serves the rendezvous store and is this rank's launcher)."""
+        return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+
+    @property
+    def supervised(self) -> bool:
+        """Under torchrun's agent (one rank included), or one of several ranks: the run is watched (liveness, a
+        keeper, the launcher's death). A lone rank left unwatched was the one that could be stopped, orphaned or
+        stuck for good, and then accept."""
+        return self.launched or self.under_agent
 
 
 def launch_from_env() -> Launch:
@@ -93,8 +115,8 @@ def launch_from_env() -> Launch:
 
 def rendezvous(launch: Launch, timeout_s: float) -> dist.Store | None:
     """The rendezvous store every rank reaches (torchrun's agent holds it), as init_process_group's env://
-    would make it; None at world size 1."""
-    if not launch.launched:
+    would make it; None where no launcher serves one (pytest alone, world size 1)."""
+    if not launch.supervised:
         return None
     store, _, _ = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.world_size,
                                        timeout=timedelta(seconds=timeout_s)))
@@ -172,4 +194,4 @@ def init_world(launch: Launch, store: dist.Store | None, device: torch.device, h
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout_s))
     return World(rank=launch.rank, world_size=launch.world_size, local_rank=launch.local_rank,
                  local_world_size=launch.local_world_size, node_rank=launch.node_rank, host=host, device=device,
-                 backend=backend, control=control)
+                 backend=backend, control=control, under_agent=launch.under_agent)
