@@ -15,7 +15,9 @@ thresholds file, the profile or the level cannot be used.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from clustergate.exit_codes import Exit
 from clustergate.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
 from clustergate.outputs import Parser, main_guarded
 from clustergate.profile_choice import choose_profile
-from clustergate.thresholds import Profile, ThresholdsError, load, shipped_thresholds
+from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
 
@@ -66,13 +68,16 @@ def listing(manifest: Manifest, profile: Profile, level: str) -> dict[str, Any]:
         runs[test.run].append({"nodeid": test.nodeid,
                                "metrics": [_metric(m, scope, profile) for m, scope in test.metrics.items()]})
     return {"profile": profile.name, "description": profile.description, "sign_off": profile.sign_off,
+            "dry_run": not expects_gpus(profile.settings.get("gpus_per_node")),
             "thresholds": str(profile.source), "level": level, "manifest": manifest.digest, "runs": runs,
             "left_out": left_out}
 
 
 def text(listed: dict[str, Any]) -> list[str]:
     """The listing as lines: each run's tests, each test's metrics with their criteria, what the level leaves out."""
-    sign_off = "a sign-off profile" if listed["sign_off"] else "not a sign-off profile: it judges nothing"
+    sign_off = ("a dry-run profile (no GPU): CPU ranks rehearse the flow, they sign off no GPU node"
+                if listed["dry_run"] else "a sign-off profile" if listed["sign_off"]
+                else "not a sign-off profile: it judges nothing")
     lines = [f"profile {listed['profile']}   level {listed['level']}   {sign_off}   thresholds {listed['thresholds']}"]
     for run, tests in listed["runs"].items():
         judged = sum(1 for t in tests for m in t["metrics"] if m["bounds"])
@@ -105,5 +110,15 @@ def _main(args: argparse.Namespace) -> int:
     except (ThresholdsError, ManifestError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
-    print(json.dumps(listed, indent=1) if args.json else "\n".join(text(listed)))
+    try:
+        print(json.dumps(listed, indent=1) if args.json else "\n".join(text(listed)))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # main_guarded's word for this ("the files are written") is about the commands that write files: list
+        # writes none, so it says what was lost. Python flushes stdout again at exit: point it at /dev/null first.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"{PROG}: the output was closed before the listing was printed whole (broken pipe); list writes no "
+              "file: run it without the pipe, or keep it with --json > FILE", file=sys.stderr)
+        return Exit.USAGE
     return Exit.ACCEPT

@@ -4,6 +4,7 @@ what the level leaves out; text and --json; described as the report's criteria t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,26 @@ def test_the_command_lists_without_torch() -> None:
                           timeout=120)
     assert proc.stderr.strip() == "0 False", proc.stderr
     assert json.loads(proc.stdout)["profile"] in load(shipped_thresholds()).profiles  # this node's: test_profile_choice
+
+
+def test_the_cpu_profile_is_called_a_dry_run_not_a_sign_off_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--profile", "cpu"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "a dry-run profile (no GPU): CPU ranks rehearse the flow, they sign off no GPU node" in first
+    assert "a sign-off profile" not in first
+    assert _listed(capsys, "--profile", "cpu")["dry_run"] is True
+    assert _listed(capsys, "--profile", "h200")["dry_run"] is False
+
+
+def test_a_reader_that_closes_the_pipe_early_is_told_list_writes_no_file() -> None:
+    """`clustergate list | head`: one line, exit 2 (the contract's rule for a closed pipe), and no claim of files
+    written, for list writes none."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command prints anything (as `| head -0`)
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "list"], cwd=ROOT, env=job_env(), stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "clustergate list: the output was closed before the listing was printed whole (broken pipe); list writes no "
+        "file: run it without the pipe, or keep it with --json > FILE"]
