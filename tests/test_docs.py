@@ -85,7 +85,8 @@ def test_the_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     tests as the README writes them."""
     ci = (ROOT / ".ci" / "run").read_text()
     acceptance, own_tests = setup_commands()[:2]
-    assert acceptance.endswith("torchrun --standalone --nproc-per-node=2 -m pytest acceptance")
+    assert acceptance.endswith(" && clustergate run")
     assert own_tests.endswith("python3 -m pytest tests -n 2")
+    assert acceptance.startswith("python3 -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
     for part in [acceptance.split(" && ")[0], acceptance.split(" && ")[-1], *own_tests.split(" && ")]:
         assert part.replace("pip install ", "pip install -q ") in ci or part in ci, part
