@@ -90,3 +90,17 @@ def test_the_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     assert acceptance.startswith("python3 -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
     for part in [acceptance.split(" && ")[0], acceptance.split(" && ")[-1], *own_tests.split(" && ")]:
         assert part.replace("pip install ", "pip install -q ") in ci or part in ci, part
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "launch" / "README.md",
+                                  ROOT / "docs" / "cluster-signoff.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_kubernetes_job_one_liner_says_the_reports_volume_first(page: Path) -> None:
+    """Every Job the launcher renders mounts the reports claim (launch/k8s/reports-pvc.yaml): a section that renders
+    one (`render.sh | kubectl apply`) says before it how that claim is made, or its pods wait for it forever."""
+    sections = re.split(r"^#{2,3} ", page.read_text(), flags=re.M)
+    for text in sections:
+        flat = " ".join(text.split())
+        jobs = [m.start() for m in re.finditer(r"render\.sh \| kubectl apply", flat)]
+        if jobs:
+            volume = flat.find("render.sh reports-pvc.yaml | kubectl apply")
+            assert 0 <= volume < jobs[0], text[:300]
