@@ -104,3 +104,14 @@ def test_every_kubernetes_job_one_liner_says_the_reports_volume_first(page: Path
         if jobs:
             volume = flat.find("render.sh reports-pvc.yaml | kubectl apply")
             assert 0 <= volume < jobs[0], text[:300]
+
+
+def test_the_readme_says_which_excluded_hosts_get_an_evidence_archive() -> None:
+    """One archive per excluded host that left a node directory; a host with none gets none, and its line says what
+    merge's own reason says (test_cluster_merge holds the merge to it: no evidence for a host without a result)."""
+    from clustergate.cluster.node_runs import missing_node
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "one archive for a vendor ticket per excluded host that left a node directory" in readme
+    assert "has no archive" in readme and "says `expected, but no result` and why" in readme
+    assert missing_node("gpu009").reasons[0].startswith("expected, but no result: ")

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import pytest
+from complete_runs import without_gpus
 
 from clustergate.report import figures, hooks, html, model, tables
 from clustergate.report.summary import summary_lines
@@ -65,15 +66,8 @@ def test_criteria_rows_put_failures_first_and_name_the_worst_part() -> None:
 def test_a_cpu_run_names_ranks_not_gpus_and_its_title_says_dry_run() -> None:
     """A CPU run's parts are ranks (no GPU index): "2 ranks", never "2 GPUs"; its report is a run's, not a sign-off,
     and says it is a dry run."""
-    cpu = copy.deepcopy(RESULTS)
+    cpu = without_gpus(copy.deepcopy(RESULTS))
     cpu["profile"] = "cpu"
-    for node in cpu["nodes"]:
-        node["gpus"] = []
-    for test in cpu["tests"]:
-        for m in test["metrics"]:
-            for part in m["per_rank"]:
-                for key in ("gpu_index", "gpu_serial", "gpu_uuid"):
-                    part.pop(key)
     rows = {r.metric: r for r in model.criteria_rows(cpu)}
     assert rows["matmul_bf16_tflops"].where == "1/4 ranks fail; worst rank 3 node-1"
     assert rows["hbm_bandwidth_tbps"].where.startswith("4 ranks; worst rank ")

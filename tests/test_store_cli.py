@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from complete_runs import without_gpus
 from fleet_data import HOST, SERIALS, later, merged_docs, parts, real_run, write
 
 from clustergate.store import Store
@@ -72,16 +73,8 @@ def test_history_as_json(two_runs: tuple[Path, Path, Path]) -> None:
 def test_a_cpu_runs_ranks_are_told_apart(tmp_path: Path) -> None:
     """A CPU run has no GPU index: its per-rank figures are named by rank in the GPU column (as metrics.prom's gpu
     label names them), so rank 0's figure is not taken for rank 1's."""
-    run = real_run()
-    for node in run["nodes"]:
-        node["gpus"] = []
-    for test in run["tests"]:
-        for metric in test["metrics"]:
-            for part in metric["per_rank"]:
-                for key in ("gpu_index", "gpu_serial", "gpu_uuid"):
-                    part.pop(key, None)
     db = tmp_path / "fleet.db"
-    Store(db).record_file(write(tmp_path / "reports" / "r1", run))
+    Store(db).record_file(write(tmp_path / "reports" / "r1", without_gpus(real_run())))
     shown = cli("history_cli", HOST, "--metric", "matmul_bf16_tflops", "--store", str(db))
     assert shown.returncode == 0, shown.stderr
     rows = [line.split() for line in shown.stdout.splitlines()[3:]]
