@@ -80,7 +80,7 @@ from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
 SCHEMA = 1
-DRY_RUN = "DRY RUN, no GPU: a sign-off of CPU ranks under the cpu profile proves the flow, not a cluster"
+DRY_RUN = "DRY RUN, no GPU: CPU ranks under a profile for machines without one; it proves the flow, not a cluster"
 """What the line and the page say first of a sign-off whose fleet ran the cpu profile (the merge's ``dry_run``)."""
 LISTS = ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
          "signoff-excluded-hostlist.txt")
