@@ -322,9 +322,10 @@ def remedies(misses: list[Miss], changes: list[Change], fraction: float,
     other = {m.metric for m in misses} - calibrated - spec
     out = []
     if calibrated:
-        needed = min(min(m.value, by_metric[m.metric].stats["median"]) /  # type: ignore[index]
-                     max(m.value, by_metric[m.metric].stats["median"])  # type: ignore[index]
-                     for m in misses if m.metric in calibrated)
+        medians = {name: float((by_metric[name].stats or {}).get("median", 0.0)) for name in calibrated}
+        # How far the worst miss lies from its median, as a fraction (below it, or above where lower is better).
+        needed = min((min(m.value, medians[m.metric]) / max(m.value, medians[m.metric])
+                      for m in misses if m.metric in calibrated and max(m.value, medians[m.metric]) > 0), default=0.0)
         tried = math.floor(needed * 0.95 * 100) / 100
         found = next((f for f in (tried, tried * 0.8, tried * 0.6, tried * 0.4) if 0 < f < fraction
                       and passes(round(f, 3))), None)

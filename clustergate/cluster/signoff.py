@@ -177,11 +177,15 @@ def what_was_signed(cluster: dict[str, Any], site: Thresholds, accepted: list[st
     run), and each accepted host's GPUs (count and model) and ranks, as the merge read them from its node run."""
     profile = site.profiles.get(str(cluster.get("profile")))
     nodes = {n["host"]: n for n in cluster["nodes"]}
+
+    def hardware(host: str) -> dict[str, Any]:
+        node = nodes.get(host, {})
+        return {"host": host, "gpus": int(node.get("gpus") or 0), "gpu_models": list(node.get("gpu_models") or []),
+                "ranks": node.get("ranks")}
+
     return {"thresholds": str(site.path), "profile_digest": profile.run_digest if profile is not None else None,
             "suite_digest": cluster.get("suite_digest"), "dry_run": bool(cluster.get("dry_run")),
-            "nodes": [{"host": h, "gpus": int(nodes.get(h, {}).get("gpus") or 0),
-                       "gpu_models": list(nodes.get(h, {}).get("gpu_models") or []),
-                       "ranks": nodes.get(h, {}).get("ranks")} for h in accepted]}
+            "nodes": [hardware(h) for h in accepted]}
 
 
 def node_shape(node: dict[str, Any]) -> str:
