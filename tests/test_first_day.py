@@ -110,3 +110,20 @@ def test_the_readme_rehearsal_signs_off_two_cpu_nodes(tmp_path: Path) -> None:
     assert f"SIGNED OFF: 2 hosts accepted, 0 excluded ({DRY_RUN})" in output
     said = "The sign-off's first line says `SIGNED OFF: 2 hosts accepted, 0 excluded (DRY RUN, no GPU: ...)`."
     assert said in " ".join(section("### Rehearsing the first day on one machine").split())
+
+
+def test_the_readme_says_what_plain_torchrun_prints_around_a_failure(tmp_path: Path) -> None:
+    """Next to the exit table the README says what plain torchrun adds to a rank's failure: its exit status 1, its
+    ChildFailedError traceback, and a summary whose Root Cause gives the rank's exitcode (the table's). A bad option
+    under real torchrun shows each."""
+    readme = " ".join(section("## Everyday commands").split())
+    for said in ("it exits 1 whenever a rank exits other than 0", "ChildFailedError", '"Root Cause"', "`exitcode`",
+                 "`clustergate run` reads them for you and exits by the table"):
+        assert said in readme, said
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                           "pytest", "acceptance", "--profile", "no-such-profile", "--report-dir", str(tmp_path)],
+                          cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=600)  # a hang guard: the ranks stop at start-up
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "ChildFailedError" in proc.stdout and "Root Cause (first observed failure)" in proc.stdout
+    assert re.search(r"exitcode\s*: 2 ", proc.stdout), proc.stdout[-3000:]
