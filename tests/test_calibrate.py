@@ -549,3 +549,12 @@ def test_only_the_remedies_that_apply_are_offered(tmp_path: Path, node_run: Path
     said = re.search(r"--fraction (\S+) passes every run", fixes)
     assert said is not None, fixes
     assert calibrate.main([*map(str, runs), "--extends", "cpu", "-o", str(out), "--fraction", said[1]]) == 0
+
+
+@pytest.mark.parametrize("extra, said", [(("--fraction", "1.5"), "--fraction 1.5 must lie in (0, 1)"),
+                                         (("--fraction", "nan"), "--fraction nan must lie in (0, 1)"),
+                                         (("--min-samples", "0"), "--min-samples 0 must be at least 1")])
+def test_a_fraction_or_sample_count_out_of_range_is_named(tmp_path: Path, base: Path, extra: tuple[str, ...],
+                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(base, tmp_path / "site.yaml", *three_runs(tmp_path), extra=extra) == 2
+    assert capsys.readouterr().err == f"clustergate calibrate: {said}\n"

@@ -380,9 +380,10 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--override-spec", action="store_true", help="calibrate spec criteria too")
     args = parser.parse_args(argv)
     try:
-        if args.fraction is not None and not 0 < args.fraction < 1 or args.min_samples < 1:  # nan fails the first
-            raise runs_data.CalibrationError(f"--fraction {args.fraction} must lie in (0, 1) and --min-samples "
-                                         f"{args.min_samples} be at least 1")
+        if args.fraction is not None and not 0 < args.fraction < 1:  # nan fails it too
+            raise runs_data.CalibrationError(f"--fraction {args.fraction} must lie in (0, 1)")
+        if args.min_samples < 1:
+            raise runs_data.CalibrationError(f"--min-samples {args.min_samples} must be at least 1")
         out = Path(args.output)
         if out.is_dir():
             raise runs_data.CalibrationError(f"-o {out} is a directory: name the site profile's file "
