@@ -33,7 +33,7 @@ from clustergate.run.limits import SITE_RUNS
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.store import STORE_ENV, Store, StoreError, store_path, store_problem
 from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import Profile, ThresholdsError, load, shipped_thresholds
+from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load, shipped_thresholds
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
 
@@ -101,6 +101,7 @@ def listing(manifest: Manifest, profile: Profile, level: str, shape: Shape | Non
                                "limit_text": limited[test.nodeid].describe(),
                                "metrics": [_metric(m, scope, profile) for m, scope in test.metrics.items()]})
     return {"profile": profile.name, "description": profile.description, "sign_off": profile.sign_off,
+            "dry_run": not expects_gpus(profile.settings.get("gpus_per_node")),
             "thresholds": str(profile.source), "level": level, "shape": shape.key,
             "store": None if store is None else str(store), "manifest": manifest.digest, "runs": runs,
             "left_out": left_out}
@@ -108,7 +109,9 @@ def listing(manifest: Manifest, profile: Profile, level: str, shape: Shape | Non
 
 def text(listed: dict[str, Any]) -> list[str]:
     """The listing as lines: each run's tests, each test's metrics with their criteria, what the level leaves out."""
-    sign_off = "a sign-off profile" if listed["sign_off"] else "not a sign-off profile: it judges nothing"
+    sign_off = ("a dry-run profile (no GPU): CPU ranks rehearse the flow, they sign off no GPU node"
+                if listed["dry_run"] else "a sign-off profile" if listed["sign_off"]
+                else "not a sign-off profile: it judges nothing")
     shape = Shape.parse(listed["shape"]).describe()
     lines = [f"profile {listed['profile']}   level {listed['level']}   {sign_off}   thresholds {listed['thresholds']}",
              f"time limits on {shape}" + (f", refined by the store {listed['store']}" if listed["store"] else "")]

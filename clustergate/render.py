@@ -145,5 +145,8 @@ def _main(args: argparse.Namespace) -> int:
     except DrawingFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
+    from clustergate.report.summary import summary_lines
+
+    print(summary_lines(results)[0])  # the verdict, as the run's own summary says it first
     print(f"report: {output}" + (f"\nresults: {args.json_out}" if args.json_out else ""))
     return Exit.ACCEPT if results.get("verdict") == "accept" else Exit.NOT_ACCEPTED

@@ -115,3 +115,16 @@ def attested(dry_run: bool = False) -> dict[str, Any]:
         "attestation.py", "__init__.py"), attestation.suite_places())
     return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run,
                                foreign_code=[])
+
+
+def without_gpus(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` as a CPU run records itself: no node lists a GPU, no part names a GPU index, serial or UUID (its
+    parts are ranks). Changed in place, and returned."""
+    for node in results.get("nodes") or []:
+        node["gpus"] = []
+    for test in results.get("tests") or []:
+        for metric in test.get("metrics") or []:
+            for part in metric.get("per_rank") or []:
+                for key in ("gpu_index", "gpu_serial", "gpu_uuid"):
+                    part.pop(key, None)
+    return results

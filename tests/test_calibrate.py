@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -22,11 +23,15 @@ import jsonschema
 import pytest
 import yaml
 from complete_runs import complete
+from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate.cluster import calibrate
 from clustergate.cluster import calibration_samples as samples_mod
 from clustergate.manifest import shipped
-from clustergate.thresholds import ThresholdsError, load
+from clustergate.profile_choice import choose_profile
+from clustergate.rejudge import rejudge
+from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
+from workloads.node.gpu_presence import NvidiaDevices
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "clustergate" / "results.schema.json").read_text())
@@ -480,4 +485,76 @@ def test_a_profile_that_would_fail_the_healthy_runs_is_not_written(tmp_path: Pat
                           "was calibrated from that calibration kept as healthy: ")
     assert f"{runs[0]}: matmul_bf16_tflops=690 at a gpu 0 serial SNa0 fails the new profile (>= 700" in err
     assert "--override-spec" in err and not (tmp_path / "site.yaml").exists()
+    assert "--fraction" not in err and "healthy nodes" not in err  # the spread is not what fails them
     assert cli(base, tmp_path / "site.yaml", *runs, extra=("--override-spec",)) == 0  # calibrated, it passes them
+
+
+# ---- CPU runs: the dry run's calibration, as a CPU's figures spread -------------------------------------------
+
+CPU_SPREAD = ({}, {"sendrecv_bw_gbps": 0.31, "d2h_bandwidth_gbps": 0.44}, {"allreduce_latency_us": 1.6})
+"""Three CPU runs as three standard runs of 2 ranks measured on a shared 2-core machine spread (README's command 1
+on the same machine, one after the other): one run's whole-job send/recv at 0.31 of the others', its host copies at
+0.44, another's latency at 1.6 times."""
+
+
+def _cpu_runs(tmp: Path, run: Path) -> list[Path]:
+    """The shared real CPU run (README's command 1) as three runs of three hosts, their figures spread as a CPU's do,
+    each judged again by the run's own judge under the shipped cpu profile."""
+    cpu = load(shipped_thresholds()).profile("cpu")
+    paths = []
+    for i, factors in enumerate(CPU_SPREAD):
+        results = as_node(recorded(run), f"cg-{i + 1}", "calibration")
+        for test in results["tests"]:
+            for metric in test["metrics"]:
+                factor = factors.get(metric["name"], 1.0)
+                metric["value"] *= factor
+                for part in metric["per_rank"]:
+                    part["value"] *= factor
+        judged = rejudge(results, cpu)
+        del judged["rejudged"]
+        paths.append(tmp / f"cg-{i + 1}.json")
+        paths[-1].write_text(json.dumps(judged))
+    return paths
+
+
+def test_cpu_runs_calibrate_the_cpu_profile_for_thresholds_alone(tmp_path: Path, node_run: Path,  # noqa: F811
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """README's calibrate command with --extends cpu writes at the CPU default; the file's cpu_profile is the new
+    profile, so --thresholds alone chooses it on a machine without a GPU, and the last line says so."""
+    runs = _cpu_runs(tmp_path, node_run)
+    out = tmp_path / "site-thresholds.yaml"
+    assert calibrate.main([*map(str, runs), "--extends", "cpu", "-o", str(out)]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith(f"-> profile 'cpu-site' in {out} (minimum = {calibrate.CPU_FRACTION} x median)")
+    assert printed[-1] == f"use it: --thresholds {out} on every phase"
+    written = load(out)
+    assert written.cpu_profile == "cpu-site"
+    assert choose_profile(written, None, NvidiaDevices((), None, (), (), (), None)).name == "cpu-site"
+    assert written.profile("cpu-site").metrics["sendrecv_bw_gbps"].get("min") is not None
+
+
+def test_only_the_remedies_that_apply_are_offered(tmp_path: Path, node_run: Path,  # noqa: F811
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The same CPU runs at the GPU default, 0.9: a spread too wide for it, nothing else. The error offers a lower
+    --fraction with one it tried that passes every run (and it does), neither --override-spec (no spec criterion
+    fails them) nor runs of healthy nodes (they are)."""
+    runs = _cpu_runs(tmp_path, node_run)
+    out = tmp_path / "site.yaml"
+    assert calibrate.main([*map(str, runs), "--extends", "cpu", "-o", str(out), "--fraction", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing written" in err and not out.exists()
+    fixes = err.split("; to write it, give ", 1)[1]
+    assert fixes.startswith("a lower --fraction than 0.9 (the kept figures of ") and "d2h_bandwidth_gbps" in fixes
+    assert "--override-spec" not in fixes and "healthy nodes" not in fixes
+    said = re.search(r"--fraction (\S+) passes every run", fixes)
+    assert said is not None, fixes
+    assert calibrate.main([*map(str, runs), "--extends", "cpu", "-o", str(out), "--fraction", said[1]]) == 0
+
+
+@pytest.mark.parametrize("extra, said", [(("--fraction", "1.5"), "--fraction 1.5 must lie in (0, 1)"),
+                                         (("--fraction", "nan"), "--fraction nan must lie in (0, 1)"),
+                                         (("--min-samples", "0"), "--min-samples 0 must be at least 1")])
+def test_a_fraction_or_sample_count_out_of_range_is_named(tmp_path: Path, base: Path, extra: tuple[str, ...],
+                                                          said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(base, tmp_path / "site.yaml", *three_runs(tmp_path), extra=extra) == 2
+    assert capsys.readouterr().err == f"clustergate calibrate: {said}\n"

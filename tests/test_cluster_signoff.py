@@ -21,9 +21,10 @@ import pytest
 import yaml
 from cluster_runs import fabric_results, node_results, write_node
 from complete_runs import complete
+from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate.cluster.merge import merge
-from clustergate.cluster.signoff import signoff
+from clustergate.cluster.signoff import DRY_RUN, signoff
 from clustergate.criteria import Criterion
 from clustergate.thresholds import Thresholds, load
 
@@ -259,3 +260,51 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     write_node(tmp_path, "n", node_results("n", 1))
     proc = signoff_cli(str(tmp_path / "n"))
     assert proc.returncode == 2 and "is not a merged cluster results.json" in proc.stdout
+
+
+def test_the_line_and_the_page_say_what_was_signed(run: Path) -> None:
+    """The profile and its digest (what every run recorded), the thresholds file, the level, the suite's digest, the
+    site key or none, and each accepted host's GPU model and count: in signoff.json, on the line after the verdict,
+    and on the page. No dry-run banner: the fleet ran a GPU profile."""
+    fabric(run, HOSTS, [pair_test(HOSTS, "h3")])
+    proc = signoff_cli(str(run))
+    assert proc.returncode == 0, proc.stdout
+    out = json.loads((run / "signoff.json").read_text())
+    cluster = json.loads((run / "results.json").read_text())
+    digest = SITE_THRESHOLDS.profile("fabric-fail").run_digest
+    assert schema_errors(out) == []
+    assert (out["profile"], out["profile_digest"], out["thresholds"]) == ("fabric-fail", digest, str(SITE))
+    assert out["suite_digest"] == cluster["suite_digest"] and out["suite_digest"].startswith("sha256:")
+    assert out["dry_run"] is False and out["signed"] is False
+    assert out["nodes"] == [{"host": h, "gpus": 8, "gpu_models": ["NVIDIA H100 80GB HBM3"], "ranks": 8}
+                            for h in ("h1", "h2", "h4")]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "SIGNED OFF: 3 hosts accepted, 2 excluded"
+    assert lines[1] == (f"signed: profile fabric-fail (digest {digest}) of {SITE}, level standard, suite "
+                        f"{out['suite_digest']}; no site key: the records carry no HMAC")
+    assert lines[2:4] == ["accepted: h[1-2,4]", "  h[1-2,4]: 8 x NVIDIA H100 80GB HBM3"]
+    page = (run / "signoff.html").read_text()
+    for said in (f"fabric-fail (digest {digest})", str(SITE), out["suite_digest"], "none: the records carry no HMAC",
+                 '<td>h[1-2,4]</td><td>8 x NVIDIA H100 80GB HBM3</td>'):
+        assert said in page, said
+    assert 'id="cg-dry-run"' not in page
+
+
+def test_a_cpu_sign_off_says_it_is_a_dry_run(tmp_path: Path, node_run: Path) -> None:  # noqa: F811
+    """A real CPU node run (README's command 1) signed off alone: the line and the page say first that it is a dry
+    run without a GPU, and the host's hardware is its CPU ranks."""
+    run = tmp_path / "reports" / "dry"
+    write_node(run / "nodes", "cg-1", as_node(recorded(node_run), "cg-1", "dry"))
+    merge([run / "nodes" / "cg-1"], run, level="standard")
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "signoff", str(run)], cwd=ROOT, env=job_env(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    out = json.loads((run / "signoff.json").read_text())
+    assert out["dry_run"] is True and out["nodes"] == [{"host": "cg-1", "gpus": 0, "gpu_models": [], "ranks": 2}]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"SIGNED OFF: 1 hosts accepted, 0 excluded ({DRY_RUN})"
+    assert lines[1].startswith("signed: profile cpu (digest ") and "level standard" in lines[1]
+    assert lines[3] == "  cg-1: 2 CPU ranks, no GPU"
+    page = (run / "signoff.html").read_text()
+    assert f'<div class="cg-dry-run" id="cg-dry-run">{DRY_RUN}</div>' in page
+    assert "<td>cg-1</td><td>2 CPU ranks, no GPU</td>" in page

@@ -85,7 +85,33 @@ def test_the_readme_set_up_commands_are_the_ones_ci_runs() -> None:
     tests as the README writes them."""
     ci = (ROOT / ".ci" / "run").read_text()
     acceptance, own_tests = setup_commands()[:2]
-    assert acceptance.endswith("torchrun --standalone --nproc-per-node=2 -m pytest acceptance")
+    assert acceptance.endswith(" && clustergate run")
     assert own_tests.endswith("python3 -m pytest tests -n 2")
+    assert acceptance.startswith("python3 -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
     for part in [acceptance.split(" && ")[0], acceptance.split(" && ")[-1], *own_tests.split(" && ")]:
         assert part.replace("pip install ", "pip install -q ") in ci or part in ci, part
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", ROOT / "launch" / "README.md",
+                                  ROOT / "docs" / "cluster-signoff.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_kubernetes_job_one_liner_says_the_reports_volume_first(page: Path) -> None:
+    """Every Job the launcher renders mounts the reports claim (launch/k8s/reports-pvc.yaml): a section that renders
+    one (`render.sh | kubectl apply`) says before it how that claim is made, or its pods wait for it forever."""
+    sections = re.split(r"^#{2,3} ", page.read_text(), flags=re.M)
+    for text in sections:
+        flat = " ".join(text.split())
+        jobs = [m.start() for m in re.finditer(r"render\.sh \| kubectl apply", flat)]
+        if jobs:
+            volume = flat.find("render.sh reports-pvc.yaml | kubectl apply")
+            assert 0 <= volume < jobs[0], text[:300]
+
+
+def test_the_readme_says_which_excluded_hosts_get_an_evidence_archive() -> None:
+    """One archive per excluded host that left a node directory; a host with none gets none, and its line says what
+    merge's own reason says (test_cluster_merge holds the merge to it: no evidence for a host without a result)."""
+    from clustergate.cluster.node_runs import missing_node
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "one archive for a vendor ticket per excluded host that left a node directory" in readme
+    assert "has no archive" in readme and "says `expected, but no result` and why" in readme
+    assert missing_node("gpu009").reasons[0].startswith("expected, but no result: ")

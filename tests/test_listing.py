@@ -173,3 +173,12 @@ def test_the_store_refines_the_listed_limits(capsys: pytest.CaptureFixture[str],
     assert listed["store"] == str(tmp_path / "fleet.db")
     assert cli.main(["list", "--profile", "cpu", "--store", str(tmp_path)]) == 2
     assert "a directory" in capsys.readouterr().err
+
+
+def test_the_cpu_profile_is_called_a_dry_run_not_a_sign_off_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--profile", "cpu"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "a dry-run profile (no GPU): CPU ranks rehearse the flow, they sign off no GPU node" in first
+    assert "a sign-off profile" not in first
+    assert _listed(capsys, "--profile", "cpu")["dry_run"] is True
+    assert _listed(capsys, "--profile", "h200")["dry_run"] is False

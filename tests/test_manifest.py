@@ -15,6 +15,8 @@ from clustergate.completeness import partial
 from clustergate.verdict import of_record
 from workloads.common import LEVELS
 
+from torchrun_job import ROOT
+
 pytestmark = pytest.mark.slow  # a collection subprocess, and the shared torchrun run
 
 
@@ -46,7 +48,7 @@ def test_a_manifest_that_disagrees_with_the_collection_is_found() -> None:
 def test_readme_command_1_accepts_as_a_complete_node_run(node_run: Path) -> None:  # noqa: F811
     status = int((node_run.parents[3] / "status").read_text())
     results = recorded(node_run)
-    assert COMMAND == ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "pytest", "acceptance"]
+    assert COMMAND == ["clustergate", "run"]
     assert status == 0 and results["verdict"] == "accept" and results["reason"] is None, results.get("reason")
     assert results["profile"] == "cpu" and results["level"] == "standard" and results["run_id"] == "run-trust"
     ids = [t["nodeid"] for t in results["tests"]]
@@ -55,7 +57,8 @@ def test_readme_command_1_accepts_as_a_complete_node_run(node_run: Path) -> None
                if manifest.shipped().get(t["nodeid"]).run == "fabric")
     assert partial(results, manifest.shipped(), need="node") == []
     assert of_record(results).verdict == "accept"
-    assert results["selection"]["suite"] == "acceptance" and results["selection"]["args"] == ["acceptance"]
+    assert results["selection"]["suite"] == "acceptance" and results["world_size"] == 2
+    assert results["selection"]["args"] == [str(ROOT / "acceptance")]  # clustergate run names the suite it came with
 
 
 def test_every_metric_is_recorded_in_the_scope_the_manifest_states(node_run: Path) -> None:  # noqa: F811

@@ -115,7 +115,7 @@ def test_markup_in_a_report_runs_no_script(marked_run: Path, tmp_path: Path) -> 
         dom = run.stdout
         assert run.returncode == 0 and "</html>" in dom, run.stderr[-3000:]
         title = re.search(r"<title[^>]*>([^<]*)</title>", dom)
-        assert title is not None and title.group(1).startswith("clustergate sign-off"), (name, title)
+        assert title is not None and title.group(1).startswith("clustergate run: profile "), (name, title)
         assert "pwned" not in title.group(1)
         assert '<img src="x"' not in dom, name  # the browser made no element of it (as it would serialize one)
         assert "&lt;img src=x onerror=document.title='pwned'&gt;" in dom, name  # shown, as text

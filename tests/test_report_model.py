@@ -7,8 +7,9 @@ import copy
 from typing import Any
 
 import pytest
+from complete_runs import without_gpus
 
-from clustergate.report import figures, html, model, tables
+from clustergate.report import figures, hooks, html, model, tables
 from clustergate.report.summary import summary_lines
 
 
@@ -60,6 +61,18 @@ def test_criteria_rows_put_failures_first_and_name_the_worst_part() -> None:
     assert [r.metric for r in rows] == ["matmul_bf16_tflops", "allreduce_busbw_gbps", "hbm_bandwidth_tbps"]  # by margin
     assert not rows[0].passed and rows[0].where == "1/4 GPUs fail; worst rank 3 node-1 gpu 1 serial SN3"
     assert rows[1].where == "whole job" and rows[1].margin_pct == pytest.approx(6.0)
+
+
+def test_a_cpu_run_names_ranks_not_gpus_and_its_title_says_dry_run() -> None:
+    """A CPU run's parts are ranks (no GPU index): "2 ranks", never "2 GPUs"; its report is a run's, not a sign-off,
+    and says it is a dry run."""
+    cpu = without_gpus(copy.deepcopy(RESULTS))
+    cpu["profile"] = "cpu"
+    rows = {r.metric: r for r in model.criteria_rows(cpu)}
+    assert rows["matmul_bf16_tflops"].where == "1/4 ranks fail; worst rank 3 node-1"
+    assert rows["hbm_bandwidth_tbps"].where.startswith("4 ranks; worst rank ")
+    assert hooks.title(cpu) == "clustergate run: profile cpu (dry run, no GPU)"
+    assert hooks.title(RESULTS) == "clustergate run: profile h100-sxm-80gb"
 
 
 def test_gpu_and_node_tables_highlight_failures_and_outliers() -> None:

@@ -105,6 +105,17 @@ def test_signoff_skips_the_fabric_under_two_nodes_and_stops_where_asked(tmp_path
     assert proc.returncode == 2 and "CLUSTERGATE_SIGNOFF_UNTIL is 'fabrik'" in proc.stderr
 
 
+@pytest.mark.parametrize("narrowing", [("-k", "matmul"), ("-kmatmul",), ("--deselect", "acceptance/test_world.py"),
+                                       ("acceptance/test_gpu_compute.py",), ("acceptance::test_world",), ("--lf",)])
+def test_signoff_refuses_arguments_that_narrow_the_runs(tmp_path: Path, narrowing: tuple[str, ...]) -> None:
+    """A sign-off signs only what was tested: an argument that narrows the runs would make every node run partial,
+    so the job refuses it before any step, naming it."""
+    proc, calls = _signoff(tmp_path, accepted=["gpu1", "gpu2"], args=narrowing)
+    assert proc.returncode == 2 and calls == "", proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"clustergate: pytest argument '{narrowing[0]}' narrows the suite: "), proc.stderr
+    assert "launch/slurm/clustergate.sbatch" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
 def _exits(report: Path, *records: tuple[str, str, int, float]) -> None:
     (report / "node-exits").mkdir(parents=True)
     for node, stage, status, t in records:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from complete_runs import without_gpus
 from fleet_data import HOST, SERIALS, later, merged_docs, parts, real_run, write
 
 from clustergate.store import Store
@@ -65,8 +66,20 @@ def test_history_as_json(two_runs: tuple[Path, Path, Path]) -> None:
     assert data["store"] == str(db) and data["query"] == {"who": HOST, "metric": None}
     assert len(data["figures"]) == 2 * parts(real_run()) and {f["run"] for f in data["figures"]} == {1, 2}
     assert set(data["figures"][0]) == {"time", "run", "path", "run_verdict", "level", "profile", "test", "metric",
-                                       "scope", "host", "gpu_index", "serial", "uuid", "value", "unit", "verdict"}
+                                       "scope", "host", "gpu_index", "serial", "uuid", "value", "unit", "verdict",
+                                       "rank"}
     assert data["decisions"] == []
+
+
+def test_a_cpu_runs_ranks_are_told_apart(tmp_path: Path) -> None:
+    """A CPU run has no GPU index: its per-rank figures are named by rank in the GPU column (as metrics.prom's gpu
+    label names them), so rank 0's figure is not taken for rank 1's."""
+    db = tmp_path / "fleet.db"
+    Store(db).record_file(write(tmp_path / "reports" / "r1", without_gpus(real_run())))
+    shown = cli("history_cli", HOST, "--metric", "matmul_bf16_tflops", "--store", str(db))
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines()[3:]]
+    assert [(r[2], r[3], r[4]) for r in rows] == [(HOST, "rank", "0"), (HOST, "rank", "1")], shown.stdout
 
 
 def test_a_host_history_lists_merge_decisions(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -1,7 +1,7 @@
 """One real complete node run, made once per session and shared by the contract's tests.
 
-README's command 1 exactly (``torchrun --standalone --nproc-per-node=2 -m pytest acceptance``: the cpu
-profile, level standard), as one node of a cluster run: ``CLUSTERGATE_RUN_ID=run-trust``, node name
+README's command 1 exactly (``clustergate run``: the cpu profile on 2 ranks, level standard), as one node of a
+cluster run: ``CLUSTERGATE_RUN_ID=run-trust``, node name
 ``cg-a``, into ``REPORTS/run-trust/nodes/cg-a``. The tests of the manifest, merge, sign-off, calibrate and
 the re-render craft their inputs from its results.json (renamed hosts, narrowed copies) rather than start
 more torchrun jobs.
@@ -30,8 +30,8 @@ from torchrun_job import ROOT, job_env
 
 RUN_ID = "run-trust"
 HOST = "cg-a"
-COMMAND = ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "pytest", "acceptance"]
-"""README's command 1 (torchrun is run as ``python -m torch.distributed.run``, the same program)."""
+COMMAND = ["clustergate", "run"]
+"""README's command 1 (clustergate is run as ``python -m clustergate``, the same program)."""
 
 
 GIVEN_RUN = "CLUSTERGATE_TEST_NODE_RUN"
@@ -61,7 +61,7 @@ def make_node_run(target: Path) -> None:
         shutil.copytree(given, target, dirs_exist_ok=True)
         return
     report = target / "reports" / RUN_ID / "nodes" / HOST
-    argv = [sys.executable, "-m", "torch.distributed.run", *COMMAND[1:], "--report-dir", str(report)]
+    argv = [sys.executable, "-m", *COMMAND, "--report-dir", str(report)]
     # A hang guard only: the whole suite on 2 CPU ranks takes 1-3 minutes on CI's 2 busy cores.
     env = job_env({"CLUSTERGATE_RUN_ID": RUN_ID, "CLUSTERGATE_NODE_NAME": HOST})
     del env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"]  # as a user types it: the checkout's pytest configuration turns it off

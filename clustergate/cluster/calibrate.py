@@ -4,12 +4,14 @@
     torchrun ... -m pytest acceptance --thresholds site-thresholds.yaml
 
 The new profile extends the shipped one (``--extends``) and is listed first, with the same ``match``,
-so ``--thresholds site-thresholds.yaml`` selects it for the same GPUs; the shipped profiles follow,
-copied. Method, stated again in the file: GPUs that failed a health check are left out; per metric
+so ``--thresholds site-thresholds.yaml`` selects it for the same GPUs (a profile for CPU runs, which matches no
+GPU, is made the file's ``cpu_profile``: the same option alone selects it); the shipped profiles follow, copied.
+Method, stated again in the file: GPUs that failed a health check are left out; per metric
 a value worse than ``--fraction`` of the fleet's median is left out as an outlier; then, over every
 GPU (or node, or job) of every run, a minimum = ``--fraction`` x the median (a maximum = the median /
-``--fraction`` where lower is better), rounded to 3 significant digits. The node shape the runs show is
-carried into ``settings`` (gpus_per_node, and every setting a hardware-shape test compares against: NVLinks
+``--fraction`` where lower is better), rounded to 3 significant digits. ``--fraction`` is 0.9 for GPU runs,
+0.01 for CPU runs (``CPU_FRACTION``: CPU ranks share their cores and spread by tens). The node shape the
+runs show is carried into ``settings`` (gpus_per_node, and every setting a hardware-shape test compares against: NVLinks
 per GPU, PCIe generation and width under load, MIG mode, InfiniBand ports and rate: see
 ``calibration_samples.SHAPE``), so the profile accepts the machines it was calibrated on; a GPU short of the
 fleet's shape (17 NVLinks where the others have 18) is left out as unhealthy. Checks the runs failed that
@@ -22,7 +24,10 @@ tool, machine, date, n, runs}``, with its statistics in a comment above it. Old 
 It writes only what it can stand behind: every run must be complete (``clustergate.completeness``), of one
 level, of the GPU model ``--extends`` is for (CPU runs calibrate only a CPU profile, GPU runs never one);
 and before the file is written every run is judged again under the new profile: if a GPU (node, job) that
-calibration kept would fail it, nothing is written and the error names the run, the metric and the part.
+calibration kept would fail it, nothing is written and the error names the run, the metric and the part, and
+what would let it be written where it applies (``remedies``): a lower ``--fraction`` where a calibrated bound
+fails them (with one tried that passes every run), ``--override-spec`` where a spec criterion kept does, runs of
+healthy nodes where another kept criterion does.
 The file is written whole, never through a link, and never over one of the runs or ``--thresholds``.
 """
 
@@ -35,6 +40,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +58,13 @@ from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, sh
 DEFAULT_FRACTION = 0.9
 """A healthy H100/H200 varies about 1-3% from the fleet's median in matmul, copies and collectives:
 0.9 passes it with a margin several times its spread, and still fails a GPU 10% short."""
+CPU_FRACTION = 0.01
+"""The default for CPU runs (``--extends cpu``): CPU ranks share their cores with whatever else runs, and their
+figures spread by tens from run to run. Measured on a shared 2-core machine: three standard runs of 2 ranks put a
+whole-job send/recv at 0.31 of its median and a rank's host copy at 0.44, where 0.9 and 0.5 failed the very runs
+they were calibrated from; three quick runs of one rank, under a load of 15, put one bf16 matmul at 0.024 of the
+median, where 0.05 failed. A hundredth of the median still fails a flow that broke outright; the shipped cpu
+profile's own minimums are 45 times below what it measured."""
 NOT_CALIBRATED = ("gpu_memory_gib",)
 """Exact properties of the hardware, not performance: a fraction of the median means nothing there."""
 
@@ -163,7 +176,8 @@ def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run],
     shipped = yaml.safe_load(inputfile.read_text(base_path, "thresholds"))
     dates = sorted(r.started[:10] for r in runs)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    shape = f"{gpus_per_node} {'ranks' if model == runs_data.CPU_MODEL else 'GPUs'} a node"
+    cpu = model == runs_data.CPU_MODEL
+    shape = f"{gpus_per_node} {'ranks' if cpu else 'GPUs'} a node"
     describe = f"{base.name} calibrated on {len(runs)} run(s) of {model}, {shape}"
     lines = [
         f"# Site thresholds written by `clustergate calibrate` on {now}.",
@@ -174,16 +188,19 @@ def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run],
         f"# every GPU (node, job) of every run (maximum = median / {fraction} where lower is better), rounded to",
         "# 3 significant digits. Spec criteria stay unless the node shape differs (node- and job-wide figures).",
         f"# Profile '{name}' extends '{base.name}' of {base_path}; the shipped profiles are copied below it.",
+        *(["# It is this file's cpu_profile: a machine without a GPU runs it, --thresholds alone chooses it."]
+          if cpu else []),
         "schema: 1",
         f"fallback_profile: {shipped['fallback_profile']}",
-        f"cpu_profile: {shipped['cpu_profile']}",
+        # A CPU profile matches no GPU model: a run chooses it as the file's cpu_profile, so the file names it there.
+        f"cpu_profile: {name if cpu else shipped['cpu_profile']}",
         "profiles:",
         f"  {name}:",
         f"    description: {json.dumps(describe)}",
         f"    extends: {base.name}",
         f"    match: {json.dumps(list(base.match))}",
         # CPU ranks keep the base's gpus_per_node (0: the CPU profile's marker for "no GPU").
-        *(["    settings:", f"      gpus_per_node: {gpus_per_node}"] if model != runs_data.CPU_MODEL else []),
+        *(["    settings:", f"      gpus_per_node: {gpus_per_node}"] if not cpu else []),
     ]
     for c in changes:
         if c.kind == "setting":
@@ -256,7 +273,22 @@ def model_problem(model: str, base: Profile, cpu_profile: str) -> str | None:
     return None
 
 
-def would_fail(runs: list[runs_data.Run], profile: Profile, samples: runs_data.SampleSet) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Miss:
+    """A part calibration kept as healthy that the new profile fails."""
+
+    run: Path
+    metric: str
+    value: float
+    where: str
+    criterion: str
+
+    def __str__(self) -> str:
+        return (f"{self.run}: {self.metric}={number(self.value)} at {self.where} fails the new profile "
+                f"({self.criterion})")
+
+
+def would_fail(runs: list[runs_data.Run], profile: Profile, samples: runs_data.SampleSet) -> list[Miss]:
     """Every part calibration kept as healthy (no health check failed, an outlier in no metric) that the new profile
     fails, per run and metric: a profile that rejects the healthy machines it was calibrated on is not written."""
     unhealthy = {(x.run, x.where) for got in samples.values() for x, _ in got.left_out}
@@ -269,8 +301,43 @@ def would_fail(runs: list[runs_data.Run], profile: Profile, samples: runs_data.S
                     where = runs_data.where_of(part, m.get("scope", "gpu"))
                     if part.get("passed", True) or (i, where) in unhealthy:
                         continue
-                    out.append(f"{run.path}: {m['name']}={number(part['value'])} at {where} fails the new profile "
-                               f"({Criterion.from_json(m.get('criterion')).text()})")
+                    out.append(Miss(run.path, str(m["name"]), float(part["value"]), where,
+                                    Criterion.from_json(m.get("criterion")).text()))
+    return out
+
+
+def _listed(names: set[str]) -> str:
+    shown = sorted(names)
+    return ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+
+
+def remedies(misses: list[Miss], changes: list[Change], fraction: float,
+             passes: Callable[[float], bool]) -> list[str]:
+    """What would let the profile be written, only what applies to ``misses``: a lower ``--fraction`` where a
+    calibrated bound fails them (with one that passes every run, tried: ``passes``), ``--override-spec`` where a
+    spec criterion kept from the shipped profile does, healthier nodes where another kept criterion does."""
+    by_metric = {c.metric: c for c in changes if c.kind == "metric"}
+    calibrated = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].stats}
+    spec = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].note == "kept: spec"}
+    other = {m.metric for m in misses} - calibrated - spec
+    out = []
+    if calibrated:
+        medians = {name: float((by_metric[name].stats or {}).get("median", 0.0)) for name in calibrated}
+        # How far the worst miss lies from its median, as a fraction (below it, or above where lower is better).
+        needed = min((min(m.value, medians[m.metric]) / max(m.value, medians[m.metric])
+                      for m in misses if m.metric in calibrated and max(m.value, medians[m.metric]) > 0), default=0.0)
+        tried = math.floor(needed * 0.95 * 100) / 100
+        found = next((f for f in (tried, tried * 0.8, tried * 0.6, tried * 0.4) if 0 < f < fraction
+                      and passes(round(f, 3))), None)
+        said = f"; --fraction {round(found, 3)} passes every run" if found is not None else ""
+        out.append(f"a lower --fraction than {fraction} (the kept figures of {_listed(calibrated)} spread wider than "
+                   f"that of their median{said})")
+    if spec:
+        out.append(f"--override-spec to calibrate the spec criteria of {_listed(spec)} as well (kept as shipped, they "
+                   "fail these nodes: or the nodes miss the spec and want fixing)")
+    if other:
+        out.append(f"runs of healthy nodes (the shipped criteria of {_listed(other)}, which calibration keeps, fail "
+                   "them)")
     return out
 
 
@@ -306,14 +373,17 @@ def _main(argv: list[str] | None) -> int:
                              "with --force")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --output")
     parser.add_argument("--name", default=None, help="the new profile's name (default: EXTENDS-site)")
-    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION, help="minimum = FRACTION x median")
+    parser.add_argument("--fraction", type=float, default=None,
+                        help=f"minimum = FRACTION x median (default {DEFAULT_FRACTION}; {CPU_FRACTION} for CPU runs, "
+                             "whose ranks share their cores)")
     parser.add_argument("--min-samples", type=int, default=3, help="fewest samples a metric is calibrated from")
     parser.add_argument("--override-spec", action="store_true", help="calibrate spec criteria too")
     args = parser.parse_args(argv)
     try:
-        if not 0 < args.fraction < 1 or args.min_samples < 1:  # nan fails the first
-            raise runs_data.CalibrationError(f"--fraction {args.fraction} must lie in (0, 1) and --min-samples "
-                                         f"{args.min_samples} be at least 1")
+        if args.fraction is not None and not 0 < args.fraction < 1:  # nan fails it too
+            raise runs_data.CalibrationError(f"--fraction {args.fraction} must lie in (0, 1)")
+        if args.min_samples < 1:
+            raise runs_data.CalibrationError(f"--min-samples {args.min_samples} must be at least 1")
         out = Path(args.output)
         if out.is_dir():
             raise runs_data.CalibrationError(f"-o {out} is a directory: name the site profile's file "
@@ -331,23 +401,32 @@ def _main(argv: list[str] | None) -> int:
         base = thresholds.profile(args.extends)
         if (problem := model_problem(model, base, thresholds.cpu_profile)) is not None:
             raise runs_data.CalibrationError(problem)
-        samples = runs_data.collect(runs)
-        changes = plan(base, samples, gpus_per_node, args.fraction, args.min_samples, args.override_spec,
-                       model_has_gpus=model != runs_data.CPU_MODEL)
+        cpu = model == runs_data.CPU_MODEL
+        fraction = args.fraction if args.fraction is not None else CPU_FRACTION if cpu else DEFAULT_FRACTION
         name = args.name or f"{base.name}-site"
-        text = render(name, base, Path(args.thresholds), runs, model, gpus_per_node, changes, samples, args.fraction)
-        failing = would_fail(runs, _candidate(text, out, name), samples)  # it must load, and pass what it came from
+
+        def attempt(at: float) -> tuple[runs_data.SampleSet, list[Change], str, list[Miss]]:
+            """The profile calibrated at fraction ``at``, and the parts of its own runs it would fail."""
+            samples = runs_data.collect(runs)
+            changes = plan(base, samples, gpus_per_node, at, args.min_samples, args.override_spec,
+                           model_has_gpus=not cpu)
+            text = render(name, base, Path(args.thresholds), runs, model, gpus_per_node, changes, samples, at)
+            return samples, changes, text, would_fail(runs, _candidate(text, out, name), samples)  # it must load
+
+        samples, changes, text, failing = attempt(fraction)
         if failing:
             more = f" (and {len(failing) - 5} more)" if len(failing) > 5 else ""
+            fixes = remedies(failing, changes, fraction, lambda at: not attempt(at)[3])
             raise runs_data.CalibrationError("nothing written: the new profile would fail parts of the runs it was "
                                              "calibrated from that calibration kept as healthy: "
-                                             + "; ".join(failing[:5]) + more + "; give runs of healthy nodes, a lower "
-                                             "--fraction, or --override-spec where a spec criterion fails them")
+                                             + "; ".join(map(str, failing[:5])) + more + "; to write it, give "
+                                             + "; or ".join(fixes))
         write_text(out, text)
     except (runs_data.CalibrationError, ThresholdsError, OutputError, OSError) as exc:
         print(f"clustergate calibrate: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(runs)} run(s) of {model}, {gpus_per_node} ranks a node -> profile {name!r} in {out}")
+    ranks = f"{gpus_per_node} rank{'' if gpus_per_node == 1 else 's'} a node"
+    print(f"{len(runs)} run(s) of {model}, {ranks} -> profile {name!r} in {out} (minimum = {fraction} x median)")
     print(table(changes))
     unhealthy = sorted({(x.run, x.where, why) for got in samples.values() for x, why in got.left_out
                         if not why.startswith("outlier")})
@@ -357,7 +436,7 @@ def _main(argv: list[str] | None) -> int:
         for x, why in samples[c.metric].left_out if c.stats else []:
             if why.startswith("outlier"):
                 print(f"left out of {c.metric}: {x.where} (run {x.run + 1}): {why}")
-    print(f"use it: --thresholds {out}" + ("" if base.match else f" --profile {name}"))
+    print(f"use it: --thresholds {out} on every phase" + ("" if base.match or cpu else f" --profile {name}"))
     return 0
 
 

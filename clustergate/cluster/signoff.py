@@ -35,6 +35,8 @@ signoff.json (schema 1)::
 
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
      "run_id": str, "level": str, "profile": str | null (the merge's), "signed": bool,
+     "thresholds": FILE, "profile_digest": str | null, "suite_digest": str | null, "dry_run": bool,
+     "nodes": [{"host", "gpus": int, "gpu_models": [str], "ranks": int | null}] (each accepted host),
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node" | "fabric", "reasons": [str]}], "excluded_hostlist": str,
      "reasons": [str], "warnings": [str],
@@ -79,6 +81,8 @@ from clustergate.thresholds import Thresholds
 from clustergate.verdict import contradiction, decide, of_record
 
 SCHEMA = 1
+DRY_RUN = "DRY RUN, no GPU: CPU ranks under a profile for machines without one; it proves the flow, not a cluster"
+"""What the line and the page say first of a sign-off whose fleet ran the cpu profile (the merge's ``dry_run``)."""
 LISTS = ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
          "signoff-excluded-hostlist.txt")
 OUTPUTS = ("signoff.json", "signoff.html", "signoff-metrics.prom", *LISTS)
@@ -166,6 +170,47 @@ def binding_problems(fabric: dict[str, Any], cluster: dict[str, Any], site: Thre
         out.append(f"the fabric run started {fabric.get('started')}, before the merge ({cluster.get('created')}): "
                    "it did not run on the merge's accepted hosts; run it again on accepted-hosts.txt")
     return out
+
+
+def what_was_signed(cluster: dict[str, Any], site: Thresholds, accepted: list[str]) -> dict[str, Any]:
+    """What the accepted set was held to and what it is: the thresholds file, the profile's digest (the one every
+    node run recorded, ``Profile.run_digest``), the suite's digest, whether the fleet ran the cpu profile (a dry
+    run), and each accepted host's GPUs (count and model) and ranks, as the merge read them from its node run."""
+    profile = site.profiles.get(str(cluster.get("profile")))
+    nodes = {n["host"]: n for n in cluster["nodes"]}
+
+    def hardware(host: str) -> dict[str, Any]:
+        node = nodes.get(host, {})
+        return {"host": host, "gpus": int(node.get("gpus") or 0), "gpu_models": list(node.get("gpu_models") or []),
+                "ranks": node.get("ranks")}
+
+    return {"thresholds": str(site.path), "profile_digest": profile.run_digest if profile is not None else None,
+            "suite_digest": cluster.get("suite_digest"), "dry_run": bool(cluster.get("dry_run")),
+            "nodes": [hardware(h) for h in accepted]}
+
+
+def node_shape(node: dict[str, Any]) -> str:
+    """A host's hardware as the sign-off says it: "8 x NVIDIA H200", "2 CPU ranks, no GPU"."""
+    if node.get("gpus"):
+        return f"{node['gpus']} x {', '.join(node.get('gpu_models') or ['GPU of unknown model'])}"
+    ranks = node.get("ranks")
+    return f"{'?' if ranks is None else ranks} CPU rank{'' if ranks == 1 else 's'}, no GPU"
+
+
+def shapes(out: dict[str, Any]) -> list[tuple[str, str]]:
+    """The accepted hosts grouped by their hardware: (Slurm hostlist, ``node_shape``), the commonest first."""
+    groups: dict[str, list[str]] = {}
+    for node in out.get("nodes") or []:
+        groups.setdefault(node_shape(node), []).append(str(node["host"]))
+    return [(compress(hosts), shape) for shape, hosts in sorted(groups.items(), key=lambda g: -len(g[1]))]
+
+
+def held_to(out: dict[str, Any]) -> str:
+    """What the sign-off held the hosts to, in one line: profile, its digest and file, level, suite, site key."""
+    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
+    key = "signed with the site key" if out.get("signed") else "no site key: the records carry no HMAC"
+    return (f"profile {out.get('profile')}{digest} of {out.get('thresholds', '?')}, level {out.get('level')}, "
+            f"suite {out.get('suite_digest') or '?'}; {key}")
 
 
 class Fabric:
@@ -337,7 +382,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         "schema": SCHEMA, "kind": "signoff", "verdict": "accept" if accepted and not reasons else "reject",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": str(run_dir),
         "run_id": cluster["run_id"], "level": cluster["level"], "profile": cluster.get("profile"),
-        "signed": key is not None,
+        "signed": key is not None, **what_was_signed(cluster, site, accepted),
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),
@@ -386,8 +431,11 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     signed = out["verdict"] == "accept"
     print(f"{'SIGNED OFF' if signed else 'NOT SIGNED OFF'}: {len(out['accepted'])} hosts accepted, "
-          f"{len(out['excluded'])} excluded")
+          f"{len(out['excluded'])} excluded" + (f" ({DRY_RUN})" if out["dry_run"] else ""))
+    print(f"{'signed' if signed else 'held to'}: {held_to(out)}")
     print(f"accepted: {out['accepted_hostlist'] or '(none)'}")
+    for hosts, shape in shapes(out):
+        print(f"  {hosts}: {shape}")
     for e in out["excluded"][:20]:
         print(f"excluded ({e['phase']} phase): {e['host']}: {'; '.join(e['reasons'])}")
     for reason in out["reasons"]:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from clustergate import skip_facts
 from clustergate.parts import rank_index
 from clustergate.redact import Scrubber, redact, scrub_strings, shown_environment
 from clustergate.report import figures, html
@@ -161,7 +162,16 @@ def _page_text(value: Any) -> Any:
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_report_title(report: Any) -> None:
     results = results_of(report.config, only_test="")
-    report.title = f"clustergate sign-off: {results['profile']}" if results else "clustergate sign-off"
+    report.title = title(results)
+
+
+def title(results: dict[str, Any] | None) -> str:
+    """A run's report is a run's, not a sign-off (that is ``clustergate signoff``'s page); a CPU run says it is a
+    dry run."""
+    if not results:
+        return "clustergate run"
+    dry = " (dry run, no GPU)" if skip_facts.profile_kind(results) == "cpu" else ""
+    return f"clustergate run: profile {results.get('profile')}{dry}"
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -25,6 +25,8 @@ EXTRA_STYLE = """
 body { font-family: Helvetica, Arial, sans-serif; font-size: 13px; margin: 16px; }
 .cg-hosts code { display: block; background: #f6f6f6; padding: 6px; margin: 2px 0 8px; word-break: break-all; }
 .cg-reasons li { margin: 1px 0; }
+.cg-dry-run { background: #fff1c2; color: #6b4e00; border: 2px dashed #b38600; border-radius: 6px; padding: 8px 14px;
+  margin: 8px 0 0; font-size: 16px; font-weight: bold; }
 </style>
 """
 

@@ -63,7 +63,9 @@ def _where(metric: dict[str, Any], ranks: dict[int, dict[str, Any]]) -> str:
     scope = metric.get("scope", "gpu")
     if scope == "world":
         return "whole job"
-    parts = f"{len(per)} {'GPU' if scope == 'gpu' else 'node'}{'s' if len(per) > 1 else ''}"
+    # A CPU rank is no GPU: a per-GPU figure of a run without GPUs is a rank's (it names no GPU index).
+    word = "node" if scope == "node" else "GPU" if any(p.get("gpu_index") is not None for p in per) else "rank"
+    parts = f"{len(per)} {word}{'s' if len(per) > 1 else ''}"
     if not Criterion.from_json(metric.get("criterion")).judged:
         return f"median of {parts}" if len(per) > 1 else _label(per[0], scope, ranks)
     failing, word = [p for p in per if not p.get("passed", True)], "fail"

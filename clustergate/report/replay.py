@@ -47,11 +47,12 @@ def draw(path: Path, results: dict[str, Any], output: Path) -> None:
 
 def _session(path: Path, results: dict[str, Any], output: Path) -> int:
     """The replay session; pytest-html writes ``output``. Returns pytest's exit status."""
-    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks. No colour: the
-    # command's output shows control characters as escapes (clustergate.terminal), a recorded message's included.
-    args = [str(path), "--rootdir", str(path.parent), "-c", os.devnull, "--noconftest", "--color=no",
-            "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "--tb=no", "-rN",
-            "--html", str(output), "--self-contained-html"]
+    # No conftest and no installed clustergate plugin (its torch session): only the report's hooks. No terminal
+    # either: the session is the drawing's means, not the command's output (its progress, pytest's warnings about
+    # modules imported before it and the path of the private directory the page is drawn in would all be noise).
+    args = [str(path), "--rootdir", str(path.parent), "-c", os.devnull, "--noconftest",
+            "-p", "no:clustergate", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:terminal",
+            "-p", "no:warnings", "--assert=plain", "--html", str(output), "--self-contained-html"]
     return int(pytest.main(args, plugins=[hooks, ReplayPlugin(path, results)]))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from clustergate.cluster.signoff import DRY_RUN, shapes
 from clustergate.report.merge_html import banner, excluded_table, hosts_block, href, page, scrubbed
 
 
@@ -24,17 +25,33 @@ def _phase_rows(out: dict[str, Any]) -> str:
             f"<tbody>{cells}</tbody></table>")
 
 
+def _hardware(out: dict[str, Any]) -> str:
+    """The accepted hosts by their hardware (GPU count and model, or CPU ranks), as their node runs recorded it."""
+    rows = "".join(f'<tr><td>{escape(hosts)}</td><td>{escape(shape)}</td></tr>' for hosts, shape in shapes(out))
+    if not rows:
+        return ""
+    return ('<table class="cg-table" id="cg-hardware"><thead><tr><th>accepted hosts</th><th>each node</th></tr>'
+            f"</thead><tbody>{rows}</tbody></table>")
+
+
 def signoff_page(out: dict[str, Any], links: dict[str, str] | None = None) -> str:
     """The page; ``links``: host -> the report that holds its evidence, relative to signoff.html."""
     out, links = scrubbed(out), scrubbed(links)
     signed = out["verdict"] == "accept"
     why = [f"{len(out['accepted'])} hosts {'signed off' if signed else 'accepted so far, not signed off'}; "
            f"{len(out['excluded'])} excluded"] + [f"not signed off: {r}" for r in out["reasons"]]
-    facts = [("run", out["run_dir"]), ("created", out["created"])]
-    body = [banner(out["verdict"], why, facts), "<h3>Hosts</h3>",
+    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
+    facts = [("run", out["run_dir"]), ("run id", out["run_id"]), ("created", out["created"]),
+             ("profile", f"{out.get('profile')}{digest}"), ("thresholds", out.get("thresholds", "")),
+             ("level", out["level"]), ("suite", out.get("suite_digest") or ""),
+             ("site key", "signed: every record read carried a valid HMAC, signoff.json carries its own"
+              if out.get("signed") else "none: the records carry no HMAC")]
+    dry = [f'<div class="cg-dry-run" id="cg-dry-run">{escape(DRY_RUN)}</div>'] if out.get("dry_run") else []
+    body = [*dry, banner(out["verdict"], why, facts), "<h3>Hosts</h3>",
             hosts_block(out["accepted_hostlist"], out["excluded_hostlist"],
                         ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
                          "signoff-excluded-hostlist.txt")),
+            _hardware(out),
             "<h3>Excluded hosts and the evidence</h3>",
             excluded_table(out["excluded"], ("host", "phase", "evidence"), links),
             "<h3>Phases</h3>", _phase_rows(out)]

@@ -77,6 +77,8 @@ class StoredFigure:
     unit: str
     verdict: str
     """pass | warn | fail | unjudged: the figure against its criterion."""
+    rank: int | None = None
+    """The rank that measured it: what names a per-rank figure of a CPU run, which has no GPU index."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,8 +102,8 @@ class Decision:
 
 
 FIGURE_COLUMNS = ("r.started, r.id, r.path, r.judged, r.level, r.profile, f.test, f.metric, f.scope, f.host, "
-                  "f.gpu_index, f.gpu_serial, f.gpu_uuid, f.value, f.unit, f.verdict")
-ORDER = "ORDER BY r.started_s IS NULL, r.started_s, r.id, f.host, f.gpu_index, f.metric"
+                  "f.gpu_index, f.gpu_serial, f.gpu_uuid, f.value, f.unit, f.verdict, f.rank")
+ORDER = "ORDER BY r.started_s IS NULL, r.started_s, r.id, f.host, f.gpu_index, f.rank, f.metric"
 
 
 FIGURE_TYPES = (str, int, str, str, str, str, str, str, str, str, int, str, str, float, str, str)

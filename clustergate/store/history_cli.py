@@ -39,8 +39,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def part(f: StoredFigure) -> str:
+    """The GPU column: the GPU's index; a per-rank figure without one (a CPU run's) by its rank, as metrics.prom
+    names it, so rank 0's history is not rank 1's."""
+    if f.gpu_index is not None:
+        return str(f.gpu_index)
+    return f"rank {f.rank}" if f.scope == "gpu" and f.rank is not None else ""
+
+
 def cells(f: StoredFigure) -> list[str]:
-    gpu = "" if f.gpu_index is None else str(f.gpu_index)
+    gpu = part(f)
     return [f.time or "?", f"#{f.run}", printable(f.host or "(whole job)"), gpu, printable(f.serial or ""), f.metric,
             number(f.value), printable(f.unit), f.verdict]
 
