@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from clustergate.reportdir import NotAFile, move_aside, refuse_not_a_directory, refuse_not_a_file, write_atomic
-from clustergate.terminal import main_guarded  # noqa: F401 - where calibrate imports the commands' guard from
 
 
 class OutputError(ValueError):

@@ -187,3 +187,7 @@ def test_a_bare_errno_never_reaches_the_user(node: Path, tmp_path: Path) -> None
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"clustergate render: {missing}: No such file or directory\n"
     assert json.loads(node.read_text())  # the input is as it was
+    site = tmp_path / "no-such-dir" / "site.yaml"  # calibrate checks its profile in a private file beside -o
+    proc = cli("calibrate", str(node), "--extends", "h100-sxm-80gb", "--min-samples", "1", "-o", str(site))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"clustergate calibrate: {site}: No such file or directory\n"

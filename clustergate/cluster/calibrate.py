@@ -51,8 +51,9 @@ import yaml
 from clustergate import inputfile
 from clustergate.cluster import calibration_samples as runs_data
 from clustergate.numbers import number, percent
-from clustergate.outputs import OutputError, Parser, main_guarded, refuse_inputs, write_text
+from clustergate.outputs import OutputError, Parser, refuse_inputs, write_text
 from clustergate.rejudge import rejudge
+from clustergate.terminal import error_text, main_guarded
 from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
 
 DEFAULT_FRACTION = 0.9
@@ -343,7 +344,10 @@ def remedies(misses: list[Miss], changes: list[Change], fraction: float,
 
 def _candidate(text: str, out: Path, name: str) -> Profile:
     """The new profile as ``--thresholds`` will load it: the text loaded from a private file beside ``out``."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".check.yaml")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".check.yaml")
+    except OSError as exc:  # the folder -o names, not the private file's name
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -423,7 +427,7 @@ def _main(argv: list[str] | None) -> int:
                                              + "; or ".join(fixes))
         write_text(out, text)
     except (runs_data.CalibrationError, ThresholdsError, OutputError, OSError) as exc:
-        print(f"clustergate calibrate: {exc}", file=sys.stderr)
+        print(f"clustergate calibrate: {error_text(exc)}", file=sys.stderr)
         return 2
     ranks = f"{gpus_per_node} rank{'' if gpus_per_node == 1 else 's'} a node"
     print(f"{len(runs)} run(s) of {model}, {ranks} -> profile {name!r} in {out} (minimum = {fraction} x median)")
