@@ -295,10 +295,12 @@ def hold_skips_to_fleet(runs: list[NodeRun]) -> None:
 def check_output(output: Path, paths: list[Path]) -> None:
     """The output directory must not be one of the node directories, nor hold a node's own results: merge
     would overwrite the evidence it was given (MergeInputError); nor be anything but a directory, nor hold one of
-    merge's outputs as anything but a regular file (a device, a FIFO: never replaced)."""
+    merge's outputs as anything but what merge writes there (a device, a FIFO: never replaced): a regular file, and
+    the evidence bundles' directory."""
     try:
         refuse_not_directory("-o", output)
-        refuse_not_files("-o", [output / name for name in OUTPUTS])
+        refuse_not_directory("-o", output / excluded_mod.EVIDENCE)
+        refuse_not_files("-o", [output / name for name in OUTPUTS if name != excluded_mod.EVIDENCE])
     except OutputError as exc:
         raise MergeInputError(str(exc)) from None
     target = output.resolve()
