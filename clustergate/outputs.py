@@ -68,11 +68,11 @@ def refuse_not_directory(option: str, directory: Path) -> None:
         raise OutputError(f"{option} {exc}") from None
 
 
-def keep_earlier(directory: Path, names: tuple[str, ...]) -> Path | None:
+def keep_earlier(directory: Path, names: tuple[str, ...], directories: tuple[str, ...] = ()) -> Path | None:
     """Move an earlier command's outputs ``names`` in ``directory`` to ``earlier/<UTC time>/``; where they went
     (None: there were none). OutputError when a name there is a link (it is never followed)."""
     try:
-        moved = move_aside(directory, names)
+        moved = move_aside(directory, names, directories)
     except NotAFile as exc:
         raise OutputError(str(exc)) from None
     except OSError as exc:

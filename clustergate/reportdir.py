@@ -485,18 +485,22 @@ class RunLock:
             self._owner_ino = None
 
 
-def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS) -> dict[Path, Path]:
-    """Move an earlier run's outputs (``names``: a run's, or a cluster command's) to ``earlier/<UTC time>/``;
-    returns where each went.
+def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS, directories: tuple[str, ...] = ()) -> dict[Path, Path]:
+    """Move an earlier run's outputs (``names``: a run's, or a cluster command's; those of ``directories`` among
+    them are directories, merge's evidence bundles) to ``earlier/<UTC time>/``; returns where each went.
 
     Refuses (OSError) when an output name or ``earlier`` is a symbolic link: ``problem`` says so; and (NotAFile)
-    when an output name is not a regular file, or ``earlier`` is not a directory."""
+    when an output name is not what it is written as (a regular file, or a directory), or ``earlier`` is not a
+    directory."""
     linked = links(path, (*NOT_LINKS, *names))
     if linked:
         raise OSError(errno.ELOOP, f"{linked[0]} is a symbolic link there")
-    odd = not_files(path, names)  # a device or a FIFO under an output's name is no earlier output: left alone
+    # A device or a FIFO under an output's name is no earlier output: left alone.
+    odd = not_files(path, tuple(name for name in names if name not in directories))
     if odd:
         raise odd[0]
+    for name in directories:
+        refuse_not_a_directory(path / name)
     refuse_not_a_directory(path / "earlier")
     found = [path / name for name in names if (path / name).exists()]
     if not found:

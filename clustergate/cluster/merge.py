@@ -126,6 +126,8 @@ DEFAULT_LEVEL = "standard"
 LISTS = ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt", "excluded-hostlist.txt")
 OUTPUTS = ("results.json", "report.html", "metrics.prom", excluded_mod.EVIDENCE, *LISTS)
 """What a merge writes into -o; an earlier merge's are moved to earlier/<UTC time>/ before any is written."""
+DIRECTORIES = (excluded_mod.EVIDENCE,)
+"""Those of merge's outputs that are directories (the rest are files)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -299,8 +301,9 @@ def check_output(output: Path, paths: list[Path]) -> None:
     the evidence bundles' directory."""
     try:
         refuse_not_directory("-o", output)
-        refuse_not_directory("-o", output / excluded_mod.EVIDENCE)
-        refuse_not_files("-o", [output / name for name in OUTPUTS if name != excluded_mod.EVIDENCE])
+        for name in DIRECTORIES:
+            refuse_not_directory("-o", output / name)
+        refuse_not_files("-o", [output / name for name in OUTPUTS if name not in DIRECTORIES])
     except OutputError as exc:
         raise MergeInputError(str(exc)) from None
     target = output.resolve()
@@ -408,7 +411,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     check_output(output, paths)
     output.mkdir(parents=True, exist_ok=True)
     try:  # an earlier merge's lists must not outlive this one as if they were its own, whatever happens next
-        keep_earlier(output, OUTPUTS)
+        keep_earlier(output, OUTPUTS, DIRECTORIES)
     except OutputError as exc:
         raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
