@@ -17,6 +17,7 @@ import pytest
 from complete_runs import complete
 
 from clustergate.criteria import Criterion, Figure
+from clustergate.thresholds import load, shipped_thresholds
 
 DATA = Path(__file__).parent / "data" / "fleet"
 HOST = "gpu-node-07"
@@ -28,8 +29,11 @@ NODE_METRIC = "intranode_allreduce_busbw_gbps"
 
 def real_run() -> dict[str, Any]:
     """The recorded run, filled out to a complete node run (its -k left the other tests out: a partial run is
-    never accepted, so it could be no one's first accepted figure)."""
-    return complete(json.loads((DATA / "node-run.json").read_text()))
+    never accepted, so it could be no one's first accepted figure), and held to today's shipped cpu profile: the
+    record carries the digest of the profile of the day it was made, and merge holds a run to its thresholds'."""
+    run = complete(json.loads((DATA / "node-run.json").read_text()))
+    run["clustergate"]["thresholds_digest"] = load(shipped_thresholds()).profile(run["profile"]).run_digest
+    return run
 
 
 def parts(results: dict[str, Any], serial: str | None = None) -> int:
