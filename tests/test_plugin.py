@@ -99,7 +99,7 @@ def test_fine(cg):
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "ACCEPT*profile cpu*",
-        "*hoped_gbps*3.25 GB/s*>= 10*estimate*WARN*1/1 GPU warn; worst rank 0*",
+        "*hoped_gbps*3.25 GB/s*>= 10*estimate*WARN*1/1 rank warn; worst rank 0*",
         "warnings: 1 (a warn criterion missed; the verdict does not use them)",
         "  WARN hoped_gbps = 3.25 (>= 10) at rank 0 *",
     ])
