@@ -89,7 +89,20 @@ def breakdown(report_dir: Path, t0: float, t1: float) -> dict[str, Any]:
     for t in tests:
         del t["began"]
     out["per_test"] = tests
+    out["startup"] = startup_steps(evs)
     return out
+
+
+def startup_steps(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's start, step by step (``session_start``'s ``startup``: clustergate.run.startclock): each step's end
+    from its launcher's start and how long the step took; empty for a run of a version that did not say."""
+    start = next((e for e in evs if e["event"] == "session_start"), {})
+    steps, before = [], 0.0
+    for step in start.get("startup") or []:
+        at = float(step["at"])
+        steps.append({"step": str(step["step"]), "at": at, "took": at - before})
+        before = at
+    return steps
 
 
 def _s(value: float | None) -> str:
@@ -106,6 +119,9 @@ def text(b: dict[str, Any], top: int = 12) -> str:
              f"barrier), {_s(b['session_end_to_exit'])} s more to the exit",
              f"  tests: {b['pytest_in_tests']:.2f} s in pytest's phases, {b['tests'] - b['pytest_in_tests']:.2f} s "
              "in the plugin around them",
+             *([("  start-up, rank 0, from its launcher's start: "
+                 + ", ".join(f"{st['step']} {st['at']:.2f} (+{st['took']:.2f})" for st in b["startup"]))]
+               if b.get("startup") else []),
              "    wall  pytest  plugin  outcome  test"]
     longest = sorted(b["per_test"], key=lambda t: -t["wall_s"])
     for t in longest[:top]:
@@ -127,6 +143,11 @@ def summary(runs: list[tuple[str, dict[str, Any]]], top: int = 12) -> str:
                 + " ".join(f"{v:6.2f}" if v is not None else "   -  " for v in values))
     lines = [f"  {'':44s} {'min':>7s} {'median':>7s} {'max':>7s}   " + " ".join(f"{n[:6]:>6s}" for n, _ in runs)]
     lines += [row(seg, [b[seg] for _, b in runs]) for seg in ("wall", *SEGMENTS)]
+    steps: dict[str, list[float | None]] = {}
+    for i, (_, b) in enumerate(runs):
+        for st in b.get("startup") or []:
+            steps.setdefault(f"start-up: {st['step']} (took)", [None] * len(runs))[i] = st["took"]
+    lines += [row(name, values) for name, values in steps.items()]
     walls: dict[str, list[float | None]] = {}
     for i, (_, b) in enumerate(runs):
         for t in b["per_test"]:

@@ -37,7 +37,7 @@ from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
 from clustergate.redact import Scrubber, scrub_file
 from clustergate.reportdir import write_atomic
 from clustergate.results import RunRecord, nodes_from_identities, signed
-from clustergate.run import control, detectors
+from clustergate.run import control, detectors, startclock
 from clustergate.run.control import Step
 from clustergate.run.ending import Ending, Kind, first_cause
 from clustergate.run.keeper import state as process_state
@@ -247,7 +247,9 @@ class Run:
                 self.progress = Progress(path)
             except OSError as exc:
                 self.end(Ending(f"could not write {path} on {self.who}: {exc}"))
-        self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size)
+        startclock.mark("session")
+        self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size,
+                    startup=startclock.steps())
         self.write_results()
         if self.memory is not None:
             # Once, before any test: the others wait at the collection exchange meanwhile (STORE_WAIT_S, both reads).

@@ -19,7 +19,7 @@ from clustergate.completeness import suite_prefix
 from clustergate.exit_codes import Exit
 from clustergate.redact import Scrubber
 from clustergate.report import hooks as report_hooks
-from clustergate.run import command_line, detectors, errorfile, plugins, refusal
+from clustergate.run import command_line, detectors, errorfile, plugins, refusal, startclock
 from clustergate.run import items as pytest_items
 from clustergate.run.command import verdict_of
 from clustergate.run.drawn import Drawn
@@ -42,6 +42,8 @@ from clustergate.run.startup import (
 )
 from clustergate.terminal import printable_lines
 from workloads.node.name import NodeNameError, node_name
+
+startclock.mark("imports")  # the plugin and all it needs (torch above all) are imported by now
 
 RUN = pytest.StashKey[Run]()
 RECORDER = pytest.StashKey[Recorder]()
@@ -134,6 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.is_blocked("clustergate"):  # -p clustergate, then -p no:clustergate: its hooks stay
         raise pytest.UsageError("the acceptance suite runs only under its plugin, clustergate: remove "
                                 "-p no:clustergate (on the command line, in PYTEST_ADDOPTS or in addopts)")
+    startclock.mark("configure")
     run = open_run(config, Options.from_config(config))
     config.stash[RUN] = run
     config.stash[report_hooks.LIVE] = Drawn(run)  # what the report draws: the run's record, never the run

@@ -25,7 +25,7 @@ from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_
 from clustergate.profile_choice import choose_profile
 from clustergate.redact import ScrubbingStream, keep
 from clustergate.results import RunRecord, write_json
-from clustergate.run import control, outcome, plugins
+from clustergate.run import control, outcome, plugins, startclock
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -85,6 +85,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
         store = rendezvous(launch, STARTUP_S)
     except Exception as exc:  # torch's store errors: the agent's store cannot be reached
         raise CouldNotRun(f"the run could not start: the rendezvous store cannot be reached ({exc})") from None
+    startclock.mark("rendezvous store")
     problem, profile, host = None, None, None
     found = gpu_presence.find(host_root())
     try:
@@ -108,10 +109,12 @@ def open_run(config: pytest.Config, options: Options) -> Run:
             raise CouldNotRun(str(exc), exc.missing) from None
         except StartupRefused as exc:
             raise pytest.UsageError(str(exc)) from None
+    startclock.mark("every rank came")
     if problem is not None or profile is None or host is None:
         raise pytest.UsageError(problem or "the run could not start")
     world = init_world(launch, store, device, host, options.collective_limit_s(profile),
                        control_timeout_s=options.test_limit_s(profile) + CONTROL_MARGIN_S)
+    startclock.mark("process groups")
     # The report directory is named by the run, never scrubbed: a secret that is a part of its path (a PIN that
     # is a year) must not move the outputs to "[redacted]/". Kept on every rank before rank 0 shares the name.
     keep(options.report_dir, str(Path.cwd() / "reports"))
@@ -123,6 +126,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     # names their new place (follow_baseline), not the one Options read from the command line.
     options = dataclasses.replace(options, baseline=config.getoption("baseline"))
     baseline = read_baseline(world, options.baseline)
+    startclock.mark("report directory")
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
     # sys.stdout when it configures, after this hook.
     sys.stdout = ScrubbingStream(sys.stdout)
@@ -131,6 +135,7 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     run = Run(world, profile, options, report_dir, identity=identity, outside=Outside(peers=Peers(world)),
               baseline=baseline)
     run.meet(environment())
+    startclock.mark("identities")
     if profile.name != thresholds.cpu_profile and (broken := gpu_node_problem(found, world.device)):
         config.stash[GPU_NODE_PROBLEM] = broken  # a reject, said once the run's record exists (collection)
     return run
