@@ -24,14 +24,14 @@ def mark(step: str) -> None:
 
 
 def process_started(pid: int) -> float | None:
-    """When process ``pid`` started, on the wall clock (from its start in clock ticks after boot); None where /proc
-    cannot say."""
+    """When process ``pid`` started, on the wall clock: its start in clock ticks after boot, set against the time
+    since boot now (/proc/uptime, to 10 ms; /proc/stat's boot time is whole seconds); None where /proc cannot say."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open(f"/proc/{pid}/stat") as f:
             ticks = int(f.read().rsplit(") ", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            now, uptime = time.time(), float(f.read().split()[0])
+        return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
     return None
 
 
