@@ -29,7 +29,7 @@ from waited_out_runs import GPU_LIMITS, alive, ended, ended_after, waited_out  #
 
 from clustergate.run.limits import FREEZE_S, STILL_S
 
-from torchrun_job import JobResult, job_processes, plant, start_job, wait_for
+from torchrun_job import JobResult, job_processes, plant, root_cause, start_job, wait_for
 
 HOST = socket.gethostname()
 WITHIN_S = 60.0
@@ -232,6 +232,8 @@ def test_every_rank_stuck_alike_is_named(waited_out: dict[str, Any],  # noqa: F8
     assert res["error"].startswith(said), res["error"]
     assert res["error_ranks"] == [0, 1] and res["tests"][1]["failed_ranks"] == [0, 1], res["tests"]
     assert (res["hang"]["kind"], res["hang"]["culprits"]) == ("stuck", [0, 1])
+    # torchrun's own summary names it too (its Root Cause: the rank's error file), not "<N/A>"
+    assert "every rank is stuck alike in its own code" in root_cause(r.output).get("traceback", ""), r.output[-3000:]
     assert "os.read(read, 1)" in stack_of(res, 0) and "os.read(read, 1)" in stack_of(res, 1)
 
 

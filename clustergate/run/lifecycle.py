@@ -37,7 +37,7 @@ from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
 from clustergate.redact import Scrubber, scrub_file
 from clustergate.reportdir import write_atomic
 from clustergate.results import RunRecord, nodes_from_identities, signed
-from clustergate.run import control, detectors, startclock
+from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
 from clustergate.run.ending import Ending, Kind, first_cause
 from clustergate.run.keeper import state as process_state
@@ -645,6 +645,9 @@ class Run:
             final = self.stage is Stage.ENDED
         if not final:
             self._record(ending)
+            # torchrun's own failure summary (plain torchrun) names what ended the run, as its Root Cause: the words
+            # said on stderr may have gone into pytest's capture, the rank's error file is torchrun's to show.
+            self._try(lambda: errorfile.write(f"clustergate: {self.who}: {ending.cause.splitlines()[0]}"))
         if ending.stuck:  # the record is written: the ranks it names as stuck need not wait for torchrun
             self._try(lambda: self.outside.stop(self.peers.siblings(ending.stuck)))
         if stacks:
