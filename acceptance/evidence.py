@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.judge import Record, Where, judge
+from clustergate.record.judge import Record, Where, judge
 from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.counters import Change, grown
@@ -158,7 +158,7 @@ def decide(cg: Recorder, title: str, failures: dict[int, list[str]], unreadable:
            unreadable_fact: str = "unsupported") -> None:
     """The same on every rank: a rank with failures fails naming them; with none anywhere, anything that
     could not be read makes the test skip saying what and why (never a pass), on ``unreadable_fact``: the node
-    does not offer it (a fleet whose other nodes ran the test says otherwise: ``clustergate.completeness``)."""
+    does not offer it (a fleet whose other nodes ran the test says otherwise: ``clustergate.trust.completeness``)."""
     mine = failures.get(cg.rank)
     if mine:
         pytest.fail(f"{title}:\n  " + "\n  ".join(mine), pytrace=False)

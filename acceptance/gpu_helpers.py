@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from clustergate.criteria.thresholds import expects_gpus
 from clustergate.run.recorder import Recorder
-from clustergate.thresholds import expects_gpus
 from workloads.gpu import inventory as gpu_inventory
 from workloads.gpu.health import Check
 from workloads.result import Result, WorkloadError

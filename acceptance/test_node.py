@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from clustergate.identity import environment
 from clustergate.run.recorder import Recorder
+from clustergate.trust.identity import environment
 from workloads.node import checks as node_checks
 from workloads.node import discovery, rendezvous, shared_fs
 from workloads.result import Result

@@ -1,4 +1,4 @@
-"""Expected configuration: each key of the profile's ``expect:`` section (clustergate.expect) is one test.
+"""Expected configuration: each key of the profile's ``expect:`` section (clustergate.criteria.expect) is one test.
 
 GPU keys (driver, CUDA, NCCL versions, persistence mode, the NVSwitch fabric) are read on every rank
 for its GPU; node keys (ACS, IOMMU, NUMA balancing, CPU governor, GPUDirect RDMA) by each node's local
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from acceptance.evidence import decide, gpu_label, host_root, is_node_reader, where_of
 from acceptance.gpu_helpers import require_device
-from clustergate.expect import RULES, Expected, check
+from clustergate.criteria.expect import RULES, Expected, check
 from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.gpu import gpu_config

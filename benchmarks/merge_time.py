@@ -39,7 +39,7 @@ def merge_once(run_dir: Path, nodes: int) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(dir=run_dir, prefix="merged-"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "clustergate.report", "merge",
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "merge",
                            *sorted(str(p) for p in (run_dir / "nodes").iterdir()), "-o", str(out),
                            "--expect-hosts", f"gpu[0000-{nodes - 1:04d}]"],
                           env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from clustergate import redact  # noqa: E402
+from clustergate.secrets import redact  # noqa: E402
 
 from torchrun_job import job_env  # noqa: E402
 

@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clustergate.thresholds import load  # noqa: E402
+from clustergate.criteria.thresholds import load  # noqa: E402
 from workloads.gpu import matmul  # noqa: E402
 
 _MAMF_SUMMARY = re.compile(r"^median:\s+([\d.]+)\s+TFLOPS\s+@\s+(\d+)x(\d+)x(\d+)", re.M)

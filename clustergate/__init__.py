@@ -7,11 +7,11 @@ acceptance suite's conftest, ``-p clustergate``, ``--clustergate`` or the ini ke
 and judging (``clustergate.run.plugin``) and the sign-off report (``clustergate.report.hooks``). Importing the
 package imports neither: the ``clustergate`` command (``clustergate.cli``) and the report work without torch.
 
-Importing it also puts ``clustergate.source_import`` first among Python's importers: every module of the suite
+Importing it also puts ``clustergate.trust.source_import`` first among Python's importers: every module of the suite
 imported after this one is compiled from its source's bytes, never from a ``__pycache__`` file beside it.
 """
 
-from clustergate import source_import
+from clustergate.trust import source_import
 
 source_import.install()
 

@@ -11,7 +11,7 @@
 
 Each command has its own --help; ``python -m clustergate`` is the same command.
 
-Exit status of every command (clustergate.exit_codes), ``run`` included:
+Exit status of every command (clustergate.common.exit_codes), ``run`` included:
 0 accepted, 1 not accepted, 2 input that cannot be used (a bad option or file), 4 could not run;
 never 3, which is pytest's internal error.
 """
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import clustergate
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 
 PROG = "clustergate"
 

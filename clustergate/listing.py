@@ -10,9 +10,9 @@ the tests the level leaves out by design, each test's time limit and where it co
 its measured healthy time on a node of that shape from the reference runs or the site's store, else the level's:
 ``clustergate.run.testlimit``), and each metric's criterion under the profile (thresholds.yaml): its bounds, unit,
 severity, source and description, described as the report's criteria table describes them
-(``clustergate.criteria.Criterion.describe``). The profile is chosen as ``run`` and ``health`` choose it
-(``clustergate.profile_choice``): asking NVML which GPU this node has, never torch. Exit status: 0, or 2 when the
-thresholds file, the profile or the level cannot be used.
+(``clustergate.criteria.criterion.Criterion.describe``). The profile is chosen as ``run`` and ``health`` choose it
+(``clustergate.criteria.profile_choice``): asking NVML which GPU this node has, never torch. Exit status: 0, or 2 when
+the thresholds file, the profile or the level cannot be used.
 """
 
 from __future__ import annotations
@@ -23,17 +23,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clustergate.criteria import Criterion
-from clustergate.durations import DurationsError, Key, Shape, reference, site
-from clustergate.exit_codes import Exit
-from clustergate.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
-from clustergate.outputs import Parser
-from clustergate.profile_choice import choose_profile
+from clustergate.common.exit_codes import Exit
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.profile_choice import choose_profile
+from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load, shipped_thresholds
+from clustergate.record.outputs import Parser
+from clustergate.run.durations import DurationsError, Key, Shape, reference, site
 from clustergate.run.limits import SITE_RUNS
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.store import STORE_ENV, Store, StoreError, store_path, store_problem
-from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load, shipped_thresholds
+from clustergate.trust.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
 

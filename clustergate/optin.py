@@ -48,7 +48,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     # command line is checked once every conftest has added its options, said once if refused. Any other project's
     # pytest is left to read its own command line.
     if os.environ.get("TORCHELASTIC_RUN_ID") or manager.get_plugin(NAME) is not None:
-        from clustergate.exit_codes import Exit
+        from clustergate.common.exit_codes import Exit
         from clustergate.run import command_line, refusal
 
         problem = command_line.missing_suite(early_config)

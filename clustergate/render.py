@@ -6,7 +6,7 @@
 
 For a run that died before pytest-html wrote its report, a comparison with an earlier run, or a verdict under
 other thresholds. The file must match clustergate/results.schema.json; the verdict is computed again from its
-tests by the rule the run used (clustergate.verdict), never taken on trust, and a run that ran less than a
+tests by the rule the run used (clustergate.record.verdict), never taken on trust, and a run that ran less than a
 complete node or fabric run of the suite is partial (clustergate/manifest.json). The report and --json-out are
 written whole, never through a link, never over an input (the results.json or --baseline) and never over what is
 not a regular file (a device, a FIFO, a socket, a directory). Exit status: 0
@@ -24,11 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clustergate.exit_codes import Exit
-from clustergate.outputs import OutputError, Parser, refuse_inputs, refuse_not_files, write_text
-from clustergate.redact import keep
-from clustergate.results import encode
-from clustergate.terminal import error_text, main_guarded
+from clustergate.common.exit_codes import Exit
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.record.outputs import OutputError, Parser, refuse_inputs, refuse_not_files, write_text
+from clustergate.record.results import encode
+from clustergate.secrets.redact import keep
 
 PROG = "clustergate render"
 
@@ -65,8 +65,9 @@ def parser() -> argparse.ArgumentParser:
 def decide(args: argparse.Namespace) -> dict[str, Any]:
     """The recorded run with its verdict decided again, re-judged and compared as asked; ValueError (the input's
     own: ResultsFileError, ThresholdsError, BaselineError) saying what to fix."""
-    from clustergate import baseline, resultsfile
-    from clustergate.verdict import of_record
+    from clustergate.criteria import baseline
+    from clustergate.record import resultsfile
+    from clustergate.record.verdict import of_record
 
     if not args.results.exists():
         raise resultsfile.ResultsFileError(f"{args.results}: file not found; pass the results.json of a run (or its "
@@ -79,8 +80,8 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
               f"{decision.verdict!r} ({decision.reason}; computed again by the run's rule)", file=sys.stderr)
     tolerance = args.tolerance
     if args.thresholds is not None or args.profile is not None:
-        from clustergate.rejudge import rejudge
-        from clustergate.thresholds import load, shipped_thresholds
+        from clustergate.criteria.thresholds import load, shipped_thresholds
+        from clustergate.record.rejudge import rejudge
 
         thresholds = load(args.thresholds or shipped_thresholds())
         profile = thresholds.profile(args.profile or results.get("profile", ""))
@@ -91,7 +92,7 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
         # The recorded criteria judged it again: an accept stands only if they are the shipped thresholds'
         # (a site's run is re-rendered with its --thresholds), as merge and signoff hold every run to them.
         from clustergate.cluster import judged_by
-        from clustergate.thresholds import load, shipped_thresholds
+        from clustergate.criteria.thresholds import load, shipped_thresholds
 
         if (why := judged_by.problem(results, load(shipped_thresholds()))) is not None:
             results["verdict"] = "unjudged"

@@ -47,7 +47,7 @@ def ended_early(report_dir: Path, results: dict[str, Any] | None) -> bool:
     """True unless the run finished: progress.jsonl ends its session and results.json has no run error and a
     verdict of a run that ended (accept, reject, partial or unjudged: a narrowed run ends non-zero on every node
     together, none of them first)."""
-    from clustergate.verdict import VerdictName
+    from clustergate.record.verdict import VerdictName
 
     ended = set(get_args(VerdictName)) - {"running"}
     if results is None or results.get("error") or results.get("verdict") not in ended:
@@ -74,8 +74,8 @@ def describe(records: list[dict[str, Any]]) -> str:
 
 def annotate(report_dir: Path, results: dict[str, Any], note: str) -> None:
     """Add ``note`` to results.json's error and render report.html again from it."""
-    from clustergate.results import write_json  # the checkout's writer: atomic, the format the plugin uses
-    from clustergate.verdict import decide  # the one verdict rule: a run-level error rejects
+    from clustergate.record.results import write_json  # the checkout's writer: atomic, the format the plugin uses
+    from clustergate.record.verdict import decide  # the one verdict rule: a run-level error rejects
 
     error = results.get("error") or ""
     if note in error:

@@ -32,8 +32,9 @@ def _first_line(text: str) -> str:
 
 
 def _unattested(results: dict[str, Any]) -> str:
-    """Why the run does not attest the shipped suite ('' where it does), as it recorded it (clustergate.attestation
-    derives the same from the record's fields; this script keeps to the standard library)."""
+    """Why the run does not attest the shipped suite ('' where it does), as it recorded it
+    (clustergate.trust.attestation derives the same from the record's fields; this script keeps to the standard
+    library)."""
     attestation = results.get("attestation")
     if not isinstance(attestation, dict):
         return "the run does not say which code and plugins it ran (no attestation)"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for workloads.node.name
-from clustergate.terminal import error_text  # noqa: E402  (needs the path above; the standard library only)
+from clustergate.common.terminal import error_text  # noqa: E402  (needs the path above; the standard library only)
 from workloads.node.name import node_name  # noqa: E402
 
 PREFIX = "clustergate preflight"

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchrun_job import ROOT, free_port, job_env
+from torchrun_job import ROOT, clustergate_args, free_port, job_env
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -69,8 +69,8 @@ def fabric_phase(run_dir: Path, names: list[str], pytest_args: list[str], *, npr
 
 
 def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python3 -m clustergate.report ARGS`` from the checkout."""
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+    """``python3 -m clustergate`` with ARGS from the checkout (``torchrun_job.clustergate_args``)."""
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 

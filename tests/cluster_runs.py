@@ -1,6 +1,6 @@
 """Synthetic node-phase results for the merge's tests: the shape of a real 8-GPU node's results.json.
 
-Each node's figures are judged by the plugin's own judge (``clustergate.judge``) under the shipped
+Each node's figures are judged by the plugin's own judge (``clustergate.record.judge``) under the shipped
 h100-sxm-80gb profile, so per-rank entries, criteria and pass flags are what a real run writes; the
 details carry sweeps, clocks, loss curves and discovery data of about a real node's size (a real
 8-GPU node's results.json is a few hundred KB). A fault is a multiplier on one figure of one GPU.
@@ -16,9 +16,9 @@ from typing import Any
 
 from complete_runs import complete
 
-from clustergate.judge import Record, Where, judge
-from clustergate.manifest import shipped
-from clustergate.thresholds import Profile, load
+from clustergate.criteria.thresholds import Profile, load
+from clustergate.record.judge import Record, Where, judge
+from clustergate.trust.manifest import shipped
 
 from torchrun_job import ROOT
 

@@ -2,7 +2,7 @@
 
 A test that crafts a node run (or a fabric run) names the tests it is about; ``complete`` adds every other
 test of a complete run of that kind: skipped on a fact the manifest lets it skip on and the record bears out (as
-GPU tests skip on CPU: ``clustergate.skip_facts``), else passed, with a figure that meets the profile's criterion
+GPU tests skip on CPU: ``clustergate.trust.skip_facts``), else passed, with a figure that meets the profile's criterion
 for every metric it declares, judged by the run's own judge; records the phases each test ran; and attests the
 run (``attested``: this checkout's suite, with the suite's plugins alone). Without it, a crafted file is a partial
 run, which no command accepts.
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustergate import attestation, skip_facts
-from clustergate.completeness import manifest_id
-from clustergate.judge import Record, Where, judge
-from clustergate.manifest import SuiteTest, shipped
-from clustergate.thresholds import Profile, load, shipped_thresholds
+from clustergate.criteria.thresholds import Profile, load, shipped_thresholds
+from clustergate.record.judge import Record, Where, judge
+from clustergate.trust import attestation, skip_facts
+from clustergate.trust.completeness import manifest_id
+from clustergate.trust.manifest import SuiteTest, shipped
 
 RAN = ["setup", "call", "teardown"]
 SKIPPED = ["setup", "teardown"]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from complete_runs import complete
 
-from clustergate.criteria import Criterion, Figure
-from clustergate.thresholds import load, shipped_thresholds
+from clustergate.criteria.criterion import Criterion, Figure
+from clustergate.criteria.thresholds import load, shipped_thresholds
 
 DATA = Path(__file__).parent / "data" / "fleet"
 HOST = "gpu-node-07"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 import clustergate.run.startup
-from clustergate.identity import GpuIdentity, RankIdentity
+from clustergate.trust.identity import GpuIdentity, RankIdentity
 from workloads.gpu import inventory, processes
 from workloads.node.name import node_name
 

@@ -20,7 +20,7 @@ import pytest
 from filelock import FileLock
 from forked_pytest import pytest_forked
 
-from clustergate.resultsfile import schema_problems
+from clustergate.record.resultsfile import schema_problems
 
 from torchrun_job import ROOT, job_env, run_job
 

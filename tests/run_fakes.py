@@ -17,24 +17,24 @@ import torch
 import torch.distributed as dist
 from complete_runs import attested
 
-from clustergate import manifest
-from clustergate.identity import RankIdentity
-from clustergate.outcomes import PhaseOutcome
-from clustergate.results import write_json
+from clustergate.criteria.thresholds import Thresholds, load, shipped_thresholds
+from clustergate.record.outcomes import PhaseOutcome
+from clustergate.record.results import write_json
 from clustergate.run.control import Step
 from clustergate.run.lifecycle import Run, Stage
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
 from clustergate.run.peers import Peers
 from clustergate.run.world import World
-from clustergate.thresholds import Thresholds, load, shipped_thresholds
+from clustergate.trust import manifest
+from clustergate.trust.identity import RankIdentity
 
 TEST = "t.py::test_a"
 HOSTS = ("node-a", "node-b")
 TEST_LIMIT_S = 60.0
 SUITE = manifest.Manifest("planted", (manifest.SuiteTest(f"planted/{TEST}", "node"),), Path("planted"), "planted")
 """The one test the harness runs is the whole suite: a clean run of it is complete, so its verdict is the run's own
-(the run holds its verdict to the shipped manifest otherwise: ``clustergate.completeness``)."""
+(the run holds its verdict to the shipped manifest otherwise: ``clustergate.trust.completeness``)."""
 
 
 class Exited(BaseException):

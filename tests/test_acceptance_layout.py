@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from acceptance.conftest import RUN_ORDER
-from clustergate import manifest
+from clustergate.trust import manifest
 
 from torchrun_job import job_env
 

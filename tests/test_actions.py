@@ -1,4 +1,4 @@
-"""clustergate.actions: every failure category has an action, every metric and acceptance test a category,
+"""clustergate.record.actions: every failure category has an action, every metric and acceptance test a category,
 and a run's failures become steps, most urgent first."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import yaml
 from cluster_runs import node_results
 from fleet_data import SERIALS, later, real_run
 
-from clustergate import actions, expect
-from clustergate.actions import Action
+from clustergate.criteria import expect
+from clustergate.record import actions
+from clustergate.record.actions import Action
 from workloads import faults
 
 from torchrun_job import ROOT
@@ -31,7 +32,7 @@ def test_every_metric_of_every_profile_has_a_category() -> None:
     profiles = yaml.safe_load((ROOT / "thresholds.yaml").read_text())["profiles"]
     metrics = {m for p in profiles.values() for m in p.get("metrics") or {}}
     unknown = sorted(m for m in metrics if actions.category_of_metric(m) == "unknown")
-    assert not unknown, f"give these metrics a category in clustergate/actions.py: {unknown}"
+    assert not unknown, f"give these metrics a category in clustergate/record/actions.py: {unknown}"
     assert actions.category_of_metric("intranode_allreduce_latency_us") == "nvlink_bandwidth"
     assert actions.category_of_metric("net_sendrecv_bw_gbps") == "fabric_bandwidth"
     assert actions.category_of_metric("lora_eval_loss_drop") == "training"
@@ -61,7 +62,7 @@ def test_every_acceptance_test_has_a_category() -> None:
     tests = acceptance_tests()
     assert len(tests) > 50
     missing = [t for t in tests if t not in actions.TEST_CATEGORY and t not in actions.EXPECT_TESTS]
-    assert not missing, f"give these tests a category in clustergate/actions.py: {missing}"
+    assert not missing, f"give these tests a category in clustergate/record/actions.py: {missing}"
     assert not set(actions.TEST_CATEGORY) - set(tests), "TEST_CATEGORY names tests that no longer exist"
     for key, rule in expect.RULES.items():
         test = "test_gpu_setting" if rule.scope == "gpu" and key != "fabric_manager" else "test_node_setting"

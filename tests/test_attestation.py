@@ -1,5 +1,5 @@
-"""What a run attests (clustergate.attestation): its code is the shipped suite, only the suite's plugins were loaded,
-a cpu run on a GPU node says it is a dry run; and every input is read safely (clustergate.inputfile).
+"""What a run attests (clustergate.trust.attestation): its code is the shipped suite, only the suite's plugins were
+loaded, a cpu run on a GPU node says it is a dry run; and every input is read safely (clustergate.common.inputfile).
 
 The rules on planted suites (a git checkout, an installed wheel's RECORD, neither) and planted records; then runs
 under torchrun as a user starts them: README's command 1 (the shared run) attests itself, a plugin through
@@ -26,12 +26,14 @@ import pytest
 from complete_runs import attested
 from trust_runs import node_run, recorded  # noqa: F401  (a session fixture: README's command 1, run once)
 
-from clustergate import attestation, baseline, inputfile, suitefiles
 from clustergate.cluster import node_runs
-from clustergate.completeness import partial
-from clustergate.manifest import shipped
+from clustergate.common import inputfile
+from clustergate.criteria import baseline
+from clustergate.record.verdict import of_record
 from clustergate.run.limits import STARTUP_S
-from clustergate.verdict import of_record
+from clustergate.trust import attestation, suitefiles
+from clustergate.trust.completeness import partial
+from clustergate.trust.manifest import shipped
 from workloads.node.gpu_presence import NvidiaDevices
 
 from torchrun_job import ROOT, job_env, plant, run_job, start_ranks

@@ -1,4 +1,4 @@
-"""clustergate.calibrate on fixture results: robust to a bad GPU, one model and one node shape, clear errors.
+"""clustergate calibrate on fixture results: robust to a bad GPU, one model and one node shape, clear errors.
 
 The fixtures are results.json files as a run writes them (validated against results.schema.json), with
 figures of the size H200s measure: matmul around 727 TFLOPS, 2-GPU all_reduce around 330 GB/s, an 8 B
@@ -27,10 +27,10 @@ from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the
 
 from clustergate.cluster import calibrate
 from clustergate.cluster import calibration_samples as samples_mod
-from clustergate.manifest import shipped
-from clustergate.profile_choice import choose_profile
-from clustergate.rejudge import rejudge
-from clustergate.thresholds import ThresholdsError, load, shipped_thresholds
+from clustergate.criteria.profile_choice import choose_profile
+from clustergate.criteria.thresholds import ThresholdsError, load, shipped_thresholds
+from clustergate.record.rejudge import rejudge
+from clustergate.trust.manifest import shipped
 from workloads.node.gpu_presence import NvidiaDevices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,7 +279,8 @@ def test_shipped_thresholds_accept_source_and_severity_and_refuse_others(tmp_pat
 
 
 def test_the_module_runs_as_a_command(tmp_path: Path, base: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "clustergate.calibrate", str(tmp_path / "x.json"), "--extends", "h200",
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "calibrate", str(tmp_path / "x.json"), "--extends",
+    "h200",
                            "--thresholds", str(base)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "x.json: file not found" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -430,7 +431,7 @@ def test_a_calibrated_profile_accepts_the_machine_it_was_calibrated_on(tmp_path:
     again = gpu_replay.inventory_run(tmp_path, "again", site_file, "h100-sxm-80gb-site", vm)
     assert {t["outcome"] for t in again.results["tests"]} <= {"passed", "skipped"}, again.output[-3000:]
     assert again.results["verdict"] == "partial" and again.results["error"] is None
-    rejudge = subprocess.run([sys.executable, "-m", "clustergate.report", str(tmp_path / "again" / "results.json"),
+    rejudge = subprocess.run([sys.executable, "-m", "clustergate", "render", str(tmp_path / "again" / "results.json"),
                               "--thresholds", str(site_file), "--profile", "h100-sxm-80gb-site", "-o",
                               str(tmp_path / "rejudged.html"), "--json-out", str(tmp_path / "rejudged.json")],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)

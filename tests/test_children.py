@@ -1,5 +1,5 @@
 """Processes a test starts end with the run (clustergate.run.children), and a report directory whose lock is held
-names the process that holds it (clustergate.reportdir).
+names the process that holds it (clustergate.record.reportdir).
 
 Planted for real: a test under torchrun forks a child and a daemon (forked twice, in a session of its own) on every
 rank and leaves them running; a lock kept by a child whose parent, the process the lock file names, is gone.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.reportdir import LOCK_NAME, RunLock
+from clustergate.record.reportdir import LOCK_NAME, RunLock
 
 from torchrun_job import plant, run_job
 

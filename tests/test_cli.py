@@ -17,9 +17,9 @@ import pytest
 
 import clustergate
 from clustergate import cli
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
+from clustergate.criteria.thresholds import shipped_thresholds
 from clustergate.run import command, outcome
-from clustergate.thresholds import shipped_thresholds
 
 from torchrun_job import ROOT, job_env
 

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,10 @@ from complete_runs import attest, attested
 from forked_pytest import pytest_forked
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate import attestation, keyed
-from clustergate.thresholds import load
+from clustergate.criteria.thresholds import load
+from clustergate.trust import attestation, keyed
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 RUN = "run-0412"
 HOSTS = ["gpu1", "gpu2", "gpu3"]
@@ -32,7 +31,7 @@ HOSTS = ["gpu1", "gpu2", "gpu3"]
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # A hang guard only: each command reads a few files and draws one page.
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(env), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(env), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 

@@ -12,21 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 RUN = "run-0412"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     # A hang guard only: each command reads a few files and draws one page.
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 

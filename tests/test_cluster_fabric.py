@@ -18,7 +18,7 @@ from cluster_runs import node_results, write_node
 
 from clustergate.cluster.merge import merge
 from clustergate.cluster.signoff import signoff
-from clustergate.thresholds import load
+from clustergate.criteria.thresholds import load
 
 from torchrun_job import ROOT
 

@@ -1,4 +1,4 @@
-"""Slurm hostlist form, both ways, and --expect-hosts input (clustergate.cluster.hostlist)."""
+"""Slurm hostlist form, both ways, and --expect-hosts input (clustergate.common.hostlist)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.cluster.hostlist import HostlistError, compress, expand, read_hosts
+from clustergate.common.hostlist import HostlistError, compress, expand, read_hosts
 
 
 @pytest.mark.parametrize(("hosts", "text"), [

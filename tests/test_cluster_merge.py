@@ -32,7 +32,7 @@ def schema_errors(data: dict[str, Any]) -> list[str]:
 
 
 def merge_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clustergate.report", "merge", *args], cwd=ROOT, env=job_env(),
+    return subprocess.run([sys.executable, "-m", "clustergate", "merge", *args], cwd=ROOT, env=job_env(),
                           text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 
-def cli(*args: str, module: str = "clustergate.report") -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
     # A hang guard only: each command reads a few files and draws one page.
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 
@@ -109,14 +109,14 @@ def test_calibrate_writes_whole_files_and_never_over_an_input(tmp_path: Path) ->
     before = node.read_bytes()
     base = ["--extends", "h100-sxm-80gb", "--min-samples", "1"]
     for out in (str(node), str(tmp_path)):
-        proc = cli(str(node), *base, "-o", out, "--force", module="clustergate.calibrate")
+        proc = cli("calibrate", str(node), *base, "-o", out, "--force")
         assert proc.returncode == 2 and len(proc.stdout.strip().splitlines()) == 1, proc.stdout
     assert node.read_bytes() == before
     victim = tmp_path / "victim.yaml"
     victim.write_text("keep me")
     out = tmp_path / "site.yaml"
     out.symlink_to(victim)
-    proc = cli(str(node), *base, "-o", str(out), "--force", module="clustergate.calibrate")
+    proc = cli("calibrate", str(node), *base, "-o", str(out), "--force")
     assert proc.returncode == 0, proc.stdout
     assert victim.read_text() == "keep me" and not out.is_symlink() and "h100-sxm-80gb-site" in out.read_text()
 
@@ -127,7 +127,7 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_output_quietly(tmp_path: P
     run = _run(tmp_path, tuple(f"gpu{i}" for i in range(1, 9)))
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the command prints anything (as `| head -0`)
-    proc = subprocess.run([sys.executable, "-m", "clustergate.report", "merge",
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "merge",
                            *sorted(str(p) for p in (run / "nodes").iterdir()), "-o", str(run)],
                           cwd=ROOT, env=job_env(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=180)
     os.close(write)

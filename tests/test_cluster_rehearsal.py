@@ -20,8 +20,8 @@ import pytest
 from cluster_rehearsal import fabric_phase, outputs, report
 from trust_runs import as_node, node_run, recorded, write_node  # noqa: F401  (node_run: the fixture)
 
-from clustergate.rejudge import rejudge
-from clustergate.thresholds import load, shipped_thresholds
+from clustergate.criteria.thresholds import load, shipped_thresholds
+from clustergate.record.rejudge import rejudge
 
 pytestmark = pytest.mark.slow
 

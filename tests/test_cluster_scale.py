@@ -33,7 +33,7 @@ MAX_REPORT_BYTES = 20 * 1024 * 1024
 
 def make_thousand(target: Path) -> None:
     write_fleet(target / "nodes", NODES, SLOW_EVERY)
-    proc = subprocess.run([sys.executable, "-m", "clustergate.report", "merge",
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "merge",
                            *sorted(str(p) for p in (target / "nodes").iterdir()), "-o", str(target / "run"),
                            "--expect-hosts", f"gpu[0000-{NODES - 1:04d}]"],
                           cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -24,9 +24,10 @@ from complete_runs import complete
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate.cluster.merge import merge
-from clustergate.cluster.signoff import DRY_RUN, signoff
-from clustergate.criteria import Criterion
-from clustergate.thresholds import Thresholds, load
+from clustergate.cluster.signoff import signoff
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.thresholds import Thresholds, load
+from clustergate.report.signoff_words import DRY_RUN
 
 from torchrun_job import ROOT, job_env
 
@@ -62,7 +63,7 @@ SITE_THRESHOLDS: Thresholds = load(SITE)
 
 
 def signoff_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clustergate.report", "signoff", *args, "--thresholds", str(SITE)],
+    return subprocess.run([sys.executable, "-m", "clustergate", "signoff", *args, "--thresholds", str(SITE)],
                           cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=120)
 

@@ -1,4 +1,4 @@
-"""The code that runs is the code attested (clustergate.source_import, .loaded_code, .bytecode_cache).
+"""The code that runs is the code attested (clustergate.trust.source_import, .loaded_code, .bytecode_cache).
 
 Bytecode is planted for real in a git clone of this checkout, its source left as committed (``git status`` clean),
 in the two forms Python takes beside a source: a hash-based pyc it is told not to check, and a timestamp pyc whose
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate import bytecode_cache
+from clustergate.trust import bytecode_cache
 
 from torchrun_job import ROOT, job_env, run_job
 
@@ -141,7 +141,7 @@ def test_bytecode_of_what_loads_before_the_hook_makes_the_run_partial_naming_it(
 ATTEST = """
     import json, sys
     import clustergate
-    from clustergate import attestation
+    from clustergate.trust import attestation
     checked = attestation.code()
     print(json.dumps({"foreign_code": attestation.section(checked, [], False)["foreign_code"],
                       "modified": list(checked.modified), "extra": list(checked.extra)}))
@@ -160,10 +160,10 @@ def test_a_forged_module_loaded_before_the_hook_by_python_is_named(tmp_path: Pat
     imports load through Python's own importer: a forged pyc of one of them is named."""
     checkout = clone(tmp_path)
     marker = tmp_path / "forged-ran"
-    pyc = forge(checkout, "clustergate/suitefiles.py", form, marker)
+    pyc = forge(checkout, "clustergate/trust/suitefiles.py", form, marker)
     said = attested_in(checkout)
     assert marker.exists()
-    assert said["foreign_code"] == [{"module": "clustergate.suitefiles", "file": str(pyc),
+    assert said["foreign_code"] == [{"module": "clustergate.trust.suitefiles", "file": str(pyc),
                                      "why": "bytecode not compiled from its source, under a header that matches the "
                                             "source"}], said
 
@@ -207,7 +207,7 @@ def test_a_module_whose_source_changes_after_its_import_is_named_and_after_the_a
     after = python(checkout, f"""
         from pathlib import Path
         import clustergate
-        from clustergate import attestation
+        from clustergate.trust import attestation
         attestation.code()
         target = Path({str(target)!r})
         target.write_bytes(target.read_bytes() + b"\\nCHANGED = True\\n")
@@ -217,8 +217,8 @@ def test_a_module_whose_source_changes_after_its_import_is_named_and_after_the_a
             print(exc)
     """)
     assert after.stdout.strip() == (f"{target} has changed since this run attested at its start "
-                                    "(clustergate.attestation): not loaded; the suite's files must not change while "
-                                    "it runs"), after.stdout + after.stderr
+                                    "(clustergate.trust.attestation): not loaded; the suite's files must not change "
+                                    "while it runs"), after.stdout + after.stderr
 
 
 # ---- clustergate's own cache ---------------------------------------------------------------------------------------

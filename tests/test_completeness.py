@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from trust_runs import node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate import manifest
-from clustergate.completeness import partial
-from clustergate.verdict import of_record
+from clustergate.record.verdict import of_record
+from clustergate.trust import manifest
+from clustergate.trust.completeness import partial
 
 from torchrun_job import ROOT, run_job
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.judge import Record, Where
-from clustergate.outcomes import PhaseOutcome, PhaseVerdict
+from clustergate.record.judge import Record, Where
+from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict
 from clustergate.run.control import ControlMismatch, Step, decode, encode, within
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ import os, pickle, sys
 import torch, torch.distributed as dist
 from clustergate.run import control
 from clustergate.run.control import Step, within
-from clustergate.outcomes import PhaseOutcome
+from clustergate.record.outcomes import PhaseOutcome
 from clustergate.run.world import World
 
 rank, store, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from clustergate.criteria import BOUNDS, KEYS, Criterion, CriterionError, Figure
+from clustergate.criteria.criterion import BOUNDS, KEYS, Criterion, CriterionError, Figure
 
 
 def figures(*values: float, node: int = 0, unit: str = "TFLOPS") -> list[Figure]:

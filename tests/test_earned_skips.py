@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,12 @@ from cluster_runs import fabric_results, node_results, write_fabric, write_node
 from complete_runs import attest
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate import manifest, skip_facts
-from clustergate.completeness import fleet_problems, partial
-from clustergate.manifest import ManifestError, parse
-from clustergate.verdict import of_record
+from clustergate.record.verdict import of_record
+from clustergate.trust import manifest, skip_facts
+from clustergate.trust.completeness import fleet_problems, partial
+from clustergate.trust.manifest import ManifestError, parse
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 RUN = "run-0412"
 
@@ -40,7 +39,7 @@ def relabel_skipped(test: dict[str, Any], fact: dict[str, Any] | None, message: 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     # A hang guard only: each command reads a few files and draws one page.
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 

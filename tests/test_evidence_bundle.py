@@ -1,4 +1,4 @@
-"""The evidence bundle of an excluded host (clustergate.evidence_bundle): one .tar.gz with the node run's
+"""The evidence bundle of an excluded host (clustergate.record.evidence_bundle): one .tar.gz with the node run's
 files, its XID lines, nvidia-smi -q, the profile it was judged by, what to do; and nothing read or written
 through a link planted in the node's directory or the output's."""
 
@@ -16,8 +16,8 @@ import pytest
 import yaml
 from fleet_data import HOST, SERIALS, later, real_run, write
 
-from clustergate.evidence_bundle import BundleError, build
-from clustergate.thresholds import load, shipped_thresholds
+from clustergate.criteria.thresholds import load, shipped_thresholds
+from clustergate.record.evidence_bundle import BundleError, build
 
 CPU = load(shipped_thresholds()).profile("cpu")
 

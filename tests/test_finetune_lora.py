@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from clustergate.thresholds import load
+from clustergate.criteria.thresholds import load
 from workloads.common import agree_on
 from workloads.finetune import _common as fc
 from workloads.finetune import data as fcd

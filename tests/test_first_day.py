@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clustergate.cluster.signoff import DRY_RUN
+from clustergate.report.signoff_words import DRY_RUN
 
 from torchrun_job import ROOT, free_port, job_env
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from acceptance import gpu_helpers
+from clustergate.criteria.thresholds import REQUIRED, ThresholdsError
 from clustergate.run.recorder import Recorder, fact_of
-from clustergate.thresholds import REQUIRED, ThresholdsError
 from workloads import clocks
 from workloads.gpu import inventory as inv
 from workloads.gpu.health import Check

@@ -1,7 +1,7 @@
 """Which profile a node is judged by: a GPU node (an NVIDIA device, or the site's word) never gets the CPU profile.
 
-The rule (workloads.node.gpu_presence, clustergate.thresholds' select) on planted /sys and /dev trees and a fake
-NVML; then the run itself under torchrun on a CPU machine with a planted NVIDIA PCI device: the torch of this
+The rule (workloads.node.gpu_presence, clustergate.criteria.thresholds' select) on planted /sys and /dev trees and a
+fake NVML; then the run itself under torchrun on a CPU machine with a planted NVIDIA PCI device: the torch of this
 machine sees no CUDA, which on a GPU node is a broken driver or CUDA, a reject, never the cpu profile's accept.
 """
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from fake_pynvml import FakeNode, FakeNvml
 
-from clustergate.identity import gpu_model, gpu_node_problem
-from clustergate.thresholds import load
+from clustergate.criteria.thresholds import load
+from clustergate.trust.identity import gpu_model, gpu_node_problem
 from workloads.node import gpu_presence
 
 from torchrun_job import ROOT, plant, run_job, start_ranks

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import session_tools  # noqa: E402
 
-from clustergate.thresholds import load  # noqa: E402
+from clustergate.criteria.thresholds import load  # noqa: E402
 from workloads.gpu import matmul  # noqa: E402
 
 from torchrun_job import job_env  # noqa: E402

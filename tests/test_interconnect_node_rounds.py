@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from clustergate.criteria import Criterion
+from clustergate.criteria.criterion import Criterion
 from workloads.interconnect.node_rounds import EXCLUDED, GOOD, NodeRounds, PairResult, no_floor, simulate
 
 FLOOR = Criterion.of(min=0.001, outlier_fraction=0.7).floor

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.criteria import Criterion
-from clustergate.judge import Record, Where, judge, warnings
-from clustergate.outcomes import PhaseOutcome, merge, poisons
-from clustergate.thresholds import Profile
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.thresholds import Profile
+from clustergate.record.judge import Record, Where, judge, warnings
+from clustergate.record.outcomes import PhaseOutcome, merge, poisons
 from workloads.result import Metric, WorkloadError
 
 

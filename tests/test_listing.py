@@ -13,13 +13,13 @@ import yaml
 from fleet_data import later, real_run
 
 from clustergate import cli
-from clustergate.durations import Key, Shape, reference
-from clustergate.manifest import shipped
+from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.report.model import criteria_rows
+from clustergate.run.durations import Key, Shape, reference
 from clustergate.run.limits import TEST_LIMIT_S
 from clustergate.run.testlimit import measured_limit
 from clustergate.store import Store
-from clustergate.thresholds import load, shipped_thresholds
+from clustergate.trust.manifest import shipped
 
 from torchrun_job import ROOT, job_env
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from run_fakes import HOSTS, SUITE, Clock, Exited, Harness
 from waited_out_runs import alive
 
-from clustergate import manifest
+from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run import interrupts
 from clustergate.run.flight import Group, Recorder
 from clustergate.run.interrupts import listens_on
@@ -44,7 +44,7 @@ from clustergate.run.limits import (
 )
 from clustergate.run.liveness import Finding, Liveness, Main, Position, Wait, judge, judge_group, stack
 from clustergate.run.peers import RendezvousStore, StoreLost
-from clustergate.thresholds import load, shipped_thresholds
+from clustergate.trust import manifest
 from workloads import common
 
 from torchrun_job import free_port

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from trust_runs import COMMAND, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate import manifest
-from clustergate.completeness import partial
-from clustergate.verdict import of_record
+from clustergate.record.verdict import of_record
+from clustergate.trust import manifest
+from clustergate.trust.completeness import partial
 from workloads.common import LEVELS
 
 from torchrun_job import ROOT
@@ -21,15 +21,15 @@ pytestmark = pytest.mark.slow  # a collection subprocess, and the shared torchru
 
 
 def test_the_manifest_is_what_the_suite_collects() -> None:
-    """`python -m clustergate.manifest --write` would write the file as it is: the same tests in the same order,
+    """`python -m clustergate.trust.manifest --write` would write the file as it is: the same tests in the same order,
     each with its declared metrics and its run (node, or fabric for a test marked multinode)."""
     shipped = manifest.shipped()
     collected = manifest.collect()
     tests, missing = manifest.from_collection(collected, shipped)
     assert not missing, f"state these scopes in {manifest.MANIFEST}: {missing}"
     assert [c["nodeid"] for c in collected] == [t.nodeid for t in shipped.tests], (
-        "acceptance/ and clustergate/manifest.json list other tests: run `python -m clustergate.manifest --write` "
-        "and review the change")
+        "acceptance/ and clustergate/manifest.json list other tests: run "
+        "`python -m clustergate.trust.manifest --write` and review the change")
     assert manifest.dumps(tests) == manifest.MANIFEST.read_text()
     assert manifest.LEVELS == LEVELS
 

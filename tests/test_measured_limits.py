@@ -20,11 +20,11 @@ from fleet_data import later, real_run
 from report_runs import schema_errors
 from waited_out_runs import alive
 
-from clustergate.durations import Healthy, Key, Shape, reference
+from clustergate.criteria.thresholds import load, shipped_thresholds
+from clustergate.run.durations import Healthy, Key, Shape, reference
 from clustergate.run.limits import LIMIT_FLOOR_S, SITE_READINGS_TO_SET, TEST_LIMIT_S
 from clustergate.run.testlimit import measured_limit
 from clustergate.store import Store
-from clustergate.thresholds import load, shipped_thresholds
 from tests.faults.plugin_stuck_alike import STUCK
 
 from torchrun_job import ROOT, job_processes, start_job, wait_for

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fake_pynvml import FakeNvml
 
-from clustergate import expect
-from clustergate.thresholds import ThresholdsError, load
+from clustergate.criteria import expect
+from clustergate.criteria.thresholds import ThresholdsError, load
 from workloads.gpu import gpu_config
 from workloads.node import host_config, pcie_acs
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from clustergate.cluster.node_runs import failed_tests
-from clustergate.criteria import Criterion
-from clustergate.judge import Record, Where, judge
-from clustergate.numbers import number, percent
-from clustergate.outcomes import metric_block
+from clustergate.common.numbers import number, percent
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.thresholds import Profile
+from clustergate.record.judge import Record, Where, judge
+from clustergate.record.outcomes import metric_block
 from clustergate.report import html, model
 from clustergate.report.summary import summary_lines
-from clustergate.thresholds import Profile
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clustergate"
 
@@ -58,7 +58,7 @@ def test_a_missed_figure_reads_alike_in_every_text() -> None:
 
 
 def test_no_other_number_format_in_the_package() -> None:
-    """A figure, a bound or a percentage becomes text through clustergate.numbers alone (times and counts of
+    """A figure, a bound or a percentage becomes text through clustergate.common.numbers alone (times and counts of
     seconds, ``{x:g} s``, are not figures)."""
     spec = re.compile(r":[+ ]?\.\d+[ge%]\}|:[+ ]?%\}")
     found = [f"{path.relative_to(PACKAGE)}:{i}: {line.strip()}" for path in sorted(PACKAGE.rglob("*.py"))

@@ -1,4 +1,4 @@
-"""metrics.prom (clustergate.openmetrics) parsed back with prometheus_client's OpenMetrics parser, and with its
+"""metrics.prom (clustergate.report.openmetrics) parsed back with prometheus_client's OpenMetrics parser, and with its
 Prometheus text parser (the format node_exporter's textfile collector reads), for a real node run, a merge
 and a sign-off."""
 
@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as prometheus_text
 from trust_runs import node_run, recorded  # noqa: F401  (node_run: the fixture)
 
-from clustergate.openmetrics import FAMILIES, render
+from clustergate.report.openmetrics import FAMILIES, render
 from clustergate.store.rows import seconds
 
 

@@ -21,7 +21,7 @@ import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 from health_node import GpuNode
 
-from clustergate import reportdir
+from clustergate.record import reportdir
 
 from torchrun_job import ROOT, job_env
 

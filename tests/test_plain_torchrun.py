@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 from workloads.node import gpu_presence
 
 from torchrun_job import ROOT, foreground_signals, frames_of_ours, job_env, root_cause

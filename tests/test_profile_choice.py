@@ -1,4 +1,4 @@
-"""One rule chooses the profile for ``clustergate run``, ``health`` and ``list`` (clustergate.profile_choice).
+"""One rule chooses the profile for ``clustergate run``, ``health`` and ``list`` (clustergate.criteria.profile_choice).
 
 The rule on its own; then ``list`` and ``health`` as commands on made-up nodes (a fake NVML and planted /sys and
 /dev trees): they choose alike. The run's side on such a node is tests/test_gpu_presence.py's (a planted NVIDIA
@@ -18,8 +18,8 @@ import pytest
 from fake_pynvml import FakeNode, FakeNvml
 from health_node import FAKE_NVML, GpuNode
 
-from clustergate.profile_choice import choose_profile
-from clustergate.thresholds import ThresholdsError, load
+from clustergate.criteria.profile_choice import choose_profile
+from clustergate.criteria.thresholds import ThresholdsError, load
 from workloads.node import gpu_presence
 
 from torchrun_job import ROOT

@@ -11,7 +11,7 @@ import pytest
 from report_runs import demo_baseline, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate import baseline
+from clustergate.criteria import baseline
 from clustergate.report.summary import summary_lines
 
 

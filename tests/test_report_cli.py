@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,14 @@ from complete_runs import complete
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
 from test_report_model import RESULTS
 
-from clustergate.rejudge import rejudge
-from clustergate.thresholds import load
+from clustergate.criteria.thresholds import load
+from clustergate.record.rejudge import rejudge
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 
 def report_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.redact import scrub_file
-from clustergate.reportdir import LOCK_NAME, MIN_FREE_BYTES, OWNER_NAME, RunLock, move_aside, problem
-from clustergate.results import write_json
+from clustergate.record.reportdir import LOCK_NAME, MIN_FREE_BYTES, OWNER_NAME, RunLock, move_aside, problem, scrub_file
+from clustergate.record.results import write_json
 from clustergate.run.progress import Progress
 
 from torchrun_job import ROOT
@@ -52,7 +51,7 @@ def test_a_read_only_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_too_little_room_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("clustergate.reportdir.MIN_FREE_BYTES", 2**62)  # more than any disk has
+    monkeypatch.setattr("clustergate.record.reportdir.MIN_FREE_BYTES", 2**62)  # more than any disk has
     assert "MiB free there; the outputs need" in problem(tmp_path)
     assert MIN_FREE_BYTES == 64 * 2**20
 
@@ -298,7 +297,7 @@ def test_a_lock_file_of_another_host_is_not_taken(tmp_path: Path) -> None:
 HOLDER = """
 import errno, sys, time
 from pathlib import Path
-from clustergate.reportdir import RunLock
+from clustergate.record.reportdir import RunLock
 
 def no_flock(fd, op):
     raise OSError(errno.ENOLCK, "No locks available")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from forked_pytest import runpytest_forked
 
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 
 from torchrun_job import PLANTED_SUITE, ROOT, frames_of_ours, job_env, plant, run_job, start_job, wait_for
 

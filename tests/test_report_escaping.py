@@ -69,7 +69,7 @@ def marked_results() -> dict[str, Any]:
 def rerender(tmp_path: Path) -> Path:
     path, out = tmp_path / "results.json", tmp_path / "rerendered.html"
     path.write_text(json.dumps(marked_results()))
-    proc = subprocess.run([sys.executable, "-m", "clustergate.report", str(path), "-o", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "render", str(path), "-o", str(out)], cwd=ROOT,
                           env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     assert out.is_file(), proc.stdout
     return out
@@ -132,7 +132,7 @@ def test_metadata_values_become_text_for_pytest_html() -> None:
 
 
 def test_foreign_extras_are_made_safe() -> None:
-    from clustergate.redact import Scrubber
+    from clustergate.secrets.redact import Scrubber
 
     scrub = Scrubber([])
     assert safe_extra({"format_type": "html", "content": MARKUP, "name": None}, scrub)["content"] == \

@@ -12,8 +12,16 @@ import pytest
 from forked_pytest import pytest_forked
 from report_runs import HF_SECRET, SECRET, demo_reject  # noqa: F401
 
-from clustergate.redact import PART, REDACTED, Scrubber, is_secret_name, redact, redact_mapping, shown_environment
-from clustergate.results import write_json
+from clustergate.record.results import write_json
+from clustergate.secrets.redact import (
+    PART,
+    REDACTED,
+    Scrubber,
+    is_secret_name,
+    redact,
+    redact_mapping,
+    shown_environment,
+)
 
 from torchrun_job import job_env, run_job
 

@@ -9,7 +9,7 @@ import pytest
 from report_runs import demo_baseline, demo_reject, no_tests_run, results, schema_errors  # noqa: F401
 from trust_runs import node_run, recorded  # noqa: F401
 
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 
 
 def test_shipped_acceptance_run_matches_the_schema(node_run: Path) -> None:  # noqa: F811

@@ -27,9 +27,9 @@ from report_runs import schema_errors
 from secret_samples import everything, leaks
 from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fixture)
 
-from clustergate.exit_codes import Exit
-from clustergate.redact import REDACTED
+from clustergate.common.exit_codes import Exit
 from clustergate.report.summary import summary_lines
+from clustergate.secrets.redact import REDACTED
 
 from torchrun_job import (
     ROOT,

@@ -25,8 +25,7 @@ import pytest
 import torch.distributed as dist
 from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 
-from clustergate import attestation, manifest
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
 from clustergate.run.lifecycle import Stage
@@ -52,6 +51,7 @@ from clustergate.run.limits import (
 from clustergate.run.liveness import Finding
 from clustergate.run.peers import StoreLost
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
+from clustergate.trust import attestation, manifest
 
 
 @pytest.fixture(autouse=True)

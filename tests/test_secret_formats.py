@@ -1,5 +1,5 @@
-"""Secrets found by their value (clustergate.secret_formats, through clustergate.redact): every token format
-and every text that names a secret goes, in each form an output gives it, from text, pages, the results store
+"""Secrets found by their value (clustergate.secrets.secret_formats, through clustergate.secrets.redact): every token
+format and every text that names a secret goes, in each form an output gives it, from text, pages, the results store
 and evidence bundles; figures, serials, UUIDs, host names and digests stay readable.
 
 (The run that plants them in NCCL_* values and assertion messages is tests/test_run_endings.py.)"""
@@ -21,9 +21,9 @@ from fleet_data import HOST, real_run, write
 from secret_samples import everything, in_context, leaks, tokens
 from trust_runs import node_run  # noqa: F401  (node_run: the fixture)
 
-from clustergate import secret_formats
-from clustergate.evidence_bundle import build
-from clustergate.redact import REDACTED, Scrubber, redact, redact_by_value, scrub_output
+from clustergate.record.evidence_bundle import build
+from clustergate.secrets import secret_formats
+from clustergate.secrets.redact import REDACTED, Scrubber, redact, redact_by_value, scrub_output
 from clustergate.store import Store
 
 from torchrun_job import ROOT, job_env

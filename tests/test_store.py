@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fleet_data import GPU_METRICS, HOST, NODE_METRIC, SERIALS, figure, later, merged_docs, parts, real_run, write
 
-from clustergate.resultsfile import ResultsFileError
+from clustergate.record.resultsfile import ResultsFileError
 from clustergate.store import Store, StoreBusy, StoreError, store_path
 from clustergate.store.lock import StoreLock, holder_line
 from clustergate.store.schema import MIGRATIONS, VERSION, Migration

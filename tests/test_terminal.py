@@ -1,4 +1,4 @@
-"""What reaches a terminal (clustergate.terminal): control characters shown as escapes by one rule, an OSError in
+"""What reaches a terminal (clustergate.common.terminal): control characters shown as escapes by one rule, an OSError in
 words, and a reader that closes the pipe early (``| head``) ends a command's output quietly, with the command's
 own exit status: the commands as a user runs them, on real files."""
 
@@ -13,8 +13,8 @@ import pytest
 import yaml
 from fleet_data import merged_docs
 
-from clustergate.terminal import error_text, printable, printable_lines
-from clustergate.thresholds import shipped_thresholds
+from clustergate.common.terminal import error_text, printable, printable_lines
+from clustergate.criteria.thresholds import shipped_thresholds
 
 from torchrun_job import ROOT, job_env
 

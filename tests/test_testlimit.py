@@ -1,6 +1,6 @@
 """A test's time limit (clustergate.run.testlimit): a multiple of its healthy time with a floor, the explicit limits
 over it, the level's where nothing was measured, the site's store refining the reference; the healthy readings
-(clustergate.durations) from finished runs, the shipped reference file and a real store."""
+(clustergate.run.durations) from finished runs, the shipped reference file and a real store."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from fleet_data import later, real_run
 
-from clustergate import durations
-from clustergate.durations import DurationsError, Healthy, Key, Shape, readings, reference, site
-from clustergate.manifest import shipped
+from clustergate.run import durations
+from clustergate.run.durations import DurationsError, Healthy, Key, Shape, readings, reference, site
 from clustergate.run.limits import LIMIT_FLOOR_S, LIMIT_MULTIPLE, SITE_READINGS_TO_SET, SITE_RUNS, TEST_LIMIT_S
 from clustergate.run.memory import Memory
 from clustergate.run.testlimit import SOURCES, choose, measured_limit, refine
 from clustergate.store import Store
+from clustergate.trust.manifest import shipped
 
 KEY = Key("cpu", "quick", Shape(1, 2))
 REF = Healthy(5.0, 2, "reference: 2 runs on vm")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from cluster_runs import node_results, write_node
 
-from clustergate.criteria import Figure
-from clustergate.sources import CITED
-from clustergate.thresholds import ThresholdsError, load
+from clustergate.criteria.criterion import Figure
+from clustergate.criteria.sources import CITED
+from clustergate.criteria.thresholds import ThresholdsError, load
 
 from torchrun_job import PLANTED_SUITE, ROOT, job_env, run_job
 

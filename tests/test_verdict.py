@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clustergate.verdict import decide
+from clustergate.record.verdict import decide
 
 
 def test_accept_needs_a_finished_run_with_a_pass_and_no_failure() -> None:

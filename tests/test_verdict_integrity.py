@@ -2,7 +2,7 @@
 
 Each forged or broken node file below still says "accept". The merge, the sign-off and the re-render
 command must each refuse it or judge it again from its records by the run's own rule
-(``clustergate.verdict.of_record``): never an accept, always one clear line, never a traceback. Host
+(``clustergate.record.verdict.of_record``): never an accept, always one clear line, never a traceback. Host
 names are identities: a file whose host is not its directory's, a directory whose name is not a node
 name, or a host outside --expect-hosts never reaches an accepted list. Outputs never overwrite inputs.
 
@@ -30,14 +30,14 @@ from clustergate.cluster import binding, merge, signoff
 from clustergate.render import decide as rerender_decision
 from clustergate.render import parser as rerender_parser
 
-from torchrun_job import ROOT, job_env
+from torchrun_job import ROOT, clustergate_args, job_env
 
 Forgery = Callable[[dict[str, Any]], Any]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     # Hang guard only: each command reads a few files and draws one page (seconds on CI's 2 busy cores).
-    return subprocess.run([sys.executable, "-m", "clustergate.report", *args], cwd=ROOT, env=job_env(), text=True,
+    return subprocess.run(clustergate_args(*args), cwd=ROOT, env=job_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 
@@ -465,7 +465,7 @@ def test_calibrate_never_writes_over_its_thresholds_or_an_existing_file(tmp_path
     run = str(tmp_path / "nodes" / "gpu1" / "results.json")
 
     def calibrate(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "clustergate.calibrate", run, "--extends", "h100-sxm-80gb",
+        return subprocess.run([sys.executable, "-m", "clustergate", "calibrate", run, "--extends", "h100-sxm-80gb",
                                "--min-samples", "1", "--thresholds", str(thresholds), *extra], cwd=ROOT,
                               env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 

@@ -97,9 +97,16 @@ def foreground_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def clustergate_args(*args: str) -> list[str]:
+    """``python -m clustergate`` and its arguments: ``merge``, ``signoff`` and ``calibrate`` as given, anything else
+    a results file to re-render (``render``), as the cluster tests name their commands."""
+    command = list(args) if args[:1] and args[0] in ("merge", "signoff", "calibrate", "render") else ["render", *args]
+    return [sys.executable, "-m", "clustergate", *command]
+
+
 def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a run as the README starts one: only the suite's plugins load (a plugin installed here,
-    pytest-xdist's, would make the run partial: clustergate.attestation)."""
+    pytest-xdist's, would make the run partial: clustergate.trust.attestation)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RANK", "LOCAL_RANK", "WORLD_SIZE"))}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

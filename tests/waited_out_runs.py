@@ -34,9 +34,9 @@ import children
 import pytest
 from report_runs import shared_path
 
+from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import FREEZE_S, TEST_LIMIT_S
-from clustergate.thresholds import load, shipped_thresholds
 
 from torchrun_job import (
     ROOT,

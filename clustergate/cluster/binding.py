@@ -6,7 +6,7 @@ RUN_ID of ``REPORTS/RUN_ID/nodes/``). The merge takes a node file only when
 - it carries the run's id (``--run-id``, by default the name of the directory above ``nodes/``): a node
   file of an earlier or another cluster run, copied in, is not this run's;
 - it ran this clustergate's suite: its ``attestation.suite_digest`` is the merge's own
-  (``clustergate.attestation.suite_digest``): one version across the cluster run;
+  (``clustergate.trust.attestation.suite_digest``): one version across the cluster run;
 - it was judged by the fleet's profile (``--profile``, else the one every node run agrees on; runs that
   disagree without ``--profile`` are an input error), and it is no dry run (the cpu profile) beside GPU nodes;
 - it started within the run's window: within ``--window`` hours of the node phase's median start, and
@@ -17,7 +17,7 @@ RUN_ID of ``REPORTS/RUN_ID/nodes/``). The merge takes a node file only when
   hosts, so every host that shares one is excluded (one node's file copied as another's).
 
 A node that fails any of these is ``unbound``: excluded, its figures left out of the fleet. The merged
-record keeps each node file's digest (keyed with a site key: ``clustergate.keyed``); the sign-off checks the
+record keeps each node file's digest (keyed with a site key: ``clustergate.trust.keyed``); the sign-off checks the
 files still match, and holds the fabric run to the same id, suite and profile, started after the merge
 (``clustergate.cluster.signoff``).
 """
@@ -32,9 +32,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import attestation, skip_facts
 from clustergate.cluster.node_runs import MergeInputError, NodeRun
-from clustergate.thresholds import Profile, Thresholds
+from clustergate.criteria.thresholds import Profile, Thresholds
+from clustergate.trust import attestation, skip_facts
 
 WINDOW_H = 24.0
 """The node phase runs every node at once; a node run again after a repair the same day still belongs.

@@ -21,7 +21,7 @@ node shape differs from the shipped profile's (an 8-GPU all_reduce minimum says 
 node); ``--override-spec`` calibrates them all. Each calibrated entry says ``source: {kind: measured,
 tool, machine, date, n, runs}``, with its statistics in a comment above it. Old against new is printed.
 
-It writes only what it can stand behind: every run must be complete (``clustergate.completeness``), of one
+It writes only what it can stand behind: every run must be complete (``clustergate.trust.completeness``), of one
 level, of the GPU model ``--extends`` is for (CPU runs calibrate only a CPU profile, GPU runs never one);
 and before the file is written every run is judged again under the new profile: if a GPU (node, job) that
 calibration kept would fail it, nothing is written and the error names the run, the metric and the part, and
@@ -48,13 +48,13 @@ from typing import Any
 
 import yaml
 
-from clustergate import inputfile
 from clustergate.cluster import calibration_samples as runs_data
-from clustergate.numbers import number, percent
-from clustergate.outputs import OutputError, Parser, refuse_inputs, write_text
-from clustergate.rejudge import rejudge
-from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
+from clustergate.common import inputfile
+from clustergate.common.numbers import number, percent
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
+from clustergate.record.outputs import OutputError, Parser, refuse_inputs, write_text
+from clustergate.record.rejudge import rejudge
 
 DEFAULT_FRACTION = 0.9
 """A healthy H100/H200 varies about 1-3% from the fleet's median in matmul, copies and collectives:

@@ -4,7 +4,7 @@ Reads results.json files (one node or many, accepted or not), checks they descri
 and one node shape, and collects every metric's values: per GPU for gpu-scope metrics, per node or
 per job for the others. GPUs that failed a health check are left out of every metric; a value far
 from its fleet's median is left out of that metric as an outlier. Pure data in, data out: the
-command that writes the profile is ``clustergate.calibrate``.
+command that writes the profile is ``clustergate calibrate`` (``clustergate.cluster.calibrate``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import completeness, resultsfile
-from clustergate import manifest as suite_manifest
-from clustergate.numbers import number
-from clustergate.verdict import contradiction
+from clustergate.common.numbers import number
+from clustergate.record import resultsfile
+from clustergate.record.verdict import contradiction
+from clustergate.trust import completeness
+from clustergate.trust import manifest as suite_manifest
 
 HEALTH_TESTS = ("test_gpu_inventory.py",)
 """Test files whose failures mark a GPU unhealthy (ECC, row remapping, clocks, links, a process of another

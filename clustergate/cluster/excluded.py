@@ -1,5 +1,5 @@
-"""What merge says of each host it excludes: what to do about it (``clustergate.actions``), its evidence bundle
-(``clustergate.evidence_bundle``), and what drifted on it.
+"""What merge says of each host it excludes: what to do about it (``clustergate.record.actions``), its evidence bundle
+(``clustergate.record.evidence_bundle``), and what drifted on it.
 
 A host's steps are its own run's (each failure's category and action), then each of its GPUs the fleet found
 behind (a fleet outlier); a host without a usable result gets ``no_result``, one whose run cannot be taken as
@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clustergate import actions, evidence_bundle
 from clustergate.cluster.fleet import FleetMetric
 from clustergate.cluster.node_runs import NodeRun
-from clustergate.criteria import Criterion
+from clustergate.criteria.criterion import Criterion
+from clustergate.record import actions, evidence_bundle
 
 NO_RESULT = ("missing", "running", "unreadable")
 """A node verdict that means merge had no usable result of it."""

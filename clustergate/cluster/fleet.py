@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.cluster.node_runs import NodeRun
-from clustergate.criteria import Criterion
-from clustergate.numbers import number
-from clustergate.results import short_test_name
+from clustergate.common.numbers import number
+from clustergate.criteria.criterion import Criterion
+from clustergate.record.results import short_test_name
 
 
 @dataclass(slots=True)

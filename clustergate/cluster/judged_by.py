@@ -1,7 +1,7 @@
 """Whether a run was judged by the site's thresholds: what ties a results.json to them.
 
 A results.json carries, with every metric, the criterion that judged it, and under ``clustergate`` the
-digest of the profile it ran under (``Profile.run_digest``). ``clustergate.verdict.of_record`` judges the
+digest of the profile it ran under (``Profile.run_digest``). ``clustergate.record.verdict.of_record`` judges the
 figures again, but against the criteria the file carries: a hand-edited file that lowers a minimum would
 pass it. Merge and sign-off therefore hold every run to the thresholds they are given (``--thresholds``,
 by default the shipped file): its profile must be one of them, its digest that profile's, and every
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustergate.thresholds import Thresholds
+from clustergate.criteria.thresholds import Thresholds
 
 ASK = "give the thresholds the run was started with (--thresholds FILE)"
 

@@ -12,11 +12,12 @@ Writes into the output directory:
   nodes with their reasons, a table of nodes (verdict, failed tests, worst figure per metric), the
   fleet's distribution of every per-GPU and per-node metric with its outliers marked, and the fleet outliers;
 - ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason<TAB>ACTION``,
-  ACTION one of isolate, reset, config, retest, vendor: ``clustergate.actions``), ``accepted-hostlist.txt`` and
+  ACTION one of isolate, reset, config, retest, vendor: ``clustergate.record.actions``), ``accepted-hostlist.txt`` and
   ``excluded-hostlist.txt`` (one Slurm hostlist, ``gpu[001-007,009]``);
-- ``metrics.prom``: the merge in the OpenMetrics text format (``clustergate.openmetrics``), for node_exporter's
+- ``metrics.prom``: the merge in the OpenMetrics text format (``clustergate.report.openmetrics``), for node_exporter's
   textfile collector;
-- ``evidence/evidence-HOST.tar.gz`` for every excluded host with a node directory (``clustergate.evidence_bundle``:
+- ``evidence/evidence-HOST.tar.gz`` for every excluded host with a node directory
+(``clustergate.record.evidence_bundle``:
   its report, XID lines, ``nvidia-smi -q`` where captured, the profile), for a vendor ticket.
 
 With a results store (``--store``, else ``$CLUSTERGATE_STORE``) every finished node run read is recorded into it,
@@ -28,7 +29,7 @@ of it (a GPU, or the node's own figure) is a fleet outlier (outside the criterio
 ``outlier_multiple`` of the fleet median for its profile, whatever the criterion's severity:
 ``clustergate.cluster.fleet``), and it has the GPUs most nodes of its model have. Each node's results.json is
 checked against the schema and its verdict computed again from its records and the suite's manifest
-(``clustergate.verdict.of_record``): a stored "accept" the records do not support is excluded, saying "records
+(``clustergate.record.verdict.of_record``): a stored "accept" the records do not support is excluded, saying "records
 contradict the stored verdict". Every run
 is held to ``--thresholds`` (default the shipped file, ``clustergate.cluster.judged_by``): its profile must be
 there, its recorded digest that profile's and each stored criterion the profile's. The host the file names
@@ -39,8 +40,8 @@ disagree without it are an input error) and no dry run beside GPU nodes, started
 the node phase's median start, and under a GPU profile GPUs whose serials and UUIDs are identities (not
 NVML's placeholders) that no other host names. Its skips must be earned in the fleet too: a node that skips
 a test as unsupported that another node ran, or for having no InfiniBand port where another has one, is
-partial (``clustergate.completeness.fleet_problems``). With a site key (``--key-file``, else
-``$CLUSTERGATE_KEY_FILE``: ``clustergate.keyed``) every node file must carry a valid HMAC, and the merged
+partial (``clustergate.trust.completeness.fleet_problems``). With a site key (``--key-file``, else
+``$CLUSTERGATE_KEY_FILE``: ``clustergate.trust.keyed``) every node file must carry a valid HMAC, and the merged
 results.json is signed and keeps each node file's keyed digest; without one, the sha256 digest of each.
 Expected hosts (``--expect-hosts``) with no directory, directories without a usable results.json, and results
 that still say "running" (a killed or hung run) are excluded as missing; a host with results that is not
@@ -94,16 +95,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import attestation, completeness, keyed, openmetrics, resultsfile, skip_facts
-from clustergate import manifest as suite_manifest
 from clustergate.cluster import binding, remember
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
-from clustergate.cluster.hostlist import HostlistError, compress, read_hosts
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
-from clustergate.evidence_bundle import BundleError
-from clustergate.manifest import LEVELS
-from clustergate.outputs import (
+from clustergate.common.hostlist import HostlistError, compress, read_hosts
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
+from clustergate.record import resultsfile
+from clustergate.record.evidence_bundle import BundleError
+from clustergate.record.outputs import (
     OutputError,
     Parser,
     keep_earlier,
@@ -112,12 +113,14 @@ from clustergate.outputs import (
     refuse_not_files,
     write_text,
 )
-from clustergate.redact import keep
-from clustergate.results import encode, signed
+from clustergate.record.results import encode, signed
+from clustergate.report import openmetrics
+from clustergate.secrets.redact import keep
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
-from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
+from clustergate.trust import attestation, completeness, keyed, skip_facts
+from clustergate.trust import manifest as suite_manifest
+from clustergate.trust.manifest import LEVELS
 from workloads.heartbeat import Heartbeat
 from workloads.node.name import node_name
 
@@ -284,8 +287,8 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
 
 
 def hold_skips_to_fleet(runs: list[NodeRun]) -> None:
-    """A node whose skips its fleet contradicts (``clustergate.completeness.fleet_problems``) lacks what the others
-    have: partial, saying so. Only the node runs of this cluster run count as its fleet."""
+    """A node whose skips its fleet contradicts (``clustergate.trust.completeness.fleet_problems``) lacks what the
+    others have: partial, saying so. Only the node runs of this cluster run count as its fleet."""
     fleet = {r.host: r.results for r in runs if r.results is not None and r.verdict in ("accept", "reject", "partial")}
     for host, reasons in completeness.fleet_problems(fleet, suite_manifest.shipped()).items():
         run = next(r for r in runs if r.host == host)
@@ -404,7 +407,7 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
           store: Store | None = None, profile: str | None = None, key: bytes | None = None) -> dict[str, Any]:
     """Read, judge the fleet, write every output; the cluster results dict. ``store``: the results store the node
     runs read and the cluster results.json are recorded into; ``profile``: the fleet's (default: the one the runs
-    agree on); ``key``: the site key (``clustergate.keyed``). Raises MergeInputError, HostlistError (ValueErrors)
+    agree on); ``key``: the site key (``clustergate.trust.keyed``). Raises MergeInputError, HostlistError (ValueErrors)
     and OSError with what to fix."""
     t0 = time.perf_counter()
     now = datetime.now(timezone.utc)

@@ -1,6 +1,6 @@
 """The node phase's directories, read one by one into what the merged cluster report says of each node.
 
-A node's own results.json decides its own verdict (the rule in ``clustergate.verdict``, held to a complete
+A node's own results.json decides its own verdict (the rule in ``clustergate.record.verdict``, held to a complete
 node run at the level the site requires); this module only reads it and says why in a line or two: the
 run error, each failed test's first failing figure or exception, what a partial run left out, or why there
 is no verdict at all (no results.json, an unreadable one, one that still says "running" because the run
@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import inputfile, keyed, resultsfile
 from clustergate.cluster import judged_by
-from clustergate.criteria import Criterion
-from clustergate.numbers import number
-from clustergate.results import short_test_name
-from clustergate.thresholds import Thresholds
-from clustergate.verdict import of_record
+from clustergate.common import inputfile
+from clustergate.common.numbers import number
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.thresholds import Thresholds
+from clustergate.record import resultsfile
+from clustergate.record.results import short_test_name
+from clustergate.record.verdict import of_record
+from clustergate.trust import keyed
 from workloads.node.name import problem as name_problem
 
 SUMMARY_CHARS = 240
@@ -49,7 +51,7 @@ class NodeRun:
     results: dict[str, Any] | None = None
     """The node's results.json (not written into the cluster results)."""
     digest: str | None = None
-    """sha256 of the node's results.json as merge read it (keyed with a site key: ``clustergate.keyed.digest``):
+    """sha256 of the node's results.json as merge read it (keyed with a site key: ``clustergate.trust.keyed.digest``):
     sign-off checks the file is still that one."""
 
     def unbind(self, reason: str) -> None:
@@ -226,13 +228,3 @@ def node_row(run: NodeRun) -> dict[str, Any]:
             "gpu_models": sorted({str(g.get("name")) for g in gpus}), "tests": counts,
             "failed_tests": failed_tests(res) if res else [], "reasons": run.reasons, "warnings": run.warnings}
 
-
-def node_directory(stored: str, run_dir: Path) -> Path:
-    """A node directory as merge recorded it: relative to the run's directory (one that lay inside it), else as
-    given to merge (absolute, or relative to where an older merge ran). The run's own copy comes first: a run
-    directory copied elsewhere is judged by the node files it holds, not by the original's."""
-    path = Path(stored)
-    if path.is_absolute():
-        return path
-    inside = run_dir / path
-    return inside if inside.exists() or not path.exists() else path

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from clustergate.resultsfile import ResultsFileError
+from clustergate.record.resultsfile import ResultsFileError
 from clustergate.store import DocumentError, Store, StoreError
 
 

@@ -8,7 +8,7 @@ Reads the merged node phase (REPORTS/RUN_ID/results.json, from ``merge``) and th
 - ``signoff.json`` (schema below and in ``clustergate/cluster/signoff.schema.json``) and ``signoff.html``;
 - ``signoff-accepted-hosts.txt``, ``signoff-excluded-hosts.txt`` (``HOST<TAB>phase: reason; ...``),
   ``signoff-accepted-hostlist.txt`` and ``signoff-excluded-hostlist.txt`` (Slurm hostlist form);
-- ``signoff-metrics.prom``: the sign-off in the OpenMetrics text format (``clustergate.openmetrics``), for
+- ``signoff-metrics.prom``: the sign-off in the OpenMetrics text format (``clustergate.report.openmetrics``), for
   node_exporter's textfile collector.
 
 With a results store (``--store``, else ``$CLUSTERGATE_STORE``) the merge's results.json and the fabric run are
@@ -23,7 +23,7 @@ after the merge, on exactly the node phase's accepted hosts, every node file sti
 digest), and every fabric failure is one of those exclusions;
 anything else (a whole-job figure missed, a test that raised, a run that died) keeps the set from being
 signed off, and ``reasons`` says why. With a site key (``--key-file``, else ``$CLUSTERGATE_KEY_FILE``:
-``clustergate.keyed``), the merged record, every node file and the fabric run must carry a valid HMAC (a node
+``clustergate.trust.keyed``), the merged record, every node file and the fabric run must carry a valid HMAC (a node
 file without one is excluded, naming it; a merge or fabric run without one is not signed off), the node files'
 keyed digests must match, and signoff.json is signed. One accepted node needs no fabric phase. An earlier sign-off's
 outputs in REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` first (each sign-off is kept), and one that
@@ -54,10 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import completeness, keyed, openmetrics, resultsfile
-from clustergate import manifest as suite_manifest
 from clustergate.cluster import binding, judged_by, remember
-from clustergate.cluster.hostlist import compress
 from clustergate.cluster.merge import (
     add_key_option,
     add_thresholds_option,
@@ -67,22 +64,27 @@ from clustergate.cluster.merge import (
     site_key,
     write_lists,
 )
-from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary, node_directory
-from clustergate.criteria import Criterion
-from clustergate.numbers import number
-from clustergate.outputs import OutputError, Parser, keep_earlier, write_text
-from clustergate.redact import keep
-from clustergate.rejudge import problems_of
-from clustergate.results import short_test_name
+from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
+from clustergate.common.hostlist import compress
+from clustergate.common.numbers import number
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.criterion import Criterion
+from clustergate.criteria.thresholds import Thresholds
+from clustergate.record import resultsfile
+from clustergate.record.outputs import OutputError, Parser, keep_earlier, write_text
+from clustergate.record.rejudge import problems_of
+from clustergate.record.reportdir import node_directory
+from clustergate.record.results import short_test_name
+from clustergate.record.verdict import contradiction, decide, of_record
+from clustergate.report import openmetrics
+from clustergate.report.signoff_words import DRY_RUN, held_to, shapes
+from clustergate.secrets.redact import keep
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
-from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import Thresholds
-from clustergate.verdict import contradiction, decide, of_record
+from clustergate.trust import completeness, keyed
+from clustergate.trust import manifest as suite_manifest
 
 SCHEMA = 1
-DRY_RUN = "DRY RUN, no GPU: CPU ranks under a profile for machines without one; it proves the flow, not a cluster"
-"""What the line and the page say first of a sign-off whose fleet ran the cpu profile (the merge's ``dry_run``)."""
 LISTS = ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
          "signoff-excluded-hostlist.txt")
 OUTPUTS = ("signoff.json", "signoff.html", "signoff-metrics.prom", *LISTS)
@@ -187,30 +189,6 @@ def what_was_signed(cluster: dict[str, Any], site: Thresholds, accepted: list[st
     return {"thresholds": str(site.path), "profile_digest": profile.run_digest if profile is not None else None,
             "suite_digest": cluster.get("suite_digest"), "dry_run": bool(cluster.get("dry_run")),
             "nodes": [hardware(h) for h in accepted]}
-
-
-def node_shape(node: dict[str, Any]) -> str:
-    """A host's hardware as the sign-off says it: "8 x NVIDIA H200", "2 CPU ranks, no GPU"."""
-    if node.get("gpus"):
-        return f"{node['gpus']} x {', '.join(node.get('gpu_models') or ['GPU of unknown model'])}"
-    ranks = node.get("ranks")
-    return f"{'?' if ranks is None else ranks} CPU rank{'' if ranks == 1 else 's'}, no GPU"
-
-
-def shapes(out: dict[str, Any]) -> list[tuple[str, str]]:
-    """The accepted hosts grouped by their hardware: (Slurm hostlist, ``node_shape``), the commonest first."""
-    groups: dict[str, list[str]] = {}
-    for node in out.get("nodes") or []:
-        groups.setdefault(node_shape(node), []).append(str(node["host"]))
-    return [(compress(hosts), shape) for shape, hosts in sorted(groups.items(), key=lambda g: -len(g[1]))]
-
-
-def held_to(out: dict[str, Any]) -> str:
-    """What the sign-off held the hosts to, in one line: profile, its digest and file, level, suite, site key."""
-    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
-    key = "signed with the site key" if out.get("signed") else "no site key: the records carry no HMAC"
-    return (f"profile {out.get('profile')}{digest} of {out.get('thresholds', '?')}, level {out.get('level')}, "
-            f"suite {out.get('suite_digest') or '?'}; {key}")
 
 
 class Fabric:

@@ -1,9 +1,9 @@
 """Judging what ``clustergate health`` read against the profile: one ``Finding`` per check and part.
 
 Every rule is the acceptance suite's own: workloads.gpu.health's ``check_*`` for the GPU's state,
-workloads.gpu.processes.judge for processes on a GPU, clustergate.expect.check for the ``expect:`` section,
-the profile's metric criteria (clustergate.criteria, as clustergate.judge applies them) for GPU memory and XIDs,
-workloads.node.checks.ib_problem for InfiniBand, workloads.faults for what an XID means and what to do. A
+workloads.gpu.processes.judge for processes on a GPU, clustergate.criteria.expect.check for the ``expect:`` section,
+the profile's metric criteria (clustergate.criteria.criterion, as clustergate.record.judge applies them) for GPU memory
+and XIDs, workloads.node.checks.ib_problem for InfiniBand, workloads.faults for what an XID means and what to do. A
 node is held to the same rule, in the same words, by both tiers.
 
 Pure functions over plain data: the suite's tests judge planted readings with no GPU.
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from clustergate.criteria import Figure
-from clustergate.expect import RULES, check
+from clustergate.common.numbers import number
+from clustergate.criteria.criterion import Figure
+from clustergate.criteria.expect import RULES, check
+from clustergate.criteria.thresholds import Profile
 from clustergate.health.read import GPU_EXPECT, NODE_EXPECT, GpuRead, NodeRead
-from clustergate.numbers import number
-from clustergate.thresholds import Profile
 from workloads import faults
 from workloads.clocks import BAD_CLOCK_EVENTS, reason_names
 from workloads.gpu import gpu_config, health, processes

@@ -7,7 +7,7 @@ Prints one line per failure, naming the host, the GPU's index and serial, the ch
 the profile expects, then one summary line; ``--json`` prints the same as one JSON object instead. Writes
 nothing unless asked: ``--report-dir DIR`` keeps DIR/health.json (with everything read), ``--state FILE``
 keeps where the kernel log stood after a healthy check, so that the next one counts only newer XIDs.
-Exit status (clustergate.exit_codes): 0 healthy, 1 not healthy, 2 usage or unusable input (an option, the
+Exit status (clustergate.common.exit_codes): 0 healthy, 1 not healthy, 2 usage or unusable input (an option, the
 thresholds file, the state file; a profile without GPUs on a GPU node; --skip leaving nothing to check), 4 could not
 run (NVML absent where the profile judges GPUs and no NVIDIA device shows; nothing the profile judges could be read
 here; a report directory that cannot be written). Nothing is healthy unchecked: a check that judged nothing is never
@@ -26,13 +26,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate import inputfile, reportdir
-from clustergate.exit_codes import Exit
+from clustergate.common import inputfile
+from clustergate.common.exit_codes import Exit
+from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.profile_choice import choose_profile
+from clustergate.criteria.thresholds import ThresholdsError, expects_gpus, load, shipped_thresholds
 from clustergate.health.checks import CHECKS, Finding, judge_node
 from clustergate.health.read import mark, read_node
-from clustergate.profile_choice import choose_profile
-from clustergate.terminal import error_text, main_guarded
-from clustergate.thresholds import ThresholdsError, expects_gpus, load, shipped_thresholds
+from clustergate.record import reportdir
 from workloads.node import gpu_presence
 from workloads.node.discovery import HOST_ROOT_ENV, host_root
 from workloads.node.name import NodeNameError, node_name

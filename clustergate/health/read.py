@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate.thresholds import Profile
+from clustergate.criteria.thresholds import Profile
 from workloads.gpu import gpu_config, inventory, processes
 from workloads.node import discovery, host_config, kernel_log
 from workloads.node.discovery import _read

@@ -2,8 +2,8 @@
 
 Everything here works on the results.json dict (schema 1), so a live run (``clustergate.report.hooks``)
 and a re-render (``clustergate render results.json``) draw the same report. Nothing here decides: the verdict,
-a re-judgement (``clustergate.rejudge``) and a comparison with an earlier run (``clustergate.baseline``) are
-made before the dict is handed over (by the run, ``clustergate.render`` or the cluster commands).
+a re-judgement (``clustergate.record.rejudge``) and a comparison with an earlier run (``clustergate.criteria.baseline``)
+are made before the dict is handed over (by the run, ``clustergate.render`` or the cluster commands).
 
 - ``model``: pure derivations (criteria rows with margins and sources, failures, the run's facts);
   ``tables``: the per-GPU and per-node tables with their highlights.

@@ -11,11 +11,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.numbers import number
-from clustergate.parts import gpu_label, rank_index
+from clustergate.common.numbers import number
+from clustergate.common.parts import gpu_label, rank_index
+from clustergate.record.results import short_test_name
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
 from clustergate.report.tables import cell_state
-from clustergate.results import short_test_name
 
 MAX_SERIES = 12
 """Series drawn in one curve figure; more would be unreadable (the JSON still has them all)."""

@@ -16,9 +16,9 @@ from typing import Any
 import numpy
 from matplotlib.figure import Figure
 
-from clustergate.numbers import number, percent
+from clustergate.common.numbers import number, percent
+from clustergate.record.results import short_test_name
 from clustergate.report.plots import DPI, STATE_COLOURS, _png
-from clustergate.results import short_test_name
 
 BINS = 40
 

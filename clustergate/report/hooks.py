@@ -26,11 +26,11 @@ from typing import Any, Protocol
 
 import pytest
 
-from clustergate import skip_facts
-from clustergate.parts import rank_index
-from clustergate.redact import Scrubber, redact, scrub_strings, shown_environment
+from clustergate.common.parts import rank_index
 from clustergate.report import figures, html
 from clustergate.report.summary import summary_lines
+from clustergate.secrets.redact import Scrubber, redact, scrub_strings, shown_environment
+from clustergate.trust import skip_facts
 
 REPORT_PLUGINS = {"metadata": "pytest_metadata.plugin", "html": "pytest_html.plugin",
                   "html_fixtures": "pytest_html.fixtures"}

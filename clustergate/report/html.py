@@ -8,14 +8,14 @@ and nothing refers to a network resource, so the report opens offline.
 from __future__ import annotations
 
 from functools import lru_cache
-from html import escape
 from typing import Any
 
-from clustergate.criteria import Criterion
-from clustergate.numbers import number, percent
-from clustergate.report import figures, model, tables
-from clustergate.results import selection_line, short_test_name
-from clustergate.verdict import WORDS
+from clustergate.common.numbers import number, percent
+from clustergate.criteria.criterion import Criterion
+from clustergate.record.results import selection_line, short_test_name
+from clustergate.record.verdict import WORDS
+from clustergate.report import figures, model, support, tables
+from clustergate.report.markup import cell, esc, table
 
 MAX_MESSAGE_CHARS = 20_000
 """A failure message longer than this is cut in the summary (the test's row keeps it whole)."""
@@ -57,25 +57,6 @@ table.cg-table th { max-width: 14em; }
 """
 
 
-def _e(value: Any) -> str:
-    return escape(str(value))
-
-
-def _table(columns: list[str], rows: list[list[str]], cls: str = "cg-table",
-           row_classes: list[str] | None = None) -> str:
-    # <wbr> after underscores lets long metric names wrap in a header instead of widening the table.
-    head = "".join(f"<th>{_e(c).replace('_', '_<wbr>')}</th>" for c in columns)
-    body = "".join(
-        f'<tr class="{row_classes[i] if row_classes else ""}">{"".join(r)}</tr>' for i, r in enumerate(rows))
-    table = f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-    return f'<div class="cg-scroll">{table}</div>'
-
-
-def _td(text: str, cls: str = "", title: str = "") -> str:
-    attrs = (f' class="{cls}"' if cls else "") + (f' title="{_e(title)}"' if title else "")
-    return f"<td{attrs}>{_e(text)}</td>"
-
-
 @lru_cache(maxsize=256)
 def png_of(spec: figures.Figure) -> str:
     """The figure as base64 PNG, drawn once however often the report shows it."""
@@ -85,9 +66,9 @@ def png_of(spec: figures.Figure) -> str:
 
 
 def figure(spec: figures.Figure, caption: str = "") -> str:
-    alt = _e(spec.title)
+    alt = esc(spec.title)
     return (f'<figure><img alt="{alt}" src="data:image/png;base64,{png_of(spec)}"/>'
-            f"<figcaption>{_e(caption or spec.title)}</figcaption></figure>")
+            f"<figcaption>{esc(caption or spec.title)}</figcaption></figure>")
 
 
 def banner(results: dict[str, Any]) -> str:
@@ -135,10 +116,10 @@ def banner(results: dict[str, Any]) -> str:
         rj = results["rejudged"]
         rows.append(("re-judged", f"with {rj.get('thresholds')} profile {rj.get('profile')} "
                                   f"(recorded under {rj.get('original_profile')})"))
-    facts = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows if v)
+    facts = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows if v)
     word = WORDS.get(verdict, "REJECT")
-    return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{_e(word)}</div>'
-            + "".join(f'<div class="cg-why">{_e(w)}</div>' for w in why)
+    return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{esc(word)}</div>'
+            + "".join(f'<div class="cg-why">{esc(w)}</div>' for w in why)
             + f'<table class="cg-facts">{facts}</table></div>')
 
 
@@ -150,13 +131,13 @@ def criteria_table(results: dict[str, Any]) -> str:
     for r in rows:
         missed = "cg-fail" if not r.passed else "cg-warn" if r.warned else ""
         margin = r.margin
-        cells.append([_td(r.metric, title=r.description), _td(short_test_name(r.test), title=r.test),
-                      _td(r.scope), _td(number(r.value, r.unit), "num"), _td(r.criterion),
-                      _td(r.source, "cg-source"),
-                      _td(margin, "num " + (missed if r.margin_pct is not None and r.margin_pct < 0 else "")),
-                      _td(r.result, RESULT_CLASS[r.result]), _td(r.where)])
+        cells.append([cell(r.metric, title=r.description), cell(short_test_name(r.test), title=r.test),
+                      cell(r.scope), cell(number(r.value, r.unit), "num"), cell(r.criterion),
+                      cell(r.source, "cg-source"),
+                      cell(margin, "num " + (missed if r.margin_pct is not None and r.margin_pct < 0 else "")),
+                      cell(r.result, RESULT_CLASS[r.result]), cell(r.where)])
         classes.append("cg-row-fail" if not r.passed else "cg-row-warn" if r.warned else "")
-    return _table(["metric", "test", "scope", "measured", "criterion", "source", "margin", "result", "where"], cells,
+    return table(["metric", "test", "scope", "measured", "criterion", "source", "margin", "result", "where"], cells,
                   "cg-table cg-criteria", classes)
 
 
@@ -167,35 +148,36 @@ def failures_section(results: dict[str, Any]) -> str:
     fails = model.failures(results)
     parts = []
     if results.get("error"):
-        parts.append(f'<details open><summary class="cg-fail">run error</summary><pre>{_e(results["error"])}</pre>'
+        parts.append(f'<details open><summary class="cg-fail">run error</summary><pre>{esc(results["error"])}</pre>'
                      "</details>")
     for f in fails:
         msg = f.message if len(f.message) <= MAX_MESSAGE_CHARS else f.message[:MAX_MESSAGE_CHARS] + "\n[... cut]"
         where = "; ".join(f.ranks) or "no rank failed on its own (a metric or consistency check)"
         said = [line.strip() for line in msg.splitlines() if line.strip()][:3] or [f.outcome]
-        parts.append(f'<details><summary><b>{_e(short_test_name(f.test))}</b> ({_e(f.outcome)}): '
-                     + "<br/>".join(_e(line) for line in said)
-                     + f'<br/><span class="cg-muted">ranks: {_e(where)}</span></summary><pre>{_e(msg)}</pre></details>')
+        parts.append(f'<details><summary><b>{esc(short_test_name(f.test))}</b> ({esc(f.outcome)}): '
+                     + "<br/>".join(esc(line) for line in said)
+                     + f'<br/><span class="cg-muted">ranks: {esc(where)}</span></summary>'
+                     + f"<pre>{esc(msg)}</pre></details>")
     return "".join(parts)
 
 
 def warnings_table(warnings: list[dict[str, Any]]) -> str:
     """Every part that missed a warn criterion (results.json ``warnings``): amber, never a failure."""
-    rows = [[_td(w.get("metric", "")), _td(short_test_name(w.get("test", "")), title=w.get("test", "")),
-             _td(number(w.get("value")), "num cg-warn"), _td(w.get("criterion", "")), _td(w.get("where", ""))]
+    rows = [[cell(w.get("metric", "")), cell(short_test_name(w.get("test", "")), title=w.get("test", "")),
+             cell(number(w.get("value")), "num cg-warn"), cell(w.get("criterion", "")), cell(w.get("where", ""))]
             for w in warnings]
     note = ('<p class="cg-muted">A warn criterion is an estimate not yet measured, or a figure that informs: '
             "a miss is shown, and the verdict stands.</p>")
-    return note + _table(["metric", "test", "measured", "criterion", "where"], rows)
+    return note + table(["metric", "test", "measured", "criterion", "where"], rows)
 
 
 def actions_table(steps: list[dict[str, Any]]) -> str:
     """What to do about each failure (results.json ``actions``), most urgent first."""
-    rows = [[_td(str(a.get("action", "")), "cg-fail"), _td(short_test_name(str(a.get("test") or "the run")),
+    rows = [[cell(str(a.get("action", "")), "cg-fail"), cell(short_test_name(str(a.get("test") or "the run")),
                                                           title=str(a.get("test") or "")),
-             _td(str(a.get("where", ""))), _td(str(a.get("meaning", ""))), _td(str(a.get("next_step", ""))),
-             _td(str(a.get("escalate") or ""))] for a in steps]
-    return _table(["action", "test", "where", "what failed", "what to do", "if it recurs"], rows)
+             cell(str(a.get("where", ""))), cell(str(a.get("meaning", ""))), cell(str(a.get("next_step", ""))),
+             cell(str(a.get("escalate") or ""))] for a in steps]
+    return table(["action", "test", "where", "what failed", "what to do", "if it recurs"], rows)
 
 
 def drift_section(results: dict[str, Any]) -> str:
@@ -203,33 +185,33 @@ def drift_section(results: dict[str, Any]) -> str:
     criterion (the minimum) it is also held to."""
     drift = results["drift"]
     if drift.get("problem"):
-        return f'<p class="cg-warn">{_e(drift["problem"])}</p>'
+        return f'<p class="cg-warn">{esc(drift["problem"])}</p>'
     criteria = {(t.get("nodeid"), m.get("name")): Criterion.from_json(m.get("criterion")).text()
                 for t in results.get("tests", []) for m in t.get("metrics", [])}
-    head = (f"<p>Against {_e(drift.get('store'))}: a figure more than {percent(float(drift.get('fraction', 0)))} below "
-            f"its own first accepted figure there (drift_severity {_e(drift.get('severity'))}).</p>")
-    rows = [[_td(str(d.get("metric"))), _td(str(d.get("where", ""))),
-             _td(number(d.get("first"), str(d.get("unit", ""))), "num"),
-             _td(number(d.get("now"), str(d.get("unit", ""))), "num"),
-             _td(f"-{percent(float(d.get('fraction', 0)))}", "num " + ("cg-fail" if d.get("severity") == "fail"
+    head = (f"<p>Against {esc(drift.get('store'))}: a figure more than {percent(float(drift.get('fraction', 0)))} "
+            f"below its own first accepted figure there (drift_severity {esc(drift.get('severity'))}).</p>")
+    rows = [[cell(str(d.get("metric"))), cell(str(d.get("where", ""))),
+             cell(number(d.get("first"), str(d.get("unit", ""))), "num"),
+             cell(number(d.get("now"), str(d.get("unit", ""))), "num"),
+             cell(f"-{percent(float(d.get('fraction', 0)))}", "num " + ("cg-fail" if d.get("severity") == "fail"
                                                                   else "cg-warn")),
-             _td(criteria.get((d.get("test"), d.get("metric")), "")),
-             _td(f"run #{d.get('first_run')}, {d.get('first_time') or '?'}"
+             cell(criteria.get((d.get("test"), d.get("metric")), "")),
+             cell(f"run #{d.get('first_run')}, {d.get('first_time') or '?'}"
                  + (f", on {d['first_host']}" if d.get("first_host") and d.get("first_host") != d.get("host")
                     else ""))] for d in drift.get("findings") or []]
     if not rows:
         return head + '<p class="cg-muted">No figure drifted.</p>'
-    return head + _table(["metric", "part", "first accepted", "now", "change", "criterion", "first accepted in"],
+    return head + table(["metric", "part", "first accepted", "now", "change", "criterion", "first accepted in"],
                          rows)
 
 
-def _cell_td(cell: tables.Cell) -> str:
-    cls = {"fail": "cg-fail", "warn": "cg-warn", "outlier": "cg-outlier"}.get(cell.state, "")
-    return _td(cell.text, cls, cell.title)
+def _cell_td(shown: tables.Cell) -> str:
+    cls = {"fail": "cg-fail", "warn": "cg-warn", "outlier": "cg-outlier"}.get(shown.state, "")
+    return cell(shown.text, cls, shown.title)
 
 
-def grid_table(table: tables.Table) -> str:
-    return _table(table.columns, [[_cell_td(c) for c in row] for row in table.rows])
+def grid_table(grid: tables.Table) -> str:
+    return table(grid.columns, [[_cell_td(c) for c in row] for row in grid.rows])
 
 
 PARTS = {"gpu": "all GPUs", "node": "all nodes", "world": "whole job"}
@@ -251,19 +233,19 @@ def baseline_section(results: dict[str, Any]) -> str:
         change = "new or zero" if c.get("change") is None else percent(c["change"], signed=True)
         state = "cg-fail" if c.get("direction") == "worse" else "cg-outlier"
         unit, part = c.get("unit", ""), c.get("gpu") or PARTS.get(c.get("scope", ""), "")
-        rows.append([_td(c["name"]), _td(short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
-                     _td(part), _td(number(c.get("baseline"), unit), "num"),
-                     _td(number(c.get("current"), unit), "num"), _td(change, "num " + state),
-                     _td(c.get("direction", ""))])
+        rows.append([cell(c["name"]), cell(short_test_name(c.get("nodeid", "")), title=c.get("nodeid", "")),
+                     cell(part), cell(number(c.get("baseline"), unit), "num"),
+                     cell(number(c.get("current"), unit), "num"), cell(change, "num " + state),
+                     cell(c.get("direction", ""))])
     n_metrics, n_gpu = len(base.get("metrics", [])), len(base.get("per_gpu", []))
     summary = (f"<p>{len(flagged)} change{'s' if len(flagged) != 1 else ''} beyond {percent(tol)} among {n_metrics} "
                f"metrics and {n_gpu} per-GPU figures.</p>")
-    notes = "".join(f"<li>{_e(n)}</li>" for n in base.get("notes", []))
+    notes = "".join(f"<li>{esc(n)}</li>" for n in base.get("notes", []))
     missing = base.get("missing", [])
     if missing:
-        notes += f"<li>in the baseline, not in this run: {_e(', '.join(missing[:20]))}</li>"
-    table = _table(["metric", "test", "part", "baseline", "now", "change", "direction"], rows) if rows else ""
-    return f"<p>{_e(head)}</p>{summary}{table}" + (f"<ul>{notes}</ul>" if notes else "")
+        notes += f"<li>in the baseline, not in this run: {esc(', '.join(missing[:20]))}</li>"
+    changes = table(["metric", "test", "part", "baseline", "now", "change", "direction"], rows) if rows else ""
+    return f"<p>{esc(head)}</p>{summary}{changes}" + (f"<ul>{notes}</ul>" if notes else "")
 
 
 def figures_section(results: dict[str, Any]) -> str:
@@ -305,8 +287,6 @@ def summary(results: dict[str, Any]) -> str:
     if len(gpu.columns) > 5 or any(c.state for row in gpu.rows for c in row):
         parts += ["<h3>Per GPU</h3>", LEGEND, grid_table(gpu)]
     parts += ["<h3>Per node</h3>", grid_table(tables.node_table(results))]
-    from clustergate.report import support  # it draws with this module's helpers: imported here, not above
-
     parts += support.sections(results)
     parts += ["<h3>Figures</h3>", figures_section(results), "<h3>Tests</h3></div>"]
     return "".join(parts)
@@ -321,13 +301,13 @@ def test_extra(test: dict[str, Any], results: dict[str, Any]) -> str:
         values = sorted(p["value"] for p in metric.get("per_rank") or [])
         spread = f"{number(values[0])} / {number(values[len(values) // 2])} / {number(values[-1])}" \
             if len(values) > 1 else ""
-        rows.append([_td(r.metric, title=r.description), _td(r.scope), _td(number(r.value, r.unit), "num"),
-                     _td(spread, "num"), _td(r.criterion), _td(r.source, "cg-source"),
-                     _td(r.margin, "num"), _td(r.result, RESULT_CLASS[r.result]),
-                     _td(r.where)])
+        rows.append([cell(r.metric, title=r.description), cell(r.scope), cell(number(r.value, r.unit), "num"),
+                     cell(spread, "num"), cell(r.criterion), cell(r.source, "cg-source"),
+                     cell(r.margin, "num"), cell(r.result, RESULT_CLASS[r.result]),
+                     cell(r.where)])
     parts = ['<div class="cg-extra">']
     if rows:
-        parts.append(_table(["metric", "scope", "measured", "min / median / max", "criterion", "source", "margin",
+        parts.append(table(["metric", "scope", "measured", "min / median / max", "criterion", "source", "margin",
                              "result", "where"], rows))
     details = test.get("details") or {}
     tables = details.get("tables") if isinstance(details, dict) else None
@@ -335,7 +315,7 @@ def test_extra(test: dict[str, Any], results: dict[str, Any]) -> str:
         for name, table_rows in tables.items():
             if isinstance(table_rows, list) and table_rows and all(isinstance(r, dict) for r in table_rows):
                 cols = list(dict.fromkeys(k for r in table_rows for k in r))
-                parts.append(f"<p><b>{_e(name)}</b></p>")
-                parts.append(_table(cols, [[_td(r.get(c, "")) for c in cols] for r in table_rows]))
+                parts.append(f"<p><b>{esc(name)}</b></p>")
+                parts.append(table(cols, [[cell(r.get(c, "")) for c in cols] for r in table_rows]))
     parts.append("</div>")
     return "".join(parts) if len(parts) > 2 else ""

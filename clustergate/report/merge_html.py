@@ -13,12 +13,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster.node_runs import node_directory
-from clustergate.numbers import number, percent
-from clustergate.redact import Scrubber, scrub_strings
+from clustergate.common.numbers import number, percent
+from clustergate.record.reportdir import node_directory
+from clustergate.record.results import short_test_name
 from clustergate.report import html
 from clustergate.report.tables import Cell, Table
-from clustergate.results import short_test_name
+from clustergate.secrets.redact import Scrubber, scrub_strings
 
 EXTRA_STYLE = """
 <style>

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clustergate.criteria import Criterion
-from clustergate.numbers import percent
-from clustergate.parts import gpu_label, rank_index
+from clustergate.common.numbers import percent
+from clustergate.common.parts import gpu_label, rank_index
+from clustergate.criteria.criterion import Criterion
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from clustergate.numbers import number
+from clustergate.common.numbers import number
 from clustergate.report.figures import BarFigure, CurveFigure, MatrixFigure
 from clustergate.report.figures import Figure as Spec
 

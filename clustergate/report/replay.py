@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from clustergate.record.reportdir import refuse_not_a_file
 from clustergate.report import hooks
 from clustergate.report.hooks import REPLAYED
-from clustergate.reportdir import refuse_not_a_file
 
 
 class DrawingFailed(Exception):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from clustergate.cluster.signoff import DRY_RUN, shapes
 from clustergate.report.merge_html import banner, excluded_table, hosts_block, href, page, scrubbed
+from clustergate.report.signoff_words import DRY_RUN, shapes
 
 
 def _phase_rows(out: dict[str, Any]) -> str:

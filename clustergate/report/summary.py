@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustergate.numbers import number, percent
+from clustergate.common.numbers import number, percent
+from clustergate.common.terminal import printable
+from clustergate.record.results import selection_line, short_test_name
+from clustergate.record.verdict import WORDS
 from clustergate.report import model
-from clustergate.results import selection_line, short_test_name
-from clustergate.terminal import printable
-from clustergate.verdict import WORDS
 
 MESSAGE_LINES = 3
 """Lines of each failing test's message printed (the report and results.json have all of it)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustergate.numbers import number
-from clustergate.report import html
-from clustergate.results import short_test_name
+from clustergate.common.numbers import number
+from clustergate.record.results import short_test_name
+from clustergate.report.markup import cell, esc, table
 
 INVENTORY_COLUMNS = (("host", "host"), ("index", "GPU"), ("serial", "serial"), ("uuid", "UUID"),
                      ("pci_bus_id", "PCI"), ("name", "model"), ("vbios_version", "VBIOS"),
@@ -33,10 +33,10 @@ def expected_configuration(results: dict[str, Any]) -> str:
         more = len(e.get("rows", [])) - 8
         outcome = test.get("outcome", "")
         cls = {"failed": "cg-fail", "passed": "cg-pass"}.get(outcome, "cg-muted")
-        rows.append([html._td(e.get("setting", ""), title=e.get("what", "")), html._td(e.get("expected", "")),
-                     html._td(outcome.upper() if outcome != "skipped" else "not readable", cls),
-                     html._td(seen + (f"; ... {more} more" if more > 0 else ""))])
-    return html._table(["setting", "expected", "result", "seen"], rows) if rows else ""
+        rows.append([cell(e.get("setting", ""), title=e.get("what", "")), cell(e.get("expected", "")),
+                     cell(outcome.upper() if outcome != "skipped" else "not readable", cls),
+                     cell(seen + (f"; ... {more} more" if more > 0 else ""))])
+    return table(["setting", "expected", "result", "seen"], rows) if rows else ""
 
 
 def _inventory(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -52,40 +52,40 @@ def _grown(results: dict[str, Any]) -> list[list[str]]:
         for r in evidence:
             if r.get("value", 0) > 0 or r.get("status") == "fail":
                 cls = "cg-fail" if r.get("status") == "fail" else "cg-outlier"
-                rows.append([html._td(r.get("where", "")), html._td(r.get("label", "")),
-                             html._td(r.get("metric", ""), title=short_test_name(test["nodeid"])),
-                             html._td(number(r.get("value"), r.get("unit", "")), "num " + cls),
-                             html._td("; ".join(r.get("evidence", []))), html._td(r.get("next_step", ""))])
+                rows.append([cell(r.get("where", "")), cell(r.get("label", "")),
+                             cell(r.get("metric", ""), title=short_test_name(test["nodeid"])),
+                             cell(number(r.get("value"), r.get("unit", "")), "num " + cls),
+                             cell("; ".join(r.get("evidence", []))), cell(r.get("next_step", ""))])
     return rows
 
 
 def vendor_support(results: dict[str, Any]) -> str:
     env = results.get("environment", {})
     facts = [f"{k} {env[k]}" for k in ("driver", "cuda", "nccl", "torch", "platform") if env.get(k)]
-    parts = [f"<p>{html._e('; '.join(facts))}</p>"] if facts else []
+    parts = [f"<p>{esc('; '.join(facts))}</p>"] if facts else []
     gpus = _inventory(results)
     if gpus:
-        cells = [[html._td("" if g.get(k) is None else str(g[k])) for k, _ in INVENTORY_COLUMNS] for g in gpus]
-        parts.append(html._table([label for _, label in INVENTORY_COLUMNS], cells))
+        cells = [[cell("" if g.get(k) is None else str(g[k])) for k, _ in INVENTORY_COLUMNS] for g in gpus]
+        parts.append(table([label for _, label in INVENTORY_COLUMNS], cells))
     grown = _grown(results)
     checked = sum(len(e) for _, e in _tests_with(results, "evidence"))
     if grown:
         parts.append("<p><b>Error counters that grew during the run</b> (both values, and what to do)</p>")
-        parts.append(html._table(["where", "part", "metric", "growth", "counters", "next step"], grown))
+        parts.append(table(["where", "part", "metric", "growth", "counters", "next step"], grown))
     elif checked:
         parts.append(f'<p class="cg-muted">No error counter grew during the run ({checked} figures checked).</p>')
     nodes = (results.get("hardware_inventory") or {}).get("nodes", [])
-    history = [[html._td(n.get("host", "")), html._td(x.get("bus_id", "")), html._td(str(x.get("code", ""))),
-                html._td(x.get("text", ""))] for n in nodes for x in n.get("xids_before_run", [])]
+    history = [[cell(n.get("host", "")), cell(x.get("bus_id", "")), cell(str(x.get("code", ""))),
+                cell(x.get("text", ""))] for n in nodes for x in n.get("xids_before_run", [])]
     if history:
         parts.append("<p><b>XIDs in the kernel log from before the run</b> (not judged)</p>")
-        parts.append(html._table(["host", "PCI", "XID", "text"], history))
-    dcgm = [[html._td(r.get("where", "")), html._td(r.get("test", "")), html._td(r.get("status", ""), "cg-fail"),
-             html._td(r.get("message", ""))]
+        parts.append(table(["host", "PCI", "XID", "text"], history))
+    dcgm = [[cell(r.get("where", "")), cell(r.get("test", "")), cell(r.get("status", ""), "cg-fail"),
+             cell(r.get("message", ""))]
             for _, rows in _tests_with(results, "dcgm") for r in rows if r.get("status") in ("fail", "warn")]
     if dcgm:
         parts.append("<p><b>DCGM diagnostics that failed</b></p>")
-        parts.append(html._table(["where", "DCGM test", "status", "DCGM's message"], dcgm))
+        parts.append(table(["where", "DCGM test", "status", "DCGM's message"], dcgm))
     return "".join(parts)
 
 

@@ -1,7 +1,7 @@
 """The per-GPU and per-node tables of the report, derived from the results.json dict (pure, no HTML).
 
 Each cell says its state (failed, warned, outlier) so the HTML report highlights it; judging itself
-happened when the run did (``clustergate.judge``): these tables only show it.
+happened when the run did (``clustergate.record.judge``): these tables only show it.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.criteria import Criterion
-from clustergate.numbers import number
-from clustergate.parts import gpu_label, rank_index
-from clustergate.results import short_test_name
+from clustergate.common.numbers import number
+from clustergate.common.parts import gpu_label, rank_index
+from clustergate.criteria.criterion import Criterion
+from clustergate.record.results import short_test_name
 
 OUTLIER_DEVIATION = 0.10
 """A GPU more than this fraction worse than the median of its peers is highlighted as an outlier

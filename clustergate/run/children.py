@@ -8,8 +8,8 @@ things follow, and this module owns both:
   writes to is the rank's, so a signal to the child woke the rank's watcher as if the rank had been signalled) and
   the signal on which the rank writes its stacks into its own file. ``watch`` arms ``os.register_at_fork``: in the
   child the run's signals are given back as they were before the run (``SignalWatcher.close``); the report
-  directory's lock is not kept either (``clustergate.reportdir``). In the rank, every child it forks is remembered
-  with its start time.
+  directory's lock is not kept either (``clustergate.record.reportdir``). In the rank, every child it forks is
+  remembered with its start time.
 - At the run's end (``end_left``, from the run's one way out) every process the rank started that is still there
   is ended: its descendants (by parent, from /proc: ``keeper.stat``), and every process in the session or process
   group of one of them or of a child it forked (a daemon that forked twice has left its parent, not the session
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clustergate.reportdir import process_start
+from clustergate.record.reportdir import process_start
 from clustergate.run.interrupts import STACK_SIGNAL
 from clustergate.run.keeper import alive, stat
 from clustergate.run.limits import CHILDREN_GRACE_S

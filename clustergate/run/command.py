@@ -3,7 +3,7 @@
 torchrun runs in this process (its launcher), so what the command prints and how it ends are the run's: rank 0's
 output as it goes (every other rank's goes to a file: a problem one rank has before the run starts reaches every
 rank and rank 0 says it), no torchrun traceback, then one line with the verdict, last. Its exit status is the one table
-(clustergate.exit_codes): 0 accept, 1 not accepted, 2 usage or unusable input, 4 could not run.
+(clustergate.common.exit_codes): 0 accept, 1 not accepted, 2 usage or unusable input, 4 could not run.
 
 Nothing here imports torch until the ranks are started: ``--help`` and ``--print-command`` stay instant.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clustergate import inputfile
-from clustergate.exit_codes import TABLE, Exit
+from clustergate.common import inputfile
+from clustergate.common.exit_codes import TABLE, Exit
 from clustergate.run import outcome
 
 PROG = "clustergate run"
@@ -36,7 +36,7 @@ RUN_PLUGINS = ("clustergate",)
 """The pytest plugins a ``run`` names: the suite's own, which loads pytest-html and pytest-metadata itself
 (clustergate.run.plugins). Every other plugin installed beside them stays out: one that reruns failures, reorders
 tests or times them out its own way would change what a verdict means (one named with ``-p NAME`` makes the run
-partial: clustergate.attestation), and each one loaded costs every rank start-up time (a hypothesis plugin alone
+partial: clustergate.trust.attestation), and each one loaded costs every rank start-up time (a hypothesis plugin alone
 took 1.4 s of a quick run on an H100 node)."""
 
 RUN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -214,7 +214,7 @@ def results_of(told: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None
 def verdict_line(status: Exit, path: Path | None, results: dict[str, Any] | None, launched: Launched,
                  told: dict[str, Any] | None = None) -> str | None:
     """The command's last line; None for a run that decides nothing and ends well (a listing, pytest's help)."""
-    from clustergate.terminal import printable
+    from clustergate.common.terminal import printable
 
     if results is not None:
         # rank 0 recorded no ending (killed mid-run): the launcher's account
@@ -232,8 +232,8 @@ def verdict_of(results: dict[str, Any], status: int, path: Path | None, *, prog:
     """A run's verdict in one line, ``PROG: WORD: why (exit N; results.json)``: why from its error or reason, else
     ``otherwise`` (an accept says none). ``clustergate run`` ends with it; under plain torchrun the summary of the
     failed ranks shows it (``clustergate.run.plugin``)."""
-    from clustergate.terminal import printable
-    from clustergate.verdict import WORDS
+    from clustergate.common.terminal import printable
+    from clustergate.record.verdict import WORDS
 
     verdict = str(results.get("verdict"))
     why = [] if verdict == "accept" else str(results.get("error") or results.get("reason") or "").splitlines()

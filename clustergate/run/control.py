@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from clustergate.redact import outgoing
 from clustergate.run import interrupts
 from clustergate.run.world import World
+from clustergate.secrets.redact import outgoing
 
 T = TypeVar("T")
 

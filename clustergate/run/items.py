@@ -12,27 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from clustergate.outcomes import PhaseOutcome, PhaseVerdict, poisons
-from clustergate.redact import Scrubber, scrub_strings
+from clustergate.common.terminal import printable_lines
+from clustergate.criteria.thresholds import Profile
+from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict, poisons
 from clustergate.run.recorder import Recorder, Skip, fact_of
-from clustergate.skip_facts import fact as skip_fact
-from clustergate.terminal import printable_lines
-from clustergate.thresholds import Profile
+from clustergate.secrets.redact import Scrubber, scrub_strings
+from clustergate.trust.skip_facts import fact as skip_fact
 from workloads.common import LEVELS
 
 
 def declared(item: pytest.Item) -> tuple[str, ...]:
     """The metrics ``item`` records (``@pytest.mark.metrics``)."""
     return tuple(n for m in item.iter_markers("metrics") for n in m.args)
-
-
-def time_limit(item: pytest.Item, level: str) -> float | None:
-    """``@pytest.mark.time_limit(seconds)``, or ``(seconds, levels=[...])`` at those levels only; None where the test
-    says no limit of its own at ``level``."""
-    marker = item.get_closest_marker("time_limit")
-    if marker is None or level not in marker.kwargs.get("levels", LEVELS):
-        return None
-    return float(marker.args[0])
 
 
 def problem(items: list[pytest.Item], profile: Profile) -> str | None:

@@ -27,18 +27,18 @@ from typing import Any
 import pytest
 
 import clustergate
-from clustergate import attestation, openmetrics
-from clustergate.baseline import DEFAULT_TOLERANCE, compare
-from clustergate.durations import DurationsError, Healthy, Key, Shape, reference
-from clustergate.exit_codes import Exit
-from clustergate.identity import RankIdentity
-from clustergate.judge import Where
-from clustergate.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
-from clustergate.redact import Scrubber, scrub_file
-from clustergate.reportdir import write_atomic
-from clustergate.results import RunRecord, nodes_from_identities, signed
+from clustergate.common.exit_codes import Exit
+from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
+from clustergate.criteria.thresholds import Profile
+from clustergate.record.judge import Where
+from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
+from clustergate.record.reportdir import scrub_file, write_atomic
+from clustergate.record.results import RunRecord, nodes_from_identities, signed
+from clustergate.record.verdict import missing_tests
+from clustergate.report import openmetrics
 from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
+from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
@@ -64,9 +64,10 @@ from clustergate.run.plugins import foreign
 from clustergate.run.progress import Progress
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.run.world import World
+from clustergate.secrets.redact import Scrubber
 from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
-from clustergate.thresholds import Profile
-from clustergate.verdict import missing_tests
+from clustergate.trust import attestation
+from clustergate.trust.identity import RankIdentity
 
 PYTEST_STOPPED = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
 
@@ -149,7 +150,7 @@ class Run:
         """What this rank runs: compared across ranks at collection (with its suite files), recorded in results.json."""
         self.record.extra["clustergate"] = dict(self.version)
         self.code = attestation.code()
-        """This rank's suite files, checked against their reference (clustergate.attestation)."""
+        """This rank's suite files, checked against their reference (clustergate.trust.attestation)."""
         self.plugins_loaded: list[dict[str, Any]] = []
         """Every plugin pytest loaded on this rank (``attest``)."""
         self.record.extra["attestation"] = attestation.section(self.code, [], options.dry_run)
@@ -284,7 +285,7 @@ class Run:
             self._last_write = now
 
     def _write(self, data: dict[str, Any]) -> None:
-        if self.options.key is not None:  # with a site key, every write is signed (clustergate.keyed)
+        if self.options.key is not None:  # with a site key, every write is signed (clustergate.trust.keyed)
             data = signed(data, self.options.key, self.identity.host)
         self.outside.write(self.results_path, data)
         self.written = data["verdict"]

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from clustergate.exit_codes import Exit
+from clustergate.common.exit_codes import Exit
 
 if TYPE_CHECKING:
-    from clustergate.thresholds import Profile
+    from clustergate.criteria.thresholds import Profile
 
 # ---- waiting for the other ranks ------------------------------------------------------------------------------
 STARTUP_S = 45.0
@@ -217,7 +217,7 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 """The workloads' process group timeout where neither --collective-timeout nor the profile's
 collective_timeout_s says."""
 
-# ---- exit statuses (clustergate.exit_codes: 0 accept, 1 not accepted, 2 usage, 4 could not run; never 3) ----
+# ---- exit statuses (clustergate.common.exit_codes: 0 accept, 1 not accepted, 2 usage, 4 could not run; never 3) ----
 EXIT_EARLY = Exit.NOT_ACCEPTED
 """A rank that ends the run early, whatever ended it (a peer lost, a test past its time, a signal, a failed write):
 the run did not finish, so it is not accepted (what ended it is in results.json)."""

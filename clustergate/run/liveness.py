@@ -61,7 +61,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.redact import outgoing
 from clustergate.run.flight import Group, Recorder, default_group_name
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
@@ -78,6 +77,7 @@ from clustergate.run.limits import (
     waiting_bound_s,
 )
 from clustergate.run.peers import main_thread_collective
+from clustergate.secrets.redact import outgoing
 from workloads.common import alone_now
 
 BEATS_READ_PER_BEAT = 64

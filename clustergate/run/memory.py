@@ -16,15 +16,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from clustergate.durations import Healthy, Key, site
-from clustergate.outcomes import PhaseVerdict, metric_block
-from clustergate.resultsfile import ResultsFileError
+from clustergate.criteria.settings import DRIFT_FRACTION, DRIFT_SEVERITY
+from clustergate.criteria.thresholds import Profile
+from clustergate.record.outcomes import PhaseVerdict, metric_block
+from clustergate.record.resultsfile import ResultsFileError
+from clustergate.run.durations import Healthy, Key, site
 from clustergate.run.limits import SITE_RUNS
-from clustergate.settings import DRIFT_FRACTION, DRIFT_SEVERITY
 from clustergate.store import Store, StoreError
 from clustergate.store.db import TIMEOUT_S
 from clustergate.store.drift import Baselines, Drift, followed, judge, section
-from clustergate.thresholds import Profile
 
 
 @dataclass(slots=True)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from clustergate import keyed
-from clustergate.completeness import recorded_options
+from clustergate.criteria.thresholds import Profile, shipped_thresholds
 from clustergate.run.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
 from clustergate.run.testlimit import run_wide
 from clustergate.store import STORE_ENV, store_path
-from clustergate.thresholds import Profile, shipped_thresholds
+from clustergate.trust import keyed
+from clustergate.trust.completeness import recorded_options
 from workloads.common import LEVELS
 
 DEFAULT_LEVEL = "standard"
@@ -126,12 +126,14 @@ class Options:
     collect_only: bool = False
     """--collect-only: tests are listed, none run."""
     dry_run: bool = False
-    """--dry-run: the cpu profile on a node with GPUs, as a rehearsal (clustergate.attestation.profile_problem)."""
+    """--dry-run: the cpu profile on a node with GPUs, as a rehearsal
+    (clustergate.trust.attestation.profile_problem)."""
     narrowing: dict[str, Any] = field(default_factory=dict)
     """What else of pytest's command line can narrow or hollow the run (paths and node ids, --deselect, the modes
-    that run no test body, -x/--maxfail), as results.json's ``selection`` keeps it (clustergate.completeness)."""
+    that run no test body, -x/--maxfail), as results.json's ``selection`` keeps it (clustergate.trust.completeness)."""
     key: bytes | None = field(default=None, repr=False)
-    """The site key (--key-file, else $CLUSTERGATE_KEY_FILE): results.json is signed with it (clustergate.keyed)."""
+    """The site key (--key-file, else $CLUSTERGATE_KEY_FILE): results.json is signed with it
+    (clustergate.trust.keyed)."""
 
     def __post_init__(self) -> None:
         for option, value in (("--test-timeout", self.test_timeout_s),

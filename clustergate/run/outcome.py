@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clustergate import inputfile
+from clustergate.common import inputfile
 
 OUTCOME_ENV = "CLUSTERGATE_RUN_OUTCOME"
 

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from clustergate.redact import Scrubber
-from clustergate.results import write_json
+from clustergate.common.terminal import printable_lines
+from clustergate.record.results import write_json
 from clustergate.run import children, control
 from clustergate.run.interrupts import Launcher, SignalWatcher, start_keeper, stop_processes
 from clustergate.run.limits import KEEPER_GRACE_S, STOP_GRACE_S, STOPPED_S
 from clustergate.run.liveness import Liveness
 from clustergate.run.peers import Peers, main_thread_collective
 from clustergate.run.watchdog import Watchdog
-from clustergate.terminal import printable_lines
+from clustergate.secrets.redact import Scrubber
 
 
 def exit_now(status: int) -> NoReturn:
@@ -122,7 +122,7 @@ class Outside:
     """The wall clock, as the ranks' words in the store are dated."""
     sleep: Callable[[float], None] = time.sleep
     write: Callable[[Any, dict[str, Any]], None] = write_json
-    """Writes results.json (``clustergate.results.write_json``: atomic, strict, redacted)."""
+    """Writes results.json (``clustergate.record.results.write_json``: atomic, strict, redacted)."""
     exit: Callable[[int], NoReturn] = exit_now
     """Ends the process with a status: the only way out of an early ending."""
     exit_handlers: Callable[[], None] = atexit._run_exitfuncs

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from clustergate.redact import outgoing
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import STORE_CALL_S
 from clustergate.run.world import World
+from clustergate.secrets.redact import outgoing
 from workloads.common import wait_for_collectives
 
 

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from clustergate.completeness import suite_prefix
-from clustergate.exit_codes import Exit
-from clustergate.redact import Scrubber
+from clustergate.common.exit_codes import Exit
+from clustergate.common.terminal import printable_lines
 from clustergate.report import hooks as report_hooks
 from clustergate.run import command_line, detectors, errorfile, plugins, refusal, startclock
 from clustergate.run import items as pytest_items
@@ -40,7 +39,9 @@ from clustergate.run.startup import (
     show_tests_from_rootdir,
     stale_note,
 )
-from clustergate.terminal import printable_lines
+from clustergate.secrets.redact import Scrubber
+from clustergate.trust.completeness import suite_prefix
+from clustergate.trust.manifest import time_limit
 from workloads.node.name import NodeNameError, node_name
 
 startclock.mark("imports")  # the plugin and all it needs (torch above all) are imported by now
@@ -179,7 +180,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if problem:
         run.fail(problem)
         raise pytest.UsageError(problem)  # said once (clustergate.run.refusal), as every usage error
-    problem = run.choose_limits({item.nodeid: pytest_items.time_limit(item, run.level) for item in items})
+    problem = run.choose_limits({item.nodeid: time_limit(item, run.level) for item in items})
     if problem:
         run.fail(problem)
         raise pytest.UsageError(problem)

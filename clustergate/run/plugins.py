@@ -1,6 +1,6 @@
 """The plugins of a run: those it cannot do without, refused where disabled (the report's own load where pytest's
 autoload is off: ``clustergate.report.hooks``); and every plugin pytest loaded, listed for the attestation
-(``clustergate.attestation`` says which are the suite's).
+(``clustergate.trust.attestation`` says which are the suite's).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clustergate import attestation
+from clustergate.trust import attestation
 
 REQUIRED = {"junitxml": ("_pytest.junitxml", "pytest's junitxml (junit.xml)"),
             "html": ("pytest_html.plugin", "pytest-html (report.html)"),

@@ -1,7 +1,7 @@
 """progress.jsonl: a line when each test starts and ends, flushed as it happens.
 
 A run that dies (a rank killed, a node lost) still says which test it was in. Lines are redacted
-like every output (``clustergate.redact``). A failed write raises: the session treats it as the end
+like every output (``clustergate.secrets.redact``). A failed write raises: the session treats it as the end
 of the run, never as something to skip.
 
 The file is new for every run (the earlier run's was moved aside before): it is made with O_EXCL and
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clustergate.redact import redact
+from clustergate.secrets.redact import redact
 
 
 class Progress:

@@ -10,9 +10,9 @@ The plugin gathers every rank's records after the test body, judges them on rank
 profile, and fails the test on every rank if any figure misses its criterion.
 
 A test that does not apply skips through ``cg.skip(reason, fact=...)`` (or ``skip_unless_everywhere``), naming
-the fact it rests on (``clustergate.skip_facts``): the run records the fact with the test, and a skip on no
+the fact it rests on (``clustergate.trust.skip_facts``): the run records the fact with the test, and a skip on no
 fact, or on one the manifest or the record does not bear out, makes the run partial
-(``clustergate.completeness``).
+(``clustergate.trust.completeness``).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from clustergate.judge import Record
+from clustergate.criteria.thresholds import REQUIRED
+from clustergate.record.judge import Record
 from clustergate.run import control
-from clustergate.skip_facts import fact as skip_fact
-from clustergate.thresholds import REQUIRED
+from clustergate.trust.skip_facts import fact as skip_fact
 from workloads.result import Metric, Result, Scope
 
 if TYPE_CHECKING:
+    from clustergate.criteria.thresholds import Profile
     from clustergate.run.lifecycle import Run
-    from clustergate.thresholds import Profile
 
 
 class Skip(pytest.skip.Exception):
@@ -122,7 +122,7 @@ class Recorder:
         return control.all_gather(self.run.world, value, f"{self.nodeid}: all_ranks")
 
     def skip(self, reason: str, *, fact: str | None, **params: Any) -> None:
-        """Skip this test saying ``reason``, on the recorded ``fact`` (``clustergate.skip_facts.FACTS``, with its
+        """Skip this test saying ``reason``, on the recorded ``fact`` (``clustergate.trust.skip_facts.FACTS``, with its
         parameters); ``fact=None`` for a skip no complete run takes (what should have run before did not)."""
         raise Skip(reason, skip_fact(fact, **params) if fact is not None else None)
 

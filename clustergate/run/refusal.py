@@ -36,7 +36,7 @@ def tell(text: str, status: int, *, missing: Collection[int] = ()) -> None:
     """Say ``text`` (``said``) once for the whole job; ``missing``: ranks that never came to the start (one of them
     cannot say it). A launcher that asked (``clustergate run``) is told the status too. On a rank that leaves it to
     another, this returns once torchrun has not stopped it within AGENT_STOP_S."""
-    from clustergate.redact import Scrubber  # here: loaded only to say a refusal (clustergate.optin's budget)
+    from clustergate.secrets.redact import Scrubber  # here: loaded only to say a refusal (clustergate.optin's budget)
 
     text = Scrubber.from_environment()(text)  # the terminal and torchrun's summary are outputs like any other
     place = errorfile.Place.from_env()

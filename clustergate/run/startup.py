@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from clustergate import attestation, reportdir
-from clustergate import baseline as baseline_file
-from clustergate.identity import environment, gpu_model, gpu_node_problem, rank_identity, visible_gpus
-from clustergate.profile_choice import choose_profile
-from clustergate.redact import ScrubbingStream, keep
-from clustergate.results import RunRecord, write_json
+from clustergate.criteria import baseline as baseline_file
+from clustergate.criteria.profile_choice import choose_profile
+from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load
+from clustergate.record import reportdir
+from clustergate.record.results import RunRecord, write_json
 from clustergate.run import control, outcome, plugins, startclock
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
@@ -41,8 +40,10 @@ from clustergate.run.world import (
     meet_at_start,
     rendezvous,
 )
+from clustergate.secrets.redact import ScrubbingStream, keep
 from clustergate.store import store_problem
-from clustergate.thresholds import Profile, ThresholdsError, expects_gpus, load
+from clustergate.trust import attestation
+from clustergate.trust.identity import environment, gpu_model, gpu_node_problem, rank_identity, visible_gpus
 from workloads.common import PlacementError, rank_device
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
@@ -63,7 +64,7 @@ REAL_STDOUT = pytest.StashKey[Any]()
 
 class CouldNotRun(pytest.UsageError):
     """The run could not start: a rank never came, the process groups could not form, no report directory.
-    Exit status 4 (clustergate.exit_codes), where any other usage error is 2."""
+    Exit status 4 (clustergate.common.exit_codes), where any other usage error is 2."""
 
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
         super().__init__(message)

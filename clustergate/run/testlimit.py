@@ -2,7 +2,7 @@
 
 An explicit limit stands, in this order: the test's own ``@pytest.mark.time_limit`` (at the levels it names), then
 ``--test-timeout``, then the profile's ``test_timeout_s``. Otherwise the limit follows the test's healthy time for
-the run's profile, level and job shape (``clustergate.durations``): LIMIT_MULTIPLE times it, at least LIMIT_FLOOR_S
+the run's profile, level and job shape (``clustergate.run.durations``): LIMIT_MULTIPLE times it, at least LIMIT_FLOOR_S
 (``clustergate.run.limits`` says why each). The healthy time is the reference's (the runs the package keeps),
 refined by the site's store of its own accepted runs (``refine``); a test with neither gets the level's limit
 (TEST_LIMIT_S). Every limit says where it came from (``TimeLimit.source``): results.json keeps it for each test.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clustergate.durations import Healthy, Key
+from clustergate.run.durations import Healthy, Key
 from clustergate.run.limits import LIMIT_FLOOR_S, LIMIT_MULTIPLE, SITE_READINGS_TO_SET, TEST_LIMIT_S
 
 SOURCES = ("marker", "option", "profile", "store", "reference", "level")

@@ -1,5 +1,5 @@
 """What every command that uses the store shares: its options, and one way of turning the store's refusals
-into exit statuses (clustergate.exit_codes): no store or an unusable one 2, a store held too long by
+into exit statuses (clustergate.common.exit_codes): no store or an unusable one 2, a store held too long by
 another process 4."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from clustergate.exit_codes import Exit
-from clustergate.resultsfile import ResultsFileError
+from clustergate.common.exit_codes import Exit
+from clustergate.record.resultsfile import ResultsFileError
 from clustergate.store import STORE_ENV, Store, StoreBusy, StoreError, store_path
 from clustergate.store.db import TIMEOUT_S
 

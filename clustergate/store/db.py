@@ -32,12 +32,13 @@ from typing import Any
 from urllib.parse import quote
 
 import clustergate
-from clustergate import inputfile, resultsfile
-from clustergate.redact import redact_by_value
+from clustergate.common import inputfile
+from clustergate.record import resultsfile
+from clustergate.record.verdict import of_record
+from clustergate.secrets.redact import redact_by_value
 from clustergate.store import rows as rows_mod
 from clustergate.store.lock import DocumentError, LockNotWritable, StoreError, StoreLock
 from clustergate.store.schema import MIGRATIONS, Migration, check_kind, check_version, migrate
-from clustergate.verdict import of_record
 
 TIMEOUT_S = 120.0
 """How long a caller waits for the store: a write takes milliseconds, so even a thousand nodes recording at

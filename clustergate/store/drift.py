@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from clustergate.criteria import SEVERITIES, Criterion
-from clustergate.numbers import number, percent
-from clustergate.settings import DRIFT_FRACTION as DEFAULT_FRACTION
-from clustergate.settings import DRIFT_SEVERITY as DEFAULT_SEVERITY
+from clustergate.common.numbers import number, percent
+from clustergate.criteria.criterion import SEVERITIES, Criterion
+from clustergate.criteria.settings import DRIFT_FRACTION as DEFAULT_FRACTION
+from clustergate.criteria.settings import DRIFT_SEVERITY as DEFAULT_SEVERITY
 from clustergate.store.db import Store, StoredFigure
 
 Baselines = Mapping[tuple[str, str, str], StoredFigure]

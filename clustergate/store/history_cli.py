@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clustergate.exit_codes import Exit
-from clustergate.numbers import number
+from clustergate.common.exit_codes import Exit
+from clustergate.common.numbers import number
+from clustergate.common.terminal import main_guarded, printable
 from clustergate.store import Decision, Store, StoredFigure
 from clustergate.store.command import command_parser, with_store
-from clustergate.terminal import main_guarded, printable
 
 PROG = "clustergate history"
 COLUMNS = ("time", "run", "host", "gpu", "serial", "metric", "value", "unit", "verdict")

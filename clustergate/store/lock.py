@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
-from clustergate.reportdir import pid_alive, remove_stale
+from clustergate.record.reportdir import pid_alive, remove_stale
 
 SUFFIX = ".lock"
 LINE = re.compile(r"pid (\d+) on (\S+) boot (\S+) pidns (\S+) since (\S+)")

@@ -18,11 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from clustergate.exit_codes import Exit
-from clustergate.resultsfile import ResultsFileError
+from clustergate.common.exit_codes import Exit
+from clustergate.common.terminal import main_guarded
+from clustergate.record.resultsfile import ResultsFileError
 from clustergate.store import Store, StoreBusy, StoreError
 from clustergate.store.command import command_parser, with_store
-from clustergate.terminal import main_guarded
 
 PROG = "clustergate record"
 DIRECTORY_FILES = ("results.json", "signoff.json")

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from clustergate.criteria import Criterion
+from clustergate.criteria.criterion import Criterion
 
 KINDS = ("run", "cluster", "signoff")
 FILE_KINDS = {"run": "results", "cluster": "cluster", "signoff": "signoff"}
-"""The store's kind -> clustergate.resultsfile's name for its schema."""
+"""The store's kind -> clustergate.record.resultsfile's name for its schema."""
 VERDICTS = ("pass", "warn", "fail", "unjudged")
 """A figure's verdict: met its criterion, missed a ``warn`` one, missed a ``fail`` one, or had none to meet."""
 

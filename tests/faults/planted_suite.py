@@ -1,7 +1,7 @@
 """A pytest plugin for the suite's own tests of the run: the test files planted in the run's directory are the
 whole suite.
 
-The run holds its verdict to the acceptance suite's manifest (``clustergate.manifest``): a run of a planted
+The run holds its verdict to the acceptance suite's manifest (``clustergate.trust.manifest``): a run of a planted
 test file ran none of the suite's tests, so it is partial, never accept. The tests of the run's endings
 (signals, lost ranks, timeouts, the final barrier an accept waits for) need a run that can accept in seconds:
 loaded with ``-p tests.faults.planted_suite``, this makes what the run collected its manifest, and itself, the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from clustergate import attestation, manifest
-from clustergate.completeness import manifest_id, suite_prefix
+from clustergate.trust import attestation, manifest
+from clustergate.trust.completeness import manifest_id, suite_prefix
 
 PLANTED: list[manifest.Manifest] = []
 

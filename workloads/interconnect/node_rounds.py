@@ -12,7 +12,7 @@ unresolved, which the evidence says.
 
 The floor comes from the caller as a function of the figures measured so far (each node's median pair
 figure): the acceptance test passes the pair metric's criterion (``Criterion.floor`` in
-clustergate/criteria.py, where a criterion's meaning lives: ``max(min, outlier_fraction x median)``),
+clustergate/criteria/criterion.py, where a criterion's meaning lives: ``max(min, outlier_fraction x median)``),
 so one slow node cannot drag the reference down much and a fleet-wide fall still meets the absolute
 ``min``.
 """

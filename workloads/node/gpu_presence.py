@@ -6,7 +6,7 @@ An NVIDIA device exists where NVML lists a GPU, a ``/dev/nvidia<N>`` device file
 lists a GPU whatever its driver's state); the site expects GPUs where ``CLUSTERGATE_GPUS_PER_NODE`` (the launchers'
 setting) is above 0, or where the launcher gave the job GPUs (``LAUNCHER_GPU_VARIABLES``: Slurm's, the Kubernetes
 device plugin's). On such a node the
-profile is the GPU model's, or the fallback where no model can be read (``clustergate.thresholds``'s
+profile is the GPU model's, or the fallback where no model can be read (``clustergate.criteria.thresholds``'s
 ``select``), never the CPU profile; a GPU that NVML (``clustergate health``) or torch (the run) cannot use is a
 failure that names the driver or CUDA (``NvidiaDevices.broken``). Only ``--profile cpu`` says otherwise.
 
@@ -68,8 +68,8 @@ class NvidiaDevices:
                     or (self.expected or 0) > 0 or self.requested)
 
     def shape_gpus(self, visible: int | None = None) -> int | None:
-        """The GPU count a profile's node shape is chosen by (``clustergate.thresholds``'s ``select``): the site's
-        ``CLUSTERGATE_GPUS_PER_NODE`` where set, so that a node that lost GPUs is judged as the shape the site
+        """The GPU count a profile's node shape is chosen by (``clustergate.criteria.thresholds``'s ``select``): the
+        site's ``CLUSTERGATE_GPUS_PER_NODE`` where set, so that a node that lost GPUs is judged as the shape the site
         bought and fails its GPU count, never passes as a smaller shape; else the GPUs this process may use
         (``visible``: CUDA's count, which honours CUDA_VISIBLE_DEVICES), else the GPUs NVML lists; None where no
         GPU is seen."""

@@ -3,7 +3,7 @@ automatic NUMA balancing, the CPU frequency governor, the IOMMU mode, NVSwitches
 manager process. Each reader returns (value, why it cannot be read): None with a reason is never
 taken as a pass. The suite's tests replay captured trees from tests/data/.
 
-``NODE_SEEN`` turns each into what the profile's ``expect:`` key judges (clustergate.expect.check): a
+``NODE_SEEN`` turns each into what the profile's ``expect:`` key judges (clustergate.criteria.expect.check): a
 ``Seen``, read alike by the acceptance test of that key and by ``clustergate health``.
 """
 
