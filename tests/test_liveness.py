@@ -28,6 +28,7 @@ from waited_out_runs import alive
 from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run import interrupts
 from clustergate.run.flight import Group, Recorder
+from clustergate.run.hang_judge import Finding, Position, Wait, judge, judge_group
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
@@ -42,7 +43,8 @@ from clustergate.run.limits import (
     slowest_bandwidth_gbps,
     waiting_bound_s,
 )
-from clustergate.run.liveness import Finding, Liveness, Main, Position, Wait, judge, judge_group, stack
+from clustergate.run.liveness import Liveness
+from clustergate.run.main_thread import Main, stack
 from clustergate.run.peers import RendezvousStore, StoreLost
 from clustergate.trust import manifest
 from workloads import common

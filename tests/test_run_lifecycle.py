@@ -28,6 +28,7 @@ from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 from clustergate.common.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
+from clustergate.run.hang_judge import Finding
 from clustergate.run.lifecycle import Stage
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
@@ -48,7 +49,6 @@ from clustergate.run.limits import (
     STORE_CALL_S,
     exit_status,
 )
-from clustergate.run.liveness import Finding
 from clustergate.run.peers import StoreLost
 from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
 from clustergate.trust import attestation, manifest

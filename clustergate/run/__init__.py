@@ -6,7 +6,8 @@
 - ``lifecycle``: ``Run``, the one owner of the run's state, and its ``Stage``s; ``Run.end`` is the one way down.
 - ``ending``: the ``Ending`` value and whose fault it was; ``detectors``: what each fault means as an Ending.
 - ``watchdog``, ``interrupts``: the threads that see a test past its limit, a blocked collective, a signal.
-- ``liveness``: every rank's beat and the judge of a rank that stopped making progress; ``flight``: where a rank is
+- ``liveness``: every rank's beat, and acting on what ``hang_judge`` (pure) finds of a rank or a group that stopped
+  making progress; ``main_thread``: what the rank's main thread does, read from its beat; ``flight``: where a rank is
   in each process group's collectives (torch's flight recorders); ``keeper``: the process that continues a rank
   stopped too long.
 - ``world``, ``control``, ``peers``: the process groups, the control exchanges, the rendezvous store.

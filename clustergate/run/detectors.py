@@ -26,8 +26,8 @@ import pytest
 
 from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
+from clustergate.run.hang_judge import Finding
 from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
-from clustergate.run.liveness import Finding
 from clustergate.run.outside import Outside
 from clustergate.run.peers import Peers
 from clustergate.run.world import World
@@ -134,7 +134,7 @@ BUSY = {"R": "it is busy in its own work, which does not end", "S": "it waits in
 STILL = {"R": "busy in a call that does not end (on a GPU: waiting for device work that does not finish, a kernel "
                 "that spins)", "S": "it waits in a call that does not return",
          "D": "it waits in a call that does not return (an uninterruptible wait, D)"}
-"""What a main thread that has not moved does, from its own state in /proc (``liveness.Main.state``)."""
+"""What a main thread that has not moved does, from its own state in /proc (``main_thread.Main.state``)."""
 
 
 def _doing(ranks: dict[Any, dict[str, Any]], who: Any, culprits: tuple[int, ...] | list[int],

@@ -40,6 +40,7 @@ from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
+from clustergate.run.hang_judge import Finding, Position
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
@@ -56,7 +57,6 @@ from clustergate.run.limits import (
     exit_status,
     slowest_bandwidth_gbps,
 )
-from clustergate.run.liveness import Finding, Position
 from clustergate.run.memory import Memory
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside

@@ -7,7 +7,8 @@ entered, started, completed), the collective it waits in and for how long, what 
 (``workloads.common.working_alone``) and its main thread's innermost frame. The thread runs while the main thread
 is blocked in a collective or waits for a kernel that spins: its beat says so.
 
-A rank that has waited in a collective for ``BEAT_S`` reads every peer's beat and judges (``judge``, pure):
+A rank that has waited in a collective for ``BEAT_S`` reads every peer's beat and judges (``judge``, pure, in
+``clustergate.run.hang_judge``; what its own main thread does is read by ``clustergate.run.main_thread``):
 
 - ``silent``: a peer of that collective whose beat has not changed for ``SILENT_S`` is frozen (SIGSTOP, a process
   none of whose threads can run, a host gone);
@@ -56,18 +57,17 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.run.flight import Group, Recorder, default_group_name
+from clustergate.run.hang_judge import TESTING, Finding, Position, Wait, judge, judge_group
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
     BEAT_S,
-    BLOCKED_S,
     DEFAULT_BANDWIDTH_GBPS,
     EVIDENCE_S,
     FREEZE_S,
@@ -76,7 +76,7 @@ from clustergate.run.limits import (
     STILL_S,
     waiting_bound_s,
 )
-from clustergate.run.peers import main_thread_collective
+from clustergate.run.main_thread import Main, main_frame, main_waits, observe_main, stack
 from clustergate.secrets.redact import outgoing
 from workloads.common import alone_now
 
@@ -84,11 +84,6 @@ BEATS_READ_PER_BEAT = 64
 """At most this many peers' beats a waiting rank reads a beat (one round trip): a larger group is read every few
 beats, so that the rendezvous store's load grows with the job's size, not with its square (every rank of a group of
 512 waiting for one: each reads it every 8 beats, 16 s; the silent rank is named within SILENT_S + 16 s)."""
-STACK_FRAMES = 24
-"""The innermost frames of a rank's main thread the evidence keeps: the test's call chain down to where it waits."""
-STACK_CHARS = 8000
-"""The most of a rank's stack the evidence keeps (results.json stays small at hundreds of ranks)."""
-TESTING = "testing"
 
 
 def _key(kind: str, rank: int | None = None) -> str:
@@ -98,254 +93,10 @@ def _key(kind: str, rank: int | None = None) -> str:
     return f"clustergate/liveness/{attempt}/{kind}" + (f"/{rank}" if rank is not None else "")
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where the run is, as the run says it."""
-
-    stage: str
-    test: str | None = None
-    phase: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """A collective this rank waits in."""
-
-    group: str
-    seq: int
-    seconds: float
-    op: str | None = None
-    """What it is ('gloo:all_reduce'), once it has lasted a beat (the recorder's entries are read once for it)."""
-    nbytes: int = 0
-    """Its input's bytes, as the recorder's entry gives them (0 where not known)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A rank that stopped making progress, as the judge found it."""
-
-    kind: str
-    """silent, skipped, not started, not entered, frozen; stuck, hung, deadlock (``judge_group``); launcher
-    stopped."""
-    culprits: tuple[int, ...]
-    found_by: int
-    group: str | None = None
-    seq: int | None = None
-    waited_s: float = 0.0
-    """How long the rank that found it had waited in that collective (frozen: how long it was frozen)."""
-    joined: tuple[int, ...] = ()
-    """The group's ranks that had entered that collective (and, for ``not started``, started it)."""
-    silent_s: float = 0.0
-    """How long the culprits' beats had not changed."""
-    op: str | None = None
-    """What the collective is, where the rank that waits in it said so."""
-
-
-def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[int, float], *,
-          members: tuple[int, ...], mine: dict[str, list[int]], position: Position, control: str | None
-          ) -> Finding | None:
-    """The peers of the collective this rank waits in (``wait``: of a group of ``members``) that stopped making
-    progress, from their ``beats`` and how long each has been ``silent_s``; None while none has (yet).
-    ``mine``: this rank's own [entered, started, done] per group; ``control``: the plugin's control group."""
-    group, seq = wait.group, wait.seq
-    peers = [r for r in members if r != me and r in beats]
-
-    def entered(r: int) -> int:
-        return int((beats[r].get("groups") or {}).get(group, [0, -1, -1])[0])
-
-    def started(r: int) -> int:
-        return int((beats[r].get("groups") or {}).get(group, [0, -1, -1])[1])
-
-    def joined(strict: bool = False) -> tuple[int, ...]:
-        out = [r for r in peers if entered(r) >= seq and (not strict or started(r) >= seq)]
-        return tuple(sorted([me, *out]))
-
-    def find(kind: str, culprits: list[int], **extra: Any) -> Finding:
-        return Finding(kind, tuple(sorted(culprits)), me, group, seq, wait.seconds, extra.pop("joined", joined()),
-                       **extra)
-
-    silent = [r for r in peers if silent_s.get(r, 0.0) >= SILENT_S]
-    if silent:
-        return find("silent", silent, silent_s=min(silent_s[r] for r in silent))
-    same_phase = [r for r in peers if (beats[r].get("test"), beats[r].get("phase")) == (position.test, position.phase)
-                  and beats[r].get("stage") == TESTING == position.stage]
-    if wait.seconds >= BLOCKED_S and group != control:
-        # a peer at the exchange after this phase that never entered this collective: it left the phase without it
-        left = [r for r in same_phase if entered(r) < seq and (beats[r].get("wait") or [None])[0] == control]
-        if left:
-            return find("skipped", left)
-    if wait.seconds >= BLOCKED_S and group == control and position.stage == TESTING:
-        # the mirror: this rank is at the exchange, and a peer of this phase waits in a collective it never entered
-        for r in same_phase:
-            theirs = beats[r].get("wait")
-            if theirs and theirs[0] != control and theirs[0] in mine and mine[theirs[0]][0] < int(theirs[1]):
-                return Finding("skipped", (me,), me, theirs[0], int(theirs[1]), float(theirs[2]), (r,),
-                               op=theirs[3] if len(theirs) > 3 else None)
-    if wait.seconds < NO_PROGRESS_S or position.stage != TESTING:
-        return None
-    # a peer that works alone within the bound its workload gave (workloads.common.working_alone) is not stuck
-    testing = [r for r in peers if beats[r].get("stage") == TESTING and (beats[r].get("alone") or [None, 0])[1] <= 0]
-    unstarted = [r for r in testing if entered(r) >= seq and 0 <= started(r) < seq]
-    if unstarted and (mine.get(group) or [0, -1])[1] >= seq:
-        return find("not started", unstarted, joined=joined(strict=True))
-    # a peer that waits in a collective itself waits for another (or for this rank, at the exchange): not stuck
-    behind = [r for r in testing if entered(r) < seq and not beats[r].get("wait")]
-    return find("not entered", behind) if behind else None
-
-
-def judge_group(me: int, beats: dict[int, dict[str, Any]], silent_s: dict[int, float], *, ranks: tuple[int, ...],
-                position: Position, bound_s: Callable[[int], float] = lambda nbytes: STILL_S) -> Finding | None:
-    """Every rank of the job (``ranks``; a lone rank: itself) making no progress in the same test, none at a control
-    exchange or working alone within its bound: the lowest live rank (``me``) names them; None while that is not so
-    (or this rank is not the lowest). ``beats``: every rank's last; ``silent_s``: how long each has not changed (a
-    rank silent for SILENT_S makes no progress either). A rank in its own code has made none once it has been still
-    for STILL_S; one that waits in a torch.distributed call or an open collective once it has been still for
-    ``bound_s`` of the collective's bytes."""
-    if position.stage != TESTING:
-        return None
-    silent = [r for r in ranks if silent_s.get(r, 0.0) >= SILENT_S]
-    live = [r for r in ranks if r not in silent]
-    if not live or me != live[0] or any(r not in beats for r in live):
-        return None
-    waiting: dict[int, list[Any] | None] = {}
-    stillest = float("inf")
-    for r in live:
-        b = beats[r]
-        still = b.get("still")
-        if b.get("stage") != TESTING or b.get("test") != position.test or not still or still[1] == "control" \
-                or (b.get("alone") or [None, 0])[1] > 0:
-            return None
-        waits = still[1] == "collective" or b.get("wait") is not None
-        if float(still[0]) < (bound_s(int(still[3] or 0)) if waits else STILL_S):
-            return None
-        stillest = min(stillest, float(still[0]))
-        if waits:
-            waiting[r] = b.get("wait")
-    own = [r for r in live if r not in waiting]
-
-    def find(kind: str, culprits: list[int], **extra: Any) -> Finding:
-        return Finding(kind, tuple(sorted(culprits)), me, waited_s=stillest,
-                       silent_s=min((silent_s[r] for r in silent), default=0.0), **extra)
-
-    if own or silent:
-        return find("stuck" if own else "silent", own + silent, joined=tuple(sorted(waiting)))
-    opened = {(w[0], int(w[1])) for w in waiting.values() if w}
-    if len(opened) == 1 and all(waiting.values()):
-        group, seq = opened.pop()
-        members = [r for r in live if group in (beats[r].get("groups") or {})]
-        entered = [r for r in members if int(beats[r]["groups"][group][0]) >= seq]
-        if entered == members == live:
-            op = next((w[3] for w in waiting.values() if w and len(w) > 3 and w[3]), None)
-            return find("hung", live, group=group, seq=seq, joined=tuple(live), op=op)
-    return find("deadlock", live, joined=tuple(live))
-
-
 def _alone() -> list[Any] | None:
     """[what, seconds left of its bound] where the workloads say this rank works alone (workloads.common)."""
     said = alone_now()
     return [said[0], round(said[1], 1)] if said else None
-
-
-def main_waits(frame: Any = None) -> str | None:
-    """What the main thread (or ``frame``, its innermost) is inside: "control" (a control exchange), "collective" (a
-    torch.distributed call), or None."""
-    frame = frame or sys._current_frames().get(threading.main_thread().ident or -1)
-    found = None
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("clustergate/run/control.py"):
-            return "control"
-        if "/torch/distributed/" in name:
-            found = "collective"
-        frame = frame.f_back
-    return found
-
-
-def main_frame(frame: Any = None) -> str:
-    """The main thread's innermost frame (or ``frame``): 'test_x.py:12 in test_x' (what a beat says the rank is
-    doing)."""
-    frame = frame or sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return ""
-    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} in {frame.f_code.co_name}"
-
-
-def wakeups(tid: int | None) -> int | None:
-    """How often thread ``tid`` of this process has slept and woken (its voluntary context switches, /proc): a main
-    thread in a loop that polls wakes on every turn, one in a call that never returns does not; None where /proc
-    cannot say."""
-    if tid is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{tid}/status") as f:
-            for line in f:
-                if line.startswith("voluntary_ctxt_switches:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def fingerprint(frame: Any) -> tuple[tuple[int, int], ...]:
-    """Where a thread is, down to the instruction, in every frame of its stack: the same only while it has not
-    moved (a frame blocked in a call keeps its instruction; a loop changes it, or its frames)."""
-    out = []
-    while frame is not None:
-        out.append((id(frame), frame.f_lasti))
-        frame = frame.f_back
-    return tuple(out)
-
-
-@dataclass(frozen=True, slots=True)
-class Main:
-    """The main thread as one beat sees it."""
-
-    moved: Any
-    """What changes whenever it makes progress (``fingerprint`` and its ``wakeups``)."""
-    inside: str
-    """"code" (its own), "collective" (a torch.distributed call) or "control" (a control exchange)."""
-    where: str
-    """'all_reduce called at test_x.py:12' in a collective, else its innermost frame 'test_x.py:12 in test_x'."""
-    state: str | None = None
-    """Its own state letter in /proc: R running (busy), S or D waiting."""
-
-
-def observe_main() -> Main:
-    """The main thread now."""
-    main = threading.main_thread()
-    frame = sys._current_frames().get(main.ident or -1)
-    inside = main_waits(frame) or "code"
-    where = (main_thread_collective() if inside == "collective" else None) or main_frame(frame)
-    tid = main.native_id
-    return Main((fingerprint(frame), wakeups(tid)), inside, where,
-                process_state(f"{os.getpid()}/task/{tid}") if tid is not None else None)
-
-
-NOISE = ("/_pytest/", "/pluggy/", "<frozen runpy>", "/pytest/__main__.py")
-"""Frames of pytest's own machinery: left out of a rank's stack (the test's frames and what it called are the
-evidence)."""
-
-
-def stack() -> str:
-    """This process's main thread's Python stack (its last STACK_FRAMES frames, pytest's machinery left out), then
-    each other thread's innermost frame while STACK_CHARS allow: the main thread's is the evidence, and comes first
-    however many threads a process has (compile workers, a store's client)."""
-    frames = sys._current_frames()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    main = threading.main_thread().ident
-    text = ""
-    if main in frames:
-        summary = [f for f in traceback.extract_stack(frames[main]) if not any(n in f.filename for n in NOISE)]
-        lines = [line.rstrip("\n") for line in traceback.format_list(summary[-STACK_FRAMES:])]
-        text = "Main thread (most recent call last):\n" + "\n".join(lines)[-STACK_CHARS:]
-    for ident, frame in frames.items():
-        if ident not in (main, threading.get_ident()):
-            line = (f"\nThread {names.get(ident, ident)}: {frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
-                    f"{frame.f_lineno} in {frame.f_code.co_name}")
-            if len(text) + len(line) > STACK_CHARS:
-                break
-            text += line
-    return text.lstrip("\n")
 
 
 @dataclass
