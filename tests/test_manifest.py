@@ -83,7 +83,7 @@ def test_a_by_design_skip_of_the_level_is_what_the_run_skipped(node_run: Path) -
 
 
 def test_the_manifest_ships_in_the_package() -> None:
-    pyproject = (Path(manifest.__file__).parent.parent / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"manifest.json"' in pyproject.split("[tool.setuptools.package-data]")[1].split("\n[")[0]
     data = json.loads(manifest.MANIFEST.read_text())
     assert data["suite"] == "acceptance" and len(data["tests"]) == len(manifest.shipped().tests)

@@ -147,7 +147,7 @@ def test_the_formats_are_the_librarys_and_read_offline(tmp_path: Path) -> None:
         "import socket, sys\n"
         "def refuse(*a, **k):\n    raise OSError('no network')\n"
         "socket.socket.connect = refuse\nsocket.create_connection = refuse\n"
-        "from clustergate import secret_formats\n"
+        "from clustergate.secrets import secret_formats\n"
         "print(secret_formats.find(sys.argv[1]), len(secret_formats.formats()))\n")
     token = tokens("offline")["Slack token"].text
     out = subprocess.run([sys.executable, str(script), f"x {token} y"], env=job_env(), cwd=ROOT, text=True,
