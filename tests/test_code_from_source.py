@@ -177,7 +177,7 @@ def test_compileall_bytecode_counts_as_the_suites(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "compileall", *args, "clustergate", "acceptance", "workloads"],
                               cwd=checkout, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        taken = Path(importlib.util.cache_from_source(str(checkout / "clustergate" / "suitefiles.py")))
+        taken = Path(importlib.util.cache_from_source(str(checkout / "clustergate" / "trust" / "suitefiles.py")))
         assert taken.exists()
         said = attested_in(checkout)
         assert said == {"foreign_code": [], "modified": [], "extra": []}, said

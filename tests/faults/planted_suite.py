@@ -35,7 +35,7 @@ _suite_places = attestation.suite_places
 # The planted suite's plugins are the suite's: this module, the harness's own (the suite's tests/: a planted fault,
 # gpu_replay), and the conftest files planted beside the test files (under the planted suite's directory, which
 # suite_places takes from the manifest).
-HARNESS = Path(attestation.__file__).resolve().parents[1] / "tests"
+HARNESS = Path(attestation.__file__).resolve().parents[2] / "tests"  # clustergate/trust/attestation.py
 attestation.suite_places = lambda: (*_suite_places(), Path(__file__).resolve(), HARNESS)
 
 
