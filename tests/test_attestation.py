@@ -30,7 +30,6 @@ from clustergate.cluster import node_runs
 from clustergate.common import inputfile
 from clustergate.criteria import baseline
 from clustergate.record.verdict import of_record
-from clustergate.run.limits import STARTUP_S
 from clustergate.trust import attestation, suitefiles
 from clustergate.trust.completeness import partial
 from clustergate.trust.manifest import shipped
@@ -350,7 +349,10 @@ def test_a_fifo_input_stops_every_rank_at_the_start(tmp_path: Path, option: str)
     r = start_ranks(tmp_path, [*args, option, str(fifo)], timeout=120).wait()  # a hang guard
     assert r.codes == [2, 2], r.output[-3000:]
     assert f"{fifo}: a FIFO, not a regular file" in r.output and "Traceback" not in r.output, r.output[-3000:]
-    assert r.seconds < STARTUP_S  # never waited at the start for a rank stuck on the read
+    # No rank was stuck on the read: each came to the start and said it (a rank blocked in open() would be named
+    # after STARTUP_S, and the others would end 4, not 2). Wall time is left unasserted: on a loaded 2-core CI
+    # machine two ranks' start alone has taken 47 s.
+    assert "did not reach the start" not in r.output, r.output[-3000:]
 
 
 # ---- runs under torchrun -------------------------------------------------------------------------------------------
