@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 from complete_runs import complete
 
 from clustergate.criteria.thresholds import Profile, load
@@ -24,6 +25,7 @@ from torchrun_job import ROOT
 
 PROFILE = load(ROOT / "thresholds.yaml").profile("h100-sxm-80gb")
 MANIFEST = shipped()
+CLUSTER_SCHEMA = json.loads((ROOT / "clustergate" / "cluster" / "cluster.schema.json").read_text())
 
 TESTS: dict[str, dict[str, tuple[float, str, str]]] = {  # test -> {metric: (typical value, unit, scope)}
     "acceptance/test_gpu_inventory.py::test_gpu_count": {"gpu_count": (8.0, "GPUs", "node")},
@@ -218,3 +220,7 @@ def write_fleet(nodes_dir: Path, count: int, slow_every: int) -> list[str]:
         (nodes_dir / host / "results.json").write_text(text)
     return slow
 
+
+def schema_errors(data: dict[str, Any]) -> list[str]:
+    """What cluster.schema.json finds wrong in a cluster results.json (none: [])."""
+    return [e.message for e in jsonschema.Draft202012Validator(CLUSTER_SCHEMA).iter_errors(data)]

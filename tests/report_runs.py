@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 from forked_pytest import pytest_forked
+from report_results import RESULTS
 
 from clustergate.record.resultsfile import schema_problems
 
@@ -100,3 +104,54 @@ def demo_baseline(tmp_path_factory: pytest.TempPathFactory, demo_reject: Path) -
     base = demo_reject / "report" / "results.json"
     return shared(tmp_path_factory, "demo-baseline",
                   lambda target: _demo(target, {"REPORT_DEMO_SCALE": "1.2"}, "--baseline", str(base)))
+
+
+# ---- a run whose shown values carry markup (the report's escaping, and the browser that opens it) ----------------
+MARKUP = "<img src=x onerror=document.title='pwned'>"
+"""What a hostile value plants: script that renames the page when the browser inserts it as HTML."""
+ESCAPED = "&lt;img src=x onerror=document.title=&#x27;pwned&#x27;&gt;"
+
+MARKED_TEST = f'''
+import pytest
+
+
+@pytest.mark.parametrize("part", ["plain", "x{MARKUP}"])
+def test_named(part, extras):
+    from pytest_html import extras as kinds
+    extras.append(kinds.html("<b>bold</b>{MARKUP}"))
+    extras.append(kinds.url("javascript:document.title='pwned'", name="{MARKUP}"))
+'''
+
+
+def make_marked_run(target: Path) -> None:
+    """A live run at world size 1 whose NCCL_* value, metadata, test id and extras carry markup."""
+    (target / "test_marked.py").write_text(MARKED_TEST)
+    run = pytest_forked(target, job_env({"NCCL_SOCKET_IFNAME": MARKUP}),
+                        ["-p", "clustergate", "-p", "no:cacheprovider", "--rootdir", str(target), "--report-dir",
+                         str(target / "report"), "test_marked.py", "--metadata", "site", MARKUP], target)
+    (target / "output.txt").write_text("\n".join([*run.outlines, *run.errlines]))
+
+
+@pytest.fixture(scope="session")
+def marked_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared(tmp_path_factory, "marked", make_marked_run)
+
+
+def marked_results() -> dict[str, Any]:
+    """A recorded run whose host names, environment, test id and message carry markup (an edited file)."""
+    r = copy.deepcopy(RESULTS)
+    r["nodes"][1]["host"] = "node-1" + MARKUP
+    r["environment"]["host"] = "n" + MARKUP
+    r["environment"]["NCCL_SOCKET_IFNAME"] = MARKUP
+    r["tests"][2]["nodeid"] = f"acceptance/test_hbm.py::test_hbm[{MARKUP}]"
+    r["tests"][0]["message"] += "\n" + MARKUP
+    return r
+
+
+def rerender(tmp_path: Path) -> Path:
+    path, out = tmp_path / "results.json", tmp_path / "rerendered.html"
+    path.write_text(json.dumps(marked_results()))
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "render", str(path), "-o", str(out)], cwd=ROOT,
+                          env=job_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert out.is_file(), proc.stdout
+    return out

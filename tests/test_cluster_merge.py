@@ -14,21 +14,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import jsonschema
 import pytest
-from cluster_runs import node_results, write_node
+from cluster_runs import node_results, schema_errors, write_node
 
 from clustergate.cluster.merge import merge
 
 from torchrun_job import ROOT, job_env
-
-SCHEMA = json.loads((ROOT / "clustergate" / "cluster" / "cluster.schema.json").read_text())
-
-
-def schema_errors(data: dict[str, Any]) -> list[str]:
-    return [e.message for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(data)]
 
 
 def merge_cli(*args: str) -> subprocess.CompletedProcess[str]:

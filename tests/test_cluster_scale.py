@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_runs import write_fleet
+from browser import CHROMIUM, CSS_URL, RESOURCE_ATTR, chromium, console_errors, page_requests
+from cluster_runs import schema_errors, write_fleet
 from report_runs import shared
-from test_cluster_merge import schema_errors
-from test_report_browser import CHROMIUM, CSS_URL, RESOURCE_ATTR, chromium, console_errors, page_requests
 
 from torchrun_job import ROOT, job_env
 

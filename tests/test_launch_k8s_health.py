@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from health_node import GpuNode
-from test_launch_k8s_phases import FakeApi, _k8s_node
+from k8s_api import FakeApi, k8s_node
 
 from torchrun_job import ROOT
 
@@ -95,7 +95,7 @@ def test_an_unhealthy_node_is_tainted_with_its_first_failure_and_untainted_once_
     token.write_text("t0ken\n")
     node.gpu(5)["state"]["pcie"] = {"width": 8}
     _run_health(node, state)
-    api = FakeApi({"gpu-a01": _k8s_node("gpu-a01", [GPU_TAINT, EXCLUDED])})
+    api = FakeApi({"gpu-a01": k8s_node("gpu-a01", [GPU_TAINT, EXCLUDED])})
     proc = _label(state, api, token)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     a01 = api.nodes["gpu-a01"]
@@ -115,7 +115,7 @@ def test_an_unhealthy_node_is_tainted_with_its_first_failure_and_untainted_once_
 def test_a_report_that_stops_coming_counts_as_not_healthy(tmp_path: Path) -> None:
     state, token = tmp_path / "state", tmp_path / "token"
     token.write_text("t0ken\n")
-    api = FakeApi({"gpu-a01": _k8s_node("gpu-a01", [])})
+    api = FakeApi({"gpu-a01": k8s_node("gpu-a01", [])})
     early = _label(state, api, token)
     assert early.returncode == 0 and "no report yet" in early.stdout and api.patches == []
     assert _label(state, api, token, "--max-age", "0").returncode == 0

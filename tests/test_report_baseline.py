@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_results import RESULTS
 from report_runs import demo_baseline, demo_reject, results, schema_errors  # noqa: F401
-from test_report_model import RESULTS
 
 from clustergate.criteria import baseline
 from clustergate.report.summary import summary_lines

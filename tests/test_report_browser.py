@@ -13,46 +13,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from report_runs import demo_reject, results  # noqa: F401
-from test_report_escaping import marked_run, rerender  # noqa: F401
+from browser import CHROMIUM, CSS_URL, RESOURCE_ATTR, chromium, console_errors, page_requests
+from report_runs import demo_reject, marked_run, rerender, results  # noqa: F401
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed: apt-get install chromium (.ci/run installs it)")]
-
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
-         "--disable-default-apps", "--no-default-browser-check", "--disable-domain-reliability", "--no-pings",
-         "--proxy-server=127.0.0.1:9", "--enable-logging=stderr", "--v=1"]
-"""No sandbox (CI runs as root), no GPU, no background services, and a proxy on the discard port that
-refuses every connection: a page that needs the network would render incomplete."""
-
-BROWSER_SERVICES = re.compile(r"^https?://([\w.-]+\.)?(google\.com|googleapis\.com|gstatic\.com|gvt1\.com)(/|$)")
-"""Chromium's own background requests (sign-in, component updates), logged beside the page's even with
-the flags above; they never leave the machine (the proxy refuses them) and are not the report's."""
-
-RESOURCE_ATTR = re.compile(r"""<(?!a[\s>])(\w+)[^>]*?\b(?:src|href|srcset|poster|data)\s*=\s*["']?\s*(https?:)?//""",
-                           re.IGNORECASE)
-CSS_URL = re.compile(r"""url\(\s*["']?\s*(https?:)?//|@import\s+["']?(https?:)?//""", re.IGNORECASE)
-
-
-def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CHROMIUM or "chromium", *FLAGS, f"--user-data-dir={profile}", *args, url],
-                          capture_output=True, text=True, timeout=120)
-
-
-def page_requests(log: str) -> list[str]:
-    urls = re.findall(r"NotifyBeforeURLRequest: (\S+)", log)
-    return [u for u in urls if not BROWSER_SERVICES.match(u) and not u.startswith(("file:", "data:"))]
-
-
-def console_errors(log: str) -> list[str]:
-    lines = [line for line in log.splitlines() if ":CONSOLE" in line]
-    return [line for line in lines if re.search(r"error|uncaught|failed|refused|not allowed", line, re.IGNORECASE)]
 
 
 def test_report_opens_offline_and_shows_the_verdict(demo_reject: Path, tmp_path: Path) -> None:  # noqa: F811

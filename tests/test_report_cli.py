@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from complete_runs import complete
+from report_results import RESULTS
 from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
-from test_report_model import RESULTS
 
 from clustergate.criteria.thresholds import load
 from clustergate.record.rejudge import rejudge
