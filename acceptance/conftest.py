@@ -93,7 +93,7 @@ def shared_dir(request: pytest.FixtureRequest, cg: Any) -> str | None:
 
 # Cheapest and most basic first: a job that is wired wrong (world, inventory) fails in seconds,
 # before minutes of training. Every test file is listed: a file missing here is a usage error (and
-# tests/test_acceptance_layout.py fails), never silently last. The sort is the same on every rank.
+# tests/workloads/test_acceptance_layout.py fails), never silently last. The sort is the same on every rank.
 # The error-counter snapshot comes before the first load and its difference after the last (DCGM's
 # diagnostics included, so what they provoke is counted too).
 RUN_ORDER = ("test_world", "test_errors_before", "test_gpu_inventory", "test_node_config", "test_gpu_compute",

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from torchrun_job import descendants  # noqa: E402  (the suite's own: every process below torchrun, sessions and all)
 

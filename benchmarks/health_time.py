@@ -9,7 +9,7 @@ NVML, reading and judging), the time the command itself reports (``duration_s``:
 verdict) and its exit status; then the time of the imports alone. The bounds it is held to: 3 s on one H100,
 5 s on a node of 8 GPUs, 2 s for ``--profile cpu`` on a CPU machine (there it finds nothing to check: exit 4,
 never healthy; what is timed is the command's cost); ``--limit S`` exits 1 when the slowest
-repeat takes longer. ``--fake-gpus N`` builds a node of N GPUs with the suite's fake NVML (tests/health_node.py)
+repeat takes longer. ``--fake-gpus N`` builds a node of N GPUs with the suite's fake NVML (tests/helpers/health_node.py)
 under a temporary directory: a dry run that needs no GPU.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:

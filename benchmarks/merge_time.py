@@ -1,6 +1,7 @@
 """What merging a large fleet costs: ``clustergate merge`` of N synthetic 8-GPU nodes, timed as a user runs it.
 
-The nodes are tests/cluster_runs.py's (about 300 KB of results.json each, the shape of a real 8-GPU node's, every
+The nodes are tests/helpers/cluster_runs.py's (about 300 KB of results.json each, the shape of a real 8-GPU node's,
+every
 97th with one slow GPU), written once into a temporary REPORTS/RUN_ID/nodes/; each repeat then runs the command
 in a fresh process and takes its CPU seconds (user + system of the child: what the merge costs whatever else
 runs on the machine; it is single-threaded) and its wall seconds.
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from cluster_runs import write_fleet  # noqa: E402
 

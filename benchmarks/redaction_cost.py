@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from clustergate.secrets import redact  # noqa: E402
 
@@ -82,13 +82,13 @@ def measure(directory: Path, repeats: int) -> dict[str, Any]:
 
 
 def synthetic(gpus: int, target: Path) -> Path:
-    """A node of ``gpus`` GPUs: its results.json (tests/cluster_runs.py's shape of a real one) and its report as
+    """A node of ``gpus`` GPUs: its results.json (tests/helpers/cluster_runs.py's shape of a real one) and its report as
     ``clustergate render`` draws it."""
     from cluster_runs import node_results
 
     record = node_results("gpu-node-07", 7)
     if gpus != 8:
-        raise SystemExit("--synthetic-gpus: tests/cluster_runs.py makes 8-GPU nodes only")
+        raise SystemExit("--synthetic-gpus: tests/helpers/cluster_runs.py makes 8-GPU nodes only")
     record["run_id"] = "run-synthetic"
     directory = target / "gpu-node-07"
     directory.mkdir(parents=True)

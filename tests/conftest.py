@@ -16,7 +16,7 @@ from workloads.common import ensure_distributed
 
 pytest_plugins = ["pytester"]
 
-children.adopt()  # every process a test starts ends with this one, however it ends (tests/children.py)
+children.adopt()  # every process a test starts ends with this one, however it ends (tests/helpers/children.py)
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def _shared_run(item: pytest.Item) -> str | None:
 
 
 def _order(item: pytest.Item) -> int:
-    """Tests of a shared run first, except the waited-out jobs' (tests/waited_out_runs.py): those start in a
+    """Tests of a shared run first, except the waited-out jobs' (tests/helpers/waited_out_runs.py): those start in a
     process of their own at the session's first test, and their tests come last."""
     run = _shared_run(item)
     return 2 if run == "waited_out" else 1 if run is None else 0

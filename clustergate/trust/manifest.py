@@ -7,7 +7,7 @@ per node, ``world``: one for the job), the levels that skip it by design on ever
 and ZeRO-3 fine-tunes at quick), and the facts on which it may skip (``skips``: each a fact of
 ``clustergate.trust.skip_facts``, for the profile kinds and levels it earns a skip at). It is data, read without
 torch, so that ``merge``, ``signoff``, ``calibrate`` and the re-render hold every results.json to the same list
-the run itself was held to (``clustergate.trust.completeness``). ``tests/test_manifest.py`` fails when the suite's
+the run itself was held to (``clustergate.trust.completeness``). ``tests/trust/test_manifest.py`` fails when the suite's
 collection and this file disagree; ``python -m clustergate.trust.manifest --write`` writes it again from the
 collection, keeping the scopes, by-design skips and skip facts it already states (a new metric's scope and a
 new test's skip facts are written by hand).

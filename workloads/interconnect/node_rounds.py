@@ -188,7 +188,7 @@ class NodeRounds:
 
 def simulate(speeds: list[float], rounds: int, floor: FloorRule) -> NodeRounds:
     """The rounds over nodes whose link speed is ``speeds[n]`` (a pair runs at its slower end): for
-    tests and for sizing ``rounds`` (see tests/test_interconnect_node_rounds.py)."""
+    tests and for sizing ``rounds`` (see tests/workloads/test_interconnect_node_rounds.py)."""
     state = NodeRounds(len(speeds), rounds, floor)
     for k in range(rounds):
         pairs = state.plan()
