@@ -2,9 +2,10 @@
 
 Each is a real torchrun job with a fault planted for real (tests/faults/); what it left is judged by its own test,
 in its own module, through the ``waited_out`` fixture (by test name). Their timers: 45 s at start-up, 30 s at the
-final barrier, 20 s for a stopped rank (test_fault_verdicts), 20 s for a main thread blocked when SIGINT comes
-(test_run_endings), the watchdog's 10 s on a rank blocked in a collective and a 10 s test limit on a hang
-(test_faults). One after another they would hold a worker for the sum of the timers while using little of its
+final barrier, a test's limit from its measured time (test_measured_limits: 60-66 s), 20 s for a stopped rank
+(test_fault_verdicts), 20 s for a main thread blocked when SIGINT comes (test_run_endings), the watchdog's 10 s on a
+rank blocked in a collective and a 10 s test limit on a hang (test_faults), the liveness bounds of
+test_hang_endings. One after another they would hold a worker for the sum of the timers while using little of its
 CPU; side by side they hold it for the longest. Each elapsed time is measured from the planted event (a file the
 planted code writes as it goes astray, a signal sent, the test's start in progress.jsonl), so a job that starts
 late on busy cores is judged on the same bound.
@@ -32,11 +33,16 @@ from typing import Any
 
 import children
 import pytest
+from fleet_data import later, real_run
 from report_runs import shared_path
 
 from clustergate.criteria.thresholds import load, shipped_thresholds
+from clustergate.run.durations import Healthy, Key, Shape, reference
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import FREEZE_S, TEST_LIMIT_S
+from clustergate.run.testlimit import measured_limit
+from clustergate.store import Store
+from tests.faults.plugin_stuck_alike import STUCK
 
 from torchrun_job import (
     ROOT,
@@ -55,6 +61,8 @@ GPU_LIMITS = ["--collective-timeout", str(load(shipped_thresholds()).profile("h1
 """A GPU profile's timeouts on the cpu profile's run: the workloads' collectives time out after the H100 profile's
 collective_timeout_s (300 s) and a test after the standard level's limit (600 s), as on a GPU node. A hang planted
 under them is ended by the peers' liveness, never by a timeout."""
+MEASURED_CASES = (("reference", "standard"), ("store", "quick"))
+"""test_measured_limits' jobs: where the stuck test's healthy time comes from, and the level."""
 TEST_TIMEOUT_S = 10.0
 """--test-timeout of the job whose rank hangs in its test."""
 
@@ -312,6 +320,57 @@ def _watch_stopped_before_the_start(tmp_path: Path, job: Job) -> dict[str, Any]:
     return {"job": r, "took": ended_after(r, float(stopped)), "left": left, "pid": int(pid)}
 
 
+# ---- test_measured_limits ---------------------------------------------------------------------------------------
+
+SITE_HEALTHY_S = (22.0, 20.5, 21.0)
+"""The stuck test's durations in the site's three accepted runs: its limit 66 s, above the reference's 60 s."""
+
+
+def site_store(path: Path) -> Path:
+    """A store holding SITE_READINGS_TO_SET accepted runs of the cpu profile at quick on 1 node x 2 ranks, the stuck
+    test slower in each than in the reference runs."""
+    store = Store(path, timeout_s=5)
+    for day, seconds in enumerate(SITE_HEALTHY_S, start=1):
+        run = later(real_run(), f"2027-01-0{day}T00:00:00+00:00")
+        next(t for t in run["tests"] if t["nodeid"] == STUCK)["duration_s"] = seconds
+        store.record(run)
+    return path
+
+
+def measured_case(source: str, level: str) -> tuple[Healthy, float]:
+    """The stuck test's healthy time as the run reads it (the shipped reference's, or the site store's), and the
+    limit that follows from it."""
+    healthy = reference(Key("cpu", level, Shape(1, 2)))[STUCK]
+    if source == "store":
+        healthy = Healthy(max(SITE_HEALTHY_S), len(SITE_HEALTHY_S), "store: 3 accepted runs to 2027-01-03")
+    return healthy, measured_limit(healthy.seconds)
+
+
+def _stuck_past_its_measured_limit(source: str, level: str) -> Start:
+    """Every rank stuck alike in STUCK at ``level``, under a GPU profile's collective timeout and no test limit given,
+    its healthy time read from ``source`` ("reference", or "store": a site store made for it)."""
+    def start(tmp_path: Path) -> Job:
+        _, limit = measured_case(source, level)
+        store = ["--store", str(site_store(tmp_path / "fleet.db"))] if source == "store" else []
+        return start_job(ROOT, [STUCK, "--level", level, "--collective-timeout", GPU_LIMITS[1], *store,
+                                "-p", "tests.faults.plugin_stuck_alike"], report_dir=tmp_path / "report",
+                         timeout=limit + 240)  # a hang guard: start-up on 2 busy cores, and the ending
+    return start
+
+
+def _watch_stuck_past_its_measured_limit(tmp_path: Path, job: Job) -> dict[str, Any]:
+    wait_for(tmp_path / "stuck-0")
+    wait_for(tmp_path / "stuck-1")
+    time.sleep(0.5)
+    tree = job_processes(job)
+    try:
+        r = job.wait()
+        ended = time.time()
+    finally:
+        left = _left_after(job, tree)
+    return {"job": r, "took": since_test_start(r, ended, STUCK.rsplit("::", 1)[1]), "left": left}
+
+
 Start = Callable[[Path], Job]
 Watch = Callable[[Path, Job], dict[str, Any]]
 WAITED_OUT: dict[str, tuple[Start, Watch]] = {
@@ -344,6 +403,9 @@ WAITED_OUT: dict[str, tuple[Start, Watch]] = {
         (_command_with_a_slow_test, _watch_command_agent_stopped),
     "test_another_nodes_rank_names_the_node_whose_agent_stopped": (_hang("collective_loop", 2, None, "-s"),
                                                                     _watch_store_agent_stopped),
+    **{f"test_every_rank_stuck_alike_ends_at_the_test_s_measured_limit[{source}-{level}]":
+       (_stuck_past_its_measured_limit(source, level), _watch_stuck_past_its_measured_limit)
+       for source, level in MEASURED_CASES},
 }
 """Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
 fault, timing it)."""
