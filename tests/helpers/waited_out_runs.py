@@ -373,7 +373,10 @@ def _watch_stuck_past_its_measured_limit(tmp_path: Path, job: Job) -> dict[str, 
 
 Start = Callable[[Path], Job]
 Watch = Callable[[Path, Job], dict[str, Any]]
-WAITED_OUT: dict[str, tuple[Start, Watch]] = {
+WAITED_OUT: dict[str, tuple[Start, Watch]] = {  # the longest timers first: they start first
+    **{f"test_every_rank_stuck_alike_ends_at_the_test_s_measured_limit[{source}-{level}]":
+       (_stuck_past_its_measured_limit(source, level), _watch_stuck_past_its_measured_limit)
+       for source, level in MEASURED_CASES},
     "test_accept_waits_for_the_final_barrier_and_a_rank_stuck_after_the_verdict_rejects":
         (_stuck_after_the_verdict, _watch_stuck_after_the_verdict),
     "test_rank_stuck_at_start_up_is_named": (_stuck_at_start_up, _watch_stuck_at_start_up),
@@ -403,21 +406,35 @@ WAITED_OUT: dict[str, tuple[Start, Watch]] = {
         (_command_with_a_slow_test, _watch_command_agent_stopped),
     "test_another_nodes_rank_names_the_node_whose_agent_stopped": (_hang("collective_loop", 2, None, "-s"),
                                                                     _watch_store_agent_stopped),
-    **{f"test_every_rank_stuck_alike_ends_at_the_test_s_measured_limit[{source}-{level}]":
-       (_stuck_past_its_measured_limit(source, level), _watch_stuck_past_its_measured_limit)
-       for source, level in MEASURED_CASES},
 }
 """Each test of a job that waits out a timer: how its job starts, and what watches it to its end (planting the
-fault, timing it)."""
+fault, timing it). The jobs start in this order."""
+
+
+STARTING_AT_ONCE = 3
+"""Jobs in their start-up at one time. Each job is two or three processes that import torch and pytest as they start:
+twenty started at once on 2 cores (beside the workers' own tests, and the session's shared runs) took minutes to
+reach their planted faults, past every watcher's wait. Few at a time, each reaches its fault in seconds, and the
+jobs still wait out their timers side by side."""
+START_UP_S = 40.0
+"""A job counts as started after this long even where it shows no sign of it (a rank planted to hang at start-up)."""
+
+
+def _past_start_up(folder: Path, job: Job, began: float) -> bool:
+    """Whether the job in ``folder`` has come past its start-up: a planted fault's file, its run's progress file, a
+    process of it ended, or START_UP_S gone by."""
+    marks = ("ready-*", "stuck-*", "stopped-*", "report/progress.jsonl")
+    return (any(next(folder.glob(mark), None) is not None for mark in marks)
+            or any(proc.poll() is not None for proc in job.procs) or time.monotonic() - began > START_UP_S)
 
 
 def _run_side_by_side(target: Path, names: list[str]) -> None:
-    """Every job of ``names`` started (from this thread: no process is forked while other threads run), then each
-    watched by a thread of its own; what each left, or the error its watching raised, into target/ended.json."""
-    jobs = {}
-    for name in names:
-        (target / name).mkdir()
-        jobs[name] = WAITED_OUT[name][0](target / name)
+    """Every job of ``names`` started from this thread, no more than STARTING_AT_ONCE in their start-up at a time,
+    and watched from its start by a thread of its own (its planted fault is timed from when it happens); what each
+    left, or the error its watching raised, into target/ended.json. (A thread runs while a job is forked here: each
+    job's preexec_fn only resets a signal's disposition, which takes no lock.)"""
+    jobs: dict[str, Job] = {}
+    began: dict[str, float] = {}
 
     def watch(name: str) -> dict[str, Any]:
         try:
@@ -429,7 +446,14 @@ def _run_side_by_side(target: Path, names: list[str]) -> None:
         return {**seen, "job": {**asdict(seen["job"]), "report_dir": str(seen["job"].report_dir)}}
 
     with ThreadPoolExecutor(len(names)) as pool:
-        ended = dict(zip(names, pool.map(watch, names), strict=True))
+        watched = {}
+        for name in names:
+            while sum(not _past_start_up(target / n, jobs[n], began[n]) for n in jobs) >= STARTING_AT_ONCE:
+                time.sleep(0.2)
+            (target / name).mkdir()
+            jobs[name], began[name] = WAITED_OUT[name][0](target / name), time.monotonic()
+            watched[name] = pool.submit(watch, name)
+        ended = {name: watched[name].result() for name in names}
     partial = target / "ended.json.tmp"  # renamed into place: a reader never sees half a file
     partial.write_text(json.dumps(ended))
     partial.rename(target / "ended.json")
