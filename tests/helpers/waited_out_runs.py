@@ -113,9 +113,10 @@ def _stuck_at_start_up(tmp_path: Path) -> Job:
 
 
 def _watch_stuck_at_start_up(tmp_path: Path, job: Job) -> dict[str, Any]:
-    stuck = wait_for(tmp_path / "stuck-1")
+    """Timed from rank 0's conftest loaded (it then waits at the start's exchange), and rank 1 stuck in its own."""
+    waiting = max(wait_for(tmp_path / "loaded-0"), wait_for(tmp_path / "stuck-1"))
     r = job.wait()
-    return {"job": r, "took": ended_after(r, stuck)}
+    return {"job": r, "took": ended_after(r, waiting)}
 
 
 # ---- test_run_endings -------------------------------------------------------------------------------------------
