@@ -131,14 +131,28 @@ def _name(pid: int) -> str:
         return "?"
 
 
+COMPILE_WORKER = "/torch/_inductor/compile_worker/"
+"""In the command line of torch.compile's compile-worker pool (its process and the workers it forks): the run told
+that pool to stop when the tests were over (``clustergate.run.outside.release_compile_workers``) without waiting
+for it, so one still there at the end is the run's own, not something a test left."""
+
+
+def _compile_worker(pid: int) -> bool:
+    try:
+        return COMPILE_WORKER in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+
+
 def end_left(grace_s: float = CHILDREN_GRACE_S) -> list[str]:
     """End every process this rank started that is still there (``left_running``): SIGCONT and SIGTERM, SIGKILL
-    after ``grace_s``; returns each as "pid N (name)"."""
+    after ``grace_s``; returns each as "pid N (name)", but torch.compile's compile workers, which are ended
+    without a word (the run stopped them itself: ``COMPILE_WORKER``)."""
     try:
         pids = left_running()
     except OSError:
         return []  # no /proc: nothing can be found
-    named = [f"pid {pid} ({_name(pid)})" for pid in pids]
+    named = [f"pid {pid} ({_name(pid)})" for pid in pids if not _compile_worker(pid)]
     for pid in pids:
         for signum in (signal.SIGCONT, signal.SIGTERM):
             with contextlib.suppress(OSError):
