@@ -48,6 +48,9 @@ from torchrun_job import ROOT, JobResult, plant, run_job, start_job, wait_for
 HOST = socket.gethostname()
 SLACK_S = 15.0
 """Exit, torchrun's teardown and this process's polling, on CI's 2 busy cores."""
+START_SLACK_S = 30.0
+"""The same, and rank 0's own way from its conftest to the start's exchange (its options, thresholds, the rendezvous
+store): on 2 cores shared with the suite's other jobs that way took 15 s of wall (rank 1 stuck: 66.2 s in all)."""
 pytestmark = pytest.mark.slow
 
 
@@ -111,7 +114,7 @@ def test_rank_stuck_at_start_up_is_named(waited_out: dict[str, Any],  # noqa: F8
     own creation would wait their whole timeout and end in an INTERNALERROR naming no one)."""
     r, seen = ended(waited_out, request)
     measured("rank 1 stuck in its conftest", seen["took"])
-    assert seen["took"] < STARTUP_S + SLACK_S, r.output
+    assert seen["took"] < STARTUP_S + START_SLACK_S, r.output  # never the process groups' own timeout
     assert "INTERNALERROR" not in r.output, r.output
     res = rejected(r)
     assert res["error"].startswith(f"rank 1 ({HOST}) did not reach the start of the run within 45 s of rank 0 "
