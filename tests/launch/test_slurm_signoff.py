@@ -6,7 +6,10 @@ Bad nodes are planted through the cluster's TaskProlog hook (one node's tasks on
 - a node that hangs in a test: it is cut by its own time limit while the others finish.
 The node phase runs a narrowed selection to keep the tier short: each node's run is partial, so the merge
 excludes every node as having run less than a complete node run and nothing is signed off (the accepting
-flow, a fabric phase on the accepted hosts, is rehearsed in tests/cluster/test_cluster_rehearsal.py).
+flow, a fabric phase on the accepted hosts, is rehearsed in tests/cluster/test_cluster_rehearsal.py). signoff.sbatch
+refuses a narrowing argument before any step (tests/launch/test_slurm_scripts.py), so the narrowing comes through
+PYTEST_ADDOPTS, where only the runs see it: the merge's exclusion of partial runs is what keeps such a sign-off from
+signing anything.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SLOW, HUNG = "node3", "node4"
 # Cheap single-node tests (node phase) plus every multinode one (fabric phase: -k matches marker names, and
 # the sign-off signs only a fabric run that left out no multinode test); each phase adds its -m.
-SELECTION = ["acceptance", "--level", "quick", "-k",
-             "test_world or matmul_tflops or test_nodes_built_alike or software or multinode"]
+SELECTION = ["acceptance", "--level", "quick"]
+NARROWED = '-k "test_world or matmul_tflops or test_nodes_built_alike or software or multinode"'
+"""PYTEST_ADDOPTS of every node's runs (a planted node's own PYTEST_ADDOPTS, set by the TaskProlog, repeats it)."""
 NODE_PHASE_TESTS = 6  # test_world x2, matmul bf16/fp16/tf32 (fp8 skips on CPU), test_nodes_built_alike
 HANG = '''import os, time
 
@@ -51,7 +55,7 @@ def _strict_thresholds(tmp_path: Path) -> Path:
 
 
 def _plant_slow_node(cluster: SlurmCluster, tmp_path: Path, node: str = SLOW) -> None:
-    cluster.plant_env(node, PYTEST_ADDOPTS=f"--thresholds={_strict_thresholds(tmp_path)}")
+    cluster.plant_env(node, PYTEST_ADDOPTS=f"--thresholds={_strict_thresholds(tmp_path)} {NARROWED}")
 
 
 def _started(res: dict) -> float:
@@ -64,9 +68,10 @@ def test_node_phase_every_node_alone_a_bad_one_ends_alone(slurm: SlurmCluster, t
     plant.mkdir()
     (plant / "cg_planted_hang.py").write_text(HANG)
     slurm.plant_env(HUNG, PYTHONPATH=f"{plant}:{ROOT}", CG_PLANTED_HANG_IN="test_nodes_built_alike",
-                    PYTEST_ADDOPTS="--test-timeout=10 -pcg_planted_hang")
+                    PYTEST_ADDOPTS=f"--test-timeout=10 -pcg_planted_hang {NARROWED}")
     job = slurm.submit("signoff.sbatch", SELECTION, nodes=4, out_dir=tmp_path, timeout=240,
-                       env={"CLUSTERGATE_SIGNOFF_UNTIL": "node", "CLUSTERGATE_RUN_ID": "run"})
+                       env={"CLUSTERGATE_SIGNOFF_UNTIL": "node", "CLUSTERGATE_RUN_ID": "run",
+                            "PYTEST_ADDOPTS": NARROWED})
     output = job.output
     run = tmp_path / "run"
     assert job.status == 1, output[-6000:]  # srun's status: the failed nodes' torchrun exited 1
@@ -105,7 +110,7 @@ def test_signoff_end_to_end(slurm: SlurmCluster, tmp_path: Path, nodes: int) -> 
     if nodes > 1:
         _plant_slow_node(slurm, tmp_path)
     job = slurm.submit("signoff.sbatch", SELECTION, nodes=nodes, out_dir=tmp_path, timeout=420,
-                       env={"CLUSTERGATE_RUN_ID": "run"})
+                       env={"CLUSTERGATE_RUN_ID": "run", "PYTEST_ADDOPTS": NARROWED})
     output = job.output
     run = tmp_path / "run"
     allocated = sorted(slurm.nodes[:nodes])
