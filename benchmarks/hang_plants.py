@@ -55,6 +55,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
+from clustergate.run.keeper import alive  # noqa: E402  (running, stopped or asleep; a zombie is not)
+
 from torchrun_job import descendants  # noqa: E402  (the suite's own: every process below torchrun, sessions and all)
 
 PLANTS = {"stop": (2, 1), "spin": (2, None), "skip": (2, None), "kill": (2, 1), "hung": (2, None),
@@ -145,13 +147,6 @@ def test_never_reached() -> None:
 
 SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL, "lone-stop": signal.SIGSTOP}
 """The plants the harness acts on (the rank ``PLANTS`` names gets the signal); the others go astray by themselves."""
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] not in "ZX"
-    except (OSError, IndexError):
-        return False
 
 
 class Jobs:

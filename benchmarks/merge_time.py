@@ -1,9 +1,8 @@
 """What merging a large fleet costs: ``clustergate merge`` of N synthetic 8-GPU nodes, timed as a user runs it.
 
 The nodes are tests/helpers/cluster_runs.py's (about 300 KB of results.json each, the shape of a real 8-GPU node's,
-every
-97th with one slow GPU), written once into a temporary REPORTS/RUN_ID/nodes/; each repeat then runs the command
-in a fresh process and takes its CPU seconds (user + system of the child: what the merge costs whatever else
+every 97th with one slow GPU), written once into a temporary REPORTS/RUN_ID/nodes/; each repeat then runs the command in
+a fresh process and takes its CPU seconds (user + system of the child: what the merge costs whatever else
 runs on the machine; it is single-threaded) and its wall seconds.
 
     python benchmarks/merge_time.py                       # 1,000 nodes, 3 merges

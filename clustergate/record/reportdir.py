@@ -238,12 +238,24 @@ def _boot_time() -> float:
                 if line.startswith("btime "))
 
 
-def process_start(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch), where /proc says; else None."""
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (/proc's stat, field 22); None where /proc cannot
+    say."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted after the name
-    except (OSError, ValueError, IndexError, StopIteration):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # counted after the name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, against /proc's whole-second boot time: the same
+    figure at every call, so a pid's start can be compared for equality); else None."""
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return None
+    try:
+        return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
         return None
 
 
@@ -299,14 +311,15 @@ def holders(path: Path) -> list[int]:
     return sorted(found)
 
 
-def command_line(pid: int) -> str:
-    """A process's command line as one line (cut to 120 characters), or its name; "?" where it is gone."""
+def command_line(pid: int, limit: int | None = 120) -> str:
+    """A process's command line as one line (cut to ``limit`` characters; None: whole), or its name; "?" where it is
+    gone."""
     try:
         text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         text = text or Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
-    return text if len(text) <= 120 else text[:119] + "~"
+    return text if limit is None or len(text) <= limit else text[:limit - 1] + "~"
 
 
 _HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clustergate.record.reportdir import process_start
+from clustergate.record.reportdir import command_line, process_start
 from clustergate.run.interrupts import STACK_SIGNAL
 from clustergate.run.keeper import alive, stat
 from clustergate.run.limits import CHILDREN_GRACE_S
@@ -138,10 +138,7 @@ for it, so one still there at the end is the run's own, not something a test lef
 
 
 def _compile_worker(pid: int) -> bool:
-    try:
-        return COMPILE_WORKER in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
+    return COMPILE_WORKER in command_line(pid, limit=None)
 
 
 def end_left(grace_s: float = CHILDREN_GRACE_S) -> list[str]:

@@ -14,6 +14,8 @@ import contextlib
 import os
 import time
 
+from clustergate.record.reportdir import start_ticks
+
 _MARKS: list[tuple[str, float]] = []
 
 
@@ -26,12 +28,12 @@ def mark(step: str) -> None:
 def process_started(pid: int) -> float | None:
     """When process ``pid`` started, on the wall clock: its start in clock ticks after boot, set against the time
     since boot now (/proc/uptime, to 10 ms; /proc/stat's boot time is whole seconds); None where /proc cannot say."""
+    ticks = start_ticks(pid)
     with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(") ", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            now, uptime = time.time(), float(f.read().split()[0])
-        return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
+        if ticks is not None:
+            with open("/proc/uptime") as f:
+                now, uptime = time.time(), float(f.read().split()[0])
+            return now - uptime + ticks / os.sysconf("SC_CLK_TCK")
     return None
 
 

@@ -1,9 +1,8 @@
 """One cluster run: one suite, one profile, keyed records. Merge and sign-off exclude a node run of another suite
 digest, judged by another profile or a dry run beside GPU nodes, one whose GPUs name placeholders for serials, and,
 given the site key, any file whose HMAC is missing or does not match; the merged record's node digests are keyed, so a
-recomputed plain digest no longer passes. Crafted node runs (tests/helpers/cluster_runs.py) and copies of the one
-real run
-(tests/helpers/trust_runs.py), through the commands themselves."""
+recomputed plain digest no longer passes. Crafted node runs (tests/helpers/cluster_runs.py) and copies of the one real
+run (tests/helpers/trust_runs.py), through the commands themselves."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """``clustergate merge`` on synthetic node results (tests/helpers/cluster_runs.py).
 
 Each node's results.json has the shape a real 8-GPU node writes; faults are planted in the figures.
-Checked: a node's own failure excludes it with the failing figure named; a node that accepted itself
-but whose GPUs fall below the fleet's median is excluded (tests/cluster/test_fleet_outliers.py: every scope);
-expected hosts
-with no directory, directories without results, and runs still "running" are excluded as missing;
+Checked: a node's own failure excludes it with the failing figure named; a node that accepted itself but whose GPUs fall
+below the fleet's median is excluded (tests/cluster/test_fleet_outliers.py: every scope); expected hosts with no
+directory, directories without results, and runs still "running" are excluded as missing;
 the host lists in both forms; bad input exits 2 naming the path; and the cluster results.json matches
 clustergate/cluster/cluster.schema.json.
 """

@@ -1,13 +1,10 @@
 """Merging 1,000 nodes: every node judged, the excluded named, a report.html under 20 MB that opens in a browser.
 
-1,000 synthetic 8-GPU nodes (tests/helpers/cluster_runs.py, about 300 KB of results.json each, 11 with a planted
-slow HBM)
-are merged once per session by the command a user runs. How long that takes is measured by
+1,000 synthetic 8-GPU nodes (tests/helpers/cluster_runs.py, about 300 KB of results.json each, 11 with a planted slow
+HBM) are merged once per session by the command a user runs. How long that takes is measured by
 benchmarks/merge_time.py, not asserted here: CI's machine is shared, and a test of the merge's outcome must not
 fail on a busy one. Headless Chromium then opens the report offline, as tests/report/test_report_browser.py opens a
-run's
-report.
-"""
+run's report."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Every process the suite's own tests start ends with the test process that started it, however that ends.
 
 A test process (and the waited-out jobs' runner, tests/helpers/waited_out_runs.py) adds a tag of its own to its
-environment
-(``OWNER_ENV``: the tags of the test processes above it, then its own), which every process started from it
+environment (``OWNER_ENV``: the tags of the test processes above it, then its own), which every process started from it
 inherits: pytester's and forked runs, xdist's workers, torchrun's agents, their ranks (each in a session of its own,
 so no process group holds them), a rank's keeper, and a rank whose launcher died before it (re-parented to init, out
 of reach of a walk down the process tree). The tag, read from /proc/PID/environ, finds them all; ``end`` kills every
@@ -25,6 +24,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from clustergate.run.keeper import alive  # running, stopped or asleep; a zombie is not
 
 OWNER_ENV = "SUITE_TESTS_OWNER"
 """The variable that carries a test process's tag to every process started from it."""
@@ -57,7 +58,7 @@ def end(tag: str) -> list[int]:
     killed); the processes killed."""
     killed: list[int] = []
     for _ in range(20):
-        pids = [pid for pid in tagged(tag) if _alive(pid)]
+        pids = [pid for pid in tagged(tag) if alive(pid)]
         if not pids:
             break
         for pid in pids:
@@ -66,14 +67,6 @@ def end(tag: str) -> list[int]:
         killed += pids
         time.sleep(0.05)
     return killed
-
-
-def _alive(pid: int) -> bool:
-    """Running, stopped or asleep; a zombie (dead, its parent yet to reap it) is not."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _ending(tag: str) -> Any:
@@ -114,7 +107,7 @@ def watch(pid: int, tag: str) -> None:
     """End every process of ``tag`` (this one too) once ``pid`` has gone: a runner whose test session was killed
     outright (SIGKILL) leaves nothing behind."""
     def watching() -> None:
-        while _alive(pid):
+        while alive(pid):
             time.sleep(0.5)
         end(tag)
         os._exit(1)

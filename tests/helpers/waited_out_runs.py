@@ -39,6 +39,7 @@ from report_runs import shared_path
 from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run.durations import Healthy, Key, Shape, reference
 from clustergate.run.interrupts import listens_on
+from clustergate.run.keeper import alive  # a zombie (dead, not yet reaped by its new parent) counts as gone
 from clustergate.run.limits import FREEZE_S, TEST_LIMIT_S
 from clustergate.run.testlimit import measured_limit
 from clustergate.store import Store
@@ -76,17 +77,6 @@ def since_test_start(r: JobResult, ended: float, name: str) -> float:
     """Seconds from the start of test ``name`` (progress.jsonl's wall clock) to ``ended`` (time.time())."""
     events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
     return ended - next(e["time"] for e in events if e["event"] == "test_start" and e["nodeid"].endswith(name))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (dead, not yet reaped by its new parent) counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 # ---- test_fault_verdicts ----------------------------------------------------------------------------------------

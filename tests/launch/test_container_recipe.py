@@ -76,8 +76,7 @@ def test_installs_its_wheel_under_constraints_and_compiles_every_module() -> Non
 
 def test_runs_as_its_own_user_from_where_the_launchers_look() -> None:
     """A numeric user that is not root (Kubernetes' runAsNonRoot can check only a number:
-    tests/launch/test_launch_k8s.py
-    says which containers run as it), and launch/ at render.sh's default CG_WORKDIR."""
+    tests/launch/test_launch_k8s.py says which containers run as it), and launch/ at render.sh's default CG_WORKDIR."""
     steps = _instructions()
     [user] = [args for step, args in steps if step == "USER"]
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user

@@ -8,9 +8,8 @@ alone on its node (two agents); rank 1 frozen in a syscall while rank 0 waits at
 computing on in torch's C++ (a GPU kernel that spins, on a CPU) while rank 0 waits in all_reduce; rank 1 passing a
 test without the all_reduce rank 0 waits in; rank 1 holding the interpreter's lock for good (no thread of it runs
 Python); rank 1 killed with SIGKILL mid-collective. The jobs that wait out
-a liveness bound run side by side with the suite's other such jobs (tests/helpers/waited_out_runs.py). Times are
-from the
-fault (the signal sent, or the planted code's file as it goes astray) to the end of the job; the bound is the
+a liveness bound run side by side with the suite's other such jobs (tests/helpers/waited_out_runs.py). Times are from
+the fault (the signal sent, or the planted code's file as it goes astray) to the end of the job; the bound is the
 product's promise, 60 s; each test's docstring says what it takes (the fault table of docs/how-it-works.md quotes them).
 """
 

@@ -1,9 +1,8 @@
 """A skip must be earned: it records its fact as data, the manifest allows that fact for the test under the run's
 profile kind and level, and the record (and, in a merge, the fleet) bears it out. A failed test relabelled skipped,
 a fabric run whose measured tests are relabelled skipped, a run relabelled to a level it did not run at: partial,
-never merged or signed off. On copies of the one real complete run (tests/helpers/trust_runs.py) and crafted runs
-made by
-the same rule (tests/helpers/complete_runs.py)."""
+never merged or signed off. On copies of the one real complete run (tests/helpers/trust_runs.py) and crafted runs made
+by the same rule (tests/helpers/complete_runs.py)."""
 
 from __future__ import annotations
 
