@@ -29,13 +29,19 @@ from clustergate.run.watchdog import Watchdog
 from clustergate.secrets.redact import Scrubber
 
 
-def exit_now(status: int) -> NoReturn:
-    """End what the tests left running (``children.end_left``), flush what was said, then leave at once: no
-    interpreter teardown (the run never destroys its process groups, whose teardown can wait on a peer that never
-    comes)."""
+def end_what_the_tests_left() -> None:
+    """End what the tests left running (``children.end_left``), and say which: before this rank leaves, by its own
+    exit or by its agent's SIGTERM (whose default action ends it where it waits for it)."""
     if ended := children.end_left():
         _say(f"clustergate: rank {os.environ.get('RANK', '0')}: ended {len(ended)} process"
              f"{'es' if len(ended) > 1 else ''} the tests left running: {', '.join(ended)}\n")
+
+
+def exit_now(status: int) -> NoReturn:
+    """End what the tests left running (``end_what_the_tests_left``), flush what was said, then leave at once: no
+    interpreter teardown (the run never destroys its process groups, whose teardown can wait on a peer that never
+    comes)."""
+    end_what_the_tests_left()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

@@ -26,7 +26,7 @@ from clustergate.run.interrupts import stop_processes, stopped_siblings
 from clustergate.run.lifecycle import Run
 from clustergate.run.limits import AGENT_STOP_S, STOP_GRACE_S
 from clustergate.run.options import Options, add_options
-from clustergate.run.outside import exit_now
+from clustergate.run.outside import end_what_the_tests_left, exit_now
 from clustergate.run.recorder import Recorder
 from clustergate.run.startup import (
     GPU_NODE_PROBLEM,
@@ -295,11 +295,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def tell_launcher(run: Run, status: int) -> None:
     """torchrun's summary of a run that is not accepted names its verdict, as ``clustergate run``'s last line does:
     the node's first rank writes that line into its error file, the node's other ranks wait for torchrun's SIGTERM
-    (clustergate.run.errorfile)."""
+    (clustergate.run.errorfile), having ended what their tests left running: that SIGTERM ends them where they wait,
+    before their own exit would (a failed run's rank 1 left its tests' daemon behind)."""
     world = run.world
     if errorfile.Place(world.rank, world.local_rank, world.local_world_size, world.world_size).first_of_node():
         errorfile.write(verdict_of(run.record.as_json(), status, run.results_path, prog="clustergate"))
     else:
+        end_what_the_tests_left()
         errorfile.wait_for_the_agent(AGENT_STOP_S)
 
 

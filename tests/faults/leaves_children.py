@@ -1,7 +1,8 @@
 """A test that starts processes and leaves them running, on every rank: a forked child that sleeps (it ignores
 nothing itself), and a daemon (forked twice, in a session of its own, its parent gone). Each writes its pid and
 what it inherited: whether it holds the report directory's lock, and its SIGTERM handling, which a forked child
-must have as a process outside the run has it (a SIGTERM ends it)."""
+must have as a process outside the run has it (a SIGTERM ends it). With LEAVES_CHILDREN_FAIL set, a second test
+fails: the run is not accepted, and its ranks leave as a failed run's do."""
 
 import os
 import signal
@@ -54,3 +55,7 @@ def test_leaves_children_running() -> None:
     deadline = time.monotonic() + 30
     while not (Path(f"child-{rank}").exists() and Path(f"daemon-{rank}").exists()) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_the_run_fails_where_asked() -> None:
+    assert not os.environ.get("LEAVES_CHILDREN_FAIL"), "planted: this run is not accepted"

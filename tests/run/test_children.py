@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from clustergate.record.reportdir import LOCK_NAME, RunLock
+from clustergate.run.keeper import alive
 
 from torchrun_job import plant, run_job
 
@@ -39,14 +40,6 @@ time.sleep(300)
 """A run's lock as an older clustergate left it: taken by a process that forked a child, then went."""
 
 
-def gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def kept_lock(report: Path) -> int:
     """Plant a lock on ``report`` kept by a child whose parent (the pid the lock file names) has gone; its pid."""
     proc = subprocess.run([sys.executable, "-c", HOLDER, str(report / LOCK_NAME)], capture_output=True, text=True,
@@ -63,7 +56,7 @@ def test_processes_a_test_left_running_end_with_the_run_and_the_next_run_goes_ah
             for name in ("child", "daemon") for rank in (0, 1)}
     assert {what for _, what in left.values()} == {"free"}, left  # no child kept the report directory's lock
     pids = [int(pid) for pid, _ in left.values()]
-    assert [pid for pid in pids if not gone(pid)] == [], left
+    assert [pid for pid in pids if alive(pid)] == [], left
     said = sorted(line for line in r.output.splitlines() if "the tests left running" in line)
     assert [line.split(": pid ")[0] for line in said] == [
         f"clustergate: rank {rank}: ended 2 processes the tests left running" for rank in (0, 1)], said
@@ -74,6 +67,19 @@ def test_processes_a_test_left_running_end_with_the_run_and_the_next_run_goes_ah
     again = run_job(tmp_path, plant(tmp_path, "healthy"), timeout=240)  # into the same --report-dir
     assert again.codes == [0], again.output
     assert again.results["verdict"] == "accept"
+
+
+@pytest.mark.slow  # a torchrun job
+def test_processes_a_test_left_running_end_with_a_run_that_is_not_accepted_on_every_rank(tmp_path: Path) -> None:
+    """A run that is not accepted: rank 0 fails first and torchrun's SIGTERM ends the others where they wait for it.
+    Every rank still ends what its tests left running, and says so (rank 1's daemon outlived such a run)."""
+    r = run_job(tmp_path, plant(tmp_path, "leaves_children"), env={"LEAVES_CHILDREN_FAIL": "1"}, timeout=240)
+    assert r.codes == [1] and r.results["verdict"] == "reject", r.output
+    pids = [int((tmp_path / f"{name}-{rank}").read_text().split()[0])
+            for name in ("child", "daemon") for rank in (0, 1)]
+    assert [pid for pid in pids if alive(pid)] == [], r.output
+    said = sorted(line.split(": pid ")[0] for line in r.output.splitlines() if "the tests left running" in line)
+    assert said == [f"clustergate: rank {rank}: ended 2 processes the tests left running" for rank in (0, 1)], r.output
 
 
 @pytest.mark.slow  # two torchrun jobs
@@ -88,7 +94,7 @@ def test_a_run_into_a_directory_whose_lock_a_live_process_keeps_is_refused_namin
     assert r.codes == [1], r.output  # a usage error on each rank; torchrun reports 1
     assert f"ERROR: --report-dir {report} is held by pid {holder} (" in r.output, r.output
     deadline = time.monotonic() + 10
-    while not gone(holder) and time.monotonic() < deadline:
+    while alive(holder) and time.monotonic() < deadline:
         time.sleep(0.05)
     again = run_job(tmp_path, plant(tmp_path, "healthy"), timeout=240)
     assert again.codes == [0], again.output
@@ -105,7 +111,7 @@ def test_a_lock_kept_by_a_child_of_a_gone_run_names_the_child(tmp_path: Path) ->
     finally:
         os.kill(holder, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while not gone(holder) and time.monotonic() < deadline:
+    while alive(holder) and time.monotonic() < deadline:
         time.sleep(0.05)
     lock = RunLock(tmp_path)
     assert lock.acquire() is None
