@@ -23,11 +23,21 @@ def rank_index(results: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def gpu_part(index: int | None, serial: str | None) -> str:
+    """A GPU as every text names it after its host: ``gpu 5 serial 1650...`` (each piece where it is known; "" for
+    neither)."""
+    return " ".join(([f"gpu {index}"] if index is not None else []) + ([f"serial {serial}"] if serial else []))
+
+
+def on_host(host: str, index: int | None, serial: str | None) -> str:
+    """``node-3 gpu 5 serial 1650...``: the host, then its GPU where there is one (``gpu_part``)."""
+    part = gpu_part(index, serial)
+    return f"{host} {part}" if part else host
+
+
 def gpu_label(where: dict[str, Any], short: bool = False) -> str:
     """``rank 13 node-3 gpu 5 serial 1650...`` (short: ``node-3:5``, or ``node-3 r13`` without a GPU)."""
     host, index, rank = where.get("host", "?"), where.get("gpu_index"), where.get("rank")
     if short:
         return f"{host}:{index}" if index is not None else f"{host} r{rank}"
-    gpu = f" gpu {index}" if index is not None else ""
-    serial = f" serial {where['gpu_serial']}" if where.get("gpu_serial") else ""
-    return f"rank {rank} {host}{gpu}{serial}"
+    return f"rank {rank} {on_host(host, index, where.get('gpu_serial'))}"

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from clustergate.common.numbers import number
+from clustergate.common.parts import gpu_part
 from clustergate.criteria.criterion import Figure
 from clustergate.criteria.expect import RULES, check
 from clustergate.criteria.thresholds import Profile
@@ -50,8 +51,7 @@ class Finding:
 
     def where(self, host: str) -> str:
         if self.gpu is not None:
-            serial = f" serial {self.gpu['serial']}" if self.gpu.get("serial") else ""
-            return f"{host} gpu {self.gpu['index']}{serial}"
+            return f"{host} {gpu_part(self.gpu['index'], self.gpu.get('serial'))}"
         return f"{host} {self.part}" if self.part else host
 
     def line(self, host: str) -> str:

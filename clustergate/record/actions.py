@@ -27,6 +27,7 @@ from functools import cache
 from typing import Any
 
 from clustergate.common.numbers import percent
+from clustergate.common.parts import on_host
 from clustergate.criteria import expect
 from workloads import faults
 from workloads.faults import Category
@@ -380,9 +381,7 @@ def _parts_missed(metric: Mapping[str, Any]) -> str:
     bad = [p for p in metric.get("per_rank") or [] if not p.get("passed", True)]
     labels = []
     for p in bad[:4]:
-        gpu = f" gpu {p['gpu_index']}" if p.get("gpu_index") is not None else ""
-        serial = f" serial {p['gpu_serial']}" if p.get("gpu_serial") else ""
-        labels.append(f"{p.get('host', '?')}{gpu}{serial}")
+        labels.append(on_host(p.get("host", "?"), p.get("gpu_index"), p.get("gpu_serial")))
     return ", ".join(labels) + (" ..." if len(bad) > 4 else "")
 
 

@@ -28,6 +28,7 @@ import pytest
 
 import clustergate
 from clustergate.common.exit_codes import Exit
+from clustergate.common.parts import gpu_part
 from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.judge import Where
@@ -824,7 +825,7 @@ def gpu_label(gpu: dict[str, Any] | None) -> str | None:
     """A rank's GPU as messages name it, from its identity's ``gpu``: 'gpu N serial S'; None without one."""
     if not gpu or gpu.get("index") is None:
         return None
-    return f"gpu {gpu['index']}" + (f" serial {gpu['serial']}" if gpu.get("serial") else "")
+    return gpu_part(gpu["index"], gpu.get("serial"))
 
 
 # ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------
