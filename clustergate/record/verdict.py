@@ -31,7 +31,18 @@ UNJUDGED_REASON = ("the profile has no sign-off criteria (sign_off: false): its 
                    "judged, so this is not a sign-off; choose a profile with criteria (--profile) or calibrate one")
 WORDS = {"accept": "ACCEPT", "reject": "REJECT", "running": "RUNNING", "partial": "PARTIAL",
          "unjudged": "NOT A SIGN-OFF"}
-"""What the terminal, the reports and the commands print for each verdict."""
+"""What the terminal, the reports and the commands print for each verdict (``word_of`` picks one)."""
+INTERRUPTED = "INTERRUPTED"
+"""The word of a reject that no rank caused (Ctrl-C, a signal from outside, the launcher killed): it says nothing
+about the node, so it never reads as the node's REJECT."""
+
+
+def word_of(results: Mapping[str, Any]) -> str:
+    """The word the terminal, the reports and the commands say for a results document's verdict."""
+    verdict = str(results.get("verdict"))
+    if verdict == "reject" and results.get("interrupted") is True:
+        return INTERRUPTED
+    return WORDS.get(verdict, "REJECT")
 
 
 @dataclass(frozen=True, slots=True)

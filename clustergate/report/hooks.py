@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import pytest
 
 from clustergate.common.parts import rank_index
+from clustergate.record.verdict import INTERRUPTED
 from clustergate.report import figures, html
 from clustergate.report.summary import summary_lines
 from clustergate.secrets.redact import Scrubber, redact, scrub_strings, shown_environment
@@ -324,7 +325,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.section("clustergate summary", sep="=", bold=True)
     lines = summary_lines(results)
     accept = results.get("verdict") == "accept"
-    tr.write_line(lines[0], green=accept, red=not accept, bold=True)
+    interrupted = lines[0].startswith(INTERRUPTED)  # says nothing of the node: never in the reject's red
+    tr.write_line(lines[0], green=accept, red=not (accept or interrupted), yellow=interrupted, bold=True)
     for line in lines[1:]:
         warn = " WARN" in line or line.startswith("warnings:")
         tr.write_line(line, red=" FAIL" in line or line.startswith("run error"), yellow=warn and " FAIL" not in line)

@@ -13,7 +13,7 @@ from typing import Any
 from clustergate.common.numbers import number, percent
 from clustergate.criteria.criterion import Criterion
 from clustergate.record.results import selection_line, short_test_name
-from clustergate.record.verdict import WORDS
+from clustergate.record.verdict import INTERRUPTED, word_of
 from clustergate.report import figures, model, support, tables
 from clustergate.report.markup import cell, esc, table
 
@@ -106,8 +106,8 @@ def banner(results: dict[str, Any]) -> str:
         why.insert(0, f"NOT A SIGN-OFF: profile {results.get('profile')!r} has no sign-off criteria; "
                       "figures are measured, not judged")
         cls = "cg-unjudged" if verdict == "unjudged" else cls
-    if verdict == "partial":  # what passed is shown; it is not a sign-off
-        cls = "cg-unjudged"
+    if verdict == "partial" or word_of(results) == INTERRUPTED:  # what passed is shown; it is not a sign-off,
+        cls = "cg-unjudged"  # nor does an interruption say anything of the node
     f = model.facts(results)
     rows = [("profile", f["profile"]), ("level", f["level"]), ("started", f["started"]),
             ("duration", f["duration"]), ("hosts", f["hosts"]), ("GPUs", f["gpus"]), ("ranks", f["ranks"]),
@@ -117,7 +117,7 @@ def banner(results: dict[str, Any]) -> str:
         rows.append(("re-judged", f"with {rj.get('thresholds')} profile {rj.get('profile')} "
                                   f"(recorded under {rj.get('original_profile')})"))
     facts = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in rows if v)
-    word = WORDS.get(verdict, "REJECT")
+    word = word_of(results)
     return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{esc(word)}</div>'
             + "".join(f'<div class="cg-why">{esc(w)}</div>' for w in why)
             + f'<table class="cg-facts">{facts}</table></div>')

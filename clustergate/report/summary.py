@@ -7,7 +7,7 @@ from typing import Any
 from clustergate.common.numbers import number, percent
 from clustergate.common.terminal import printable
 from clustergate.record.results import selection_line, short_test_name
-from clustergate.record.verdict import WORDS
+from clustergate.record.verdict import word_of
 from clustergate.report import model
 
 MESSAGE_LINES = 3
@@ -25,7 +25,7 @@ def _cut(text: str, width: int) -> str:
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """Verdict line, facts, criteria table (failures first), failing tests with ranks, baseline flags."""
     f = model.facts(results)
-    verdict = WORDS.get(str(results.get("verdict")), "REJECT")
+    verdict = word_of(results)
     plural = "" if f["ranks"] == "1" else "s"
     lines = [f"{verdict}   profile {f['profile']}   level {f['level']}   {f['ranks']} rank{plural} on {f['hosts']}   "
              f"{f['gpus']}   {f['duration']}"]

@@ -233,14 +233,14 @@ def verdict_of(results: dict[str, Any], status: int, path: Path | None, *, prog:
     ``otherwise`` (an accept says none). ``clustergate run`` ends with it; under plain torchrun the summary of the
     failed ranks shows it (``clustergate.run.plugin``)."""
     from clustergate.common.terminal import printable
-    from clustergate.record.verdict import WORDS
+    from clustergate.record.verdict import word_of
 
     verdict = str(results.get("verdict"))
     why = [] if verdict == "accept" else str(results.get("error") or results.get("reason") or "").splitlines()
     if verdict != "accept" and not why and otherwise:
         why = [otherwise]
     said = f": {why[0]}" if why else ""
-    return printable(f"{prog}: {WORDS.get(verdict, 'REJECT')}{said} (exit {int(status)}; {path})")
+    return printable(f"{prog}: {word_of(results)}{said} (exit {int(status)}; {path})")
 
 
 def _how_it_ended(status: Exit, launched: Launched) -> str:

@@ -15,6 +15,7 @@ import pytest
 from clustergate.common.terminal import printable_lines
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict, poisons
+from clustergate.report import junit
 from clustergate.run.recorder import Recorder, Skip, fact_of
 from clustergate.secrets.redact import Scrubber, scrub_strings
 from clustergate.trust.skip_facts import fact as skip_fact
@@ -49,6 +50,16 @@ def problem(items: list[pytest.Item], profile: Profile) -> str | None:
 
 MARKED_FACT = pytest.StashKey[dict]()
 """The fact of a skip the run marks on an item before it runs (pytest raises that skip itself)."""
+
+
+def one_node_problem(items: list[pytest.Item], node_count: int) -> str | None:
+    """A selection of multinode tests alone on one node (``-m multinode`` on one node) is a usage mistake, not a
+    reject: each of them would skip, and the node would read as rejected for what the command line asked."""
+    if node_count >= 2 or not items or not all(item.get_closest_marker("multinode") for item in items):
+        return None
+    return (f"the multinode tests need 2 or more nodes; this job has {node_count}: start torchrun on each of 2 or "
+            "more nodes (--nnodes=N with one --rdzv-endpoint, README's fabric phase), or leave out -m multinode "
+            "to run the node phase")
 
 
 def skip_multinode(items: list[pytest.Item], node_count: int) -> None:
@@ -156,6 +167,19 @@ def _message(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo
         except Exception:  # a private helper: fall back to pytest's own text if it ever changes
             pass
     return report.longreprtext
+
+
+def junit_undecided(config: pytest.Config) -> None:
+    """junit.xml, as pytest is about to write it, holds the verdict's testcase as undecided (``report.junit``)."""
+    from _pytest import junitxml
+
+    xml = config.stash.get(junitxml.xml_key, None)
+    if xml is None:
+        return
+    try:
+        junit.undecided(xml)
+    except Exception as exc:  # a private API: the run's rewrite of junit.xml adds the testcase then
+        sys.stderr.write(f"clustergate: could not add the verdict to junit.xml as undecided: {exc}\n")
 
 
 def junit_interrupted(item: pytest.Item, what: str) -> None:

@@ -36,7 +36,7 @@ from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict, expect, merg
 from clustergate.record.reportdir import scrub_file, write_atomic
 from clustergate.record.results import RunRecord, nodes_from_identities, signed
 from clustergate.record.verdict import missing_tests
-from clustergate.report import openmetrics
+from clustergate.report import junit, openmetrics
 from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
@@ -554,11 +554,13 @@ class Run:
         sel = self.record.selection
         return missing_tests(sel.get("selected"), sel.get("deselected") or 0, len(self.record.tests))
 
-    def final_barrier(self, outputs: list[Path]) -> int:
+    def final_barrier(self, outputs: list[Path], junit_xml: Path | None = None) -> int:
         """Every output written (rank 0 checks and scrubs them), the final record written, every rank
-        agreed: the exit status every rank leaves with."""
+        agreed: the exit status every rank leaves with. ``junit_xml`` (one of the outputs) is rewritten to say the
+        verdict (``stamp_junit``): an accept only once every rank has passed the barrier, as results.json."""
         status = self.status if self.status is not None else EXIT_EARLY
         final: dict[str, Any] | None = None
+        stamped = status
         if self.world.is_leader and self.report_dir is not None:
             scrub = Scrubber.from_environment()
             for path in outputs:
@@ -568,10 +570,13 @@ class Run:
                     scrub_file(path, scrub)
                 except OSError as exc:
                     self.fail(f"an output is missing on {self.who}: {exc}")
+            if junit_xml is not None and junit_xml.is_file():
+                decided = self._final_record()
+                held = decided["verdict"] == "accept"
+                stamped = status or (Exit.ACCEPT if held else Exit.NOT_ACCEPTED)
+                self.stamp_junit(junit_xml, decided, stamped, held=held)
             with self._lock:
-                # The decided record (the one report.html shows), unless something failed since.
-                unchanged = self.decided is not None and self.record.error == self._decided_error
-                final = self.decided if unchanged else self.record.as_json()
+                final = self._final_record()
                 final_now = final["verdict"] != "accept"
                 if final_now:
                     status = status or Exit.NOT_ACCEPTED
@@ -596,10 +601,15 @@ class Run:
             status = self.exchange(step, lambda: self.outside.exchange.max_int(self.world, status, step))
         self.watchdog.disarm()
         if self.world.is_leader and final is not None and final["verdict"] == "accept":
+            junit_here = junit_xml is not None and junit_xml.is_file()
+            if status == 0 and junit_here and not self.stamp_junit(junit_xml, final, 0):
+                status = EXIT_EARLY  # junit.xml still holds the accept back: results.json must not say it either
             if status != 0:
                 with self._lock:
                     self._fail(f"a rank failed at the very end (exit status {status})", ())
                 self._try(self._write_now)
+                if junit_here:
+                    self.stamp_junit(junit_xml, self.record.as_json(), status)
                 self.remember()
             else:
                 try:
@@ -609,14 +619,35 @@ class Run:
                     self.outside.say(f"clustergate: {self.who}: {what}\n")
                     self.fail(what)
                     status = EXIT_EARLY
+                    if junit_here:  # it said accept a moment ago: no longer
+                        self.stamp_junit(junit_xml, self.record.as_json(), status)
                 else:
                     self.remember()  # every rank has passed the barrier: nobody waits for this
+        elif self.world.is_leader and final is not None and junit_xml is not None and junit_xml.is_file() \
+                and status != stamped:
+            self.stamp_junit(junit_xml, final, status)  # the barrier raised the status (a rank that could not run)
         with self._lock:
             self.status = status
             self.stage = Stage.ENDED
         self._try(lambda: self.progress.event("session_end", verdict=self.record.verdict, exit_status=status))
         self.progress.close()
         return status
+
+    def _final_record(self) -> dict[str, Any]:
+        """The decided record (the one report.html shows), unless something failed since."""
+        with self._lock:
+            unchanged = self.decided is not None and self.record.error == self._decided_error
+            return self.decided if unchanged and self.decided is not None else self.record.as_json()
+
+    def stamp_junit(self, path: Path, results: dict[str, Any], status: int, *, held: bool = False) -> bool:
+        """junit.xml says ``results``' verdict (``clustergate.report.junit``); False, with the run failed, where it
+        cannot: a gate reading it must never see less than the run decided."""
+        try:
+            junit.stamp(path, results, status, held=held, scrub=Scrubber.from_environment())
+        except (OSError, ValueError) as exc:
+            self.fail(f"could not write the verdict into {path} on {self.who}: {exc}")
+            return False
+        return True
 
     def remember(self, timeout_s: float = STORE_TIMEOUT_S) -> None:
         """Record the final results.json into the results store (--store), saying what became of it; never a

@@ -29,6 +29,7 @@ from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fi
 
 from clustergate.common.exit_codes import Exit
 from clustergate.report.summary import summary_lines
+from clustergate.run.command import verdict_of
 from clustergate.secrets.redact import REDACTED
 
 from torchrun_job import (
@@ -96,7 +97,7 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     (tmp_path / "test_fault.py").write_text("import time\nfrom pathlib import Path\n\n\ndef test_sleeps():\n"
                                             "    Path('ready-0').touch()\n    time.sleep(120)\n\n\n"
                                             "def test_never_reached():\n    pass\n")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "clustergate",
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "clustergate", "--color=yes",
                              "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "--report-dir",
                              str(tmp_path / "report"), "--thresholds", str(ROOT / "thresholds.yaml"), "test_fault.py"],
                             cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -128,11 +129,20 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
         {("interrupted", None)}, res["actions"]
     assert "tests: 1 interrupted, 1 never ran" in out and "do: retest: the run was interrupted before it finished" \
         in out and "isolate" not in out, out
+    # It says nothing about the node: INTERRUPTED, in yellow, never the reject's red REJECT.
+    [first] = [line for line in out.splitlines() if "profile cpu   level" in line]
+    assert "INTERRUPTED" in first and "REJECT" not in first and "\x1b[33m" in first and "\x1b[31m" not in first, first
+    assert verdict_of(res, proc.returncode, None).startswith("clustergate run: INTERRUPTED: interrupted by SIGINT")
+    # junit.xml counts the test it was in as an error, and the verdict's testcase says interrupted, an error too.
     junit = ET.parse(tmp_path / "report" / "junit.xml").getroot()
     suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
-    assert suite is not None and suite.get("errors") == "1", ET.tostring(junit)
-    [case] = suite.iter("testcase")
+    assert suite is not None and suite.get("errors") == "2" and suite.get("failures") == "0", ET.tostring(junit)
+    case, verdict = suite.iter("testcase")
     assert case.get("name") == "test_sleeps" and case.find("error") is not None, ET.tostring(case)
+    error = verdict.find("error")
+    assert (verdict.get("classname"), verdict.get("name")) == ("clustergate", "verdict") and error is not None
+    assert error.get("type") == "interrupted" and error.get("message", "").startswith(
+        f"INTERRUPTED: {res['error']} (exit 1)"), ET.tostring(verdict)
 
 
 def test_no_secret_reaches_any_output(tmp_path: Path) -> None:
