@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clustergate.common.exit_codes import Exit
+from clustergate.common.exit_codes import Exit, refused
 from clustergate.common.terminal import error_text, main_guarded
 from clustergate.record.outputs import OutputError, Parser, refuse_inputs, refuse_not_files, write_text
 from clustergate.record.results import encode
@@ -137,12 +137,12 @@ def _main(args: argparse.Namespace) -> int:
             write_text(args.json_out, encode(results))
     except (ValueError, OSError) as exc:  # BaselineError, ThresholdsError and OutputError are ValueErrors
         print(f"{PROG}: {error_text(exc)}", file=sys.stderr)
-        return Exit.USAGE
+        return refused(exc)
     try:  # the directory resolved, never the name: a link planted as the report is replaced, not followed
         draw(path, results, output.parent.resolve() / output.name)
     except OSError as exc:
         print(f"{PROG}: cannot write {output}: {error_text(exc)}", file=sys.stderr)
-        return Exit.USAGE
+        return refused(exc)
     except DrawingFailed as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE

@@ -50,6 +50,7 @@ import yaml
 
 from clustergate.cluster import calibration_samples as runs_data
 from clustergate.common import inputfile
+from clustergate.common.exit_codes import refused
 from clustergate.common.numbers import number, percent
 from clustergate.common.terminal import error_text, main_guarded
 from clustergate.criteria.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
@@ -428,7 +429,7 @@ def _main(argv: list[str] | None) -> int:
         write_text(out, text)
     except (runs_data.CalibrationError, ThresholdsError, OutputError, OSError) as exc:
         print(f"clustergate calibrate: {error_text(exc)}", file=sys.stderr)
-        return 2
+        return refused(exc)
     ranks = f"{gpus_per_node} rank{'' if gpus_per_node == 1 else 's'} a node"
     print(f"{len(runs)} run(s) of {model}, {ranks} -> profile {name!r} in {out} (minimum = {fraction} x median)")
     print(table(changes))

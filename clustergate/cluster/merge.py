@@ -49,7 +49,7 @@ expected is excluded too. ``-o`` may not be a node directory, nor hold a node's 
 outputs there are moved to ``earlier/<UTC time>/`` first, and every file is written whole, never through a link.
 
 Exit status: 0 when every node (every expected node, and every node given) was accepted; 1 when any
-was excluded or missing; 2 when an input cannot be used.
+was excluded or missing; 2 when an input cannot be used; 4 when an output cannot be written (a full disk).
 
 Cluster results.json (schema 1)::
 
@@ -99,6 +99,7 @@ from clustergate.cluster import binding, remember
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
+from clustergate.common.exit_codes import refused
 from clustergate.common.hostlist import HostlistError, compress, read_hosts
 from clustergate.common.terminal import error_text, main_guarded
 from clustergate.criteria.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
@@ -483,7 +484,7 @@ def _main(args: argparse.Namespace) -> int:
                         store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, HostlistError, OSError) as exc:
         print(f"clustergate merge: {error_text(exc)}", file=sys.stderr)
-        return 2
+        return refused(exc)
     c = cluster["counts"]
     print(f"{cluster['verdict'].upper()}: {c['accepted']} of {c['accepted'] + c['excluded']} nodes accepted, "
           f"{c['excluded']} excluded ({c['missing']} without a result, {c['fleet_outliers']} fleet outliers); "

@@ -29,7 +29,8 @@ keyed digests must match, and signoff.json is signed. One accepted node needs no
 outputs in REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` first (each sign-off is kept), and one that
 does not sign off writes no ``signoff-accepted-*`` list.
 
-Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used.
+Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used;
+4 when an output cannot be written (a full disk).
 
 signoff.json (schema 1)::
 
@@ -65,6 +66,7 @@ from clustergate.cluster.merge import (
     write_lists,
 )
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, message_summary
+from clustergate.common.exit_codes import refused
 from clustergate.common.hostlist import compress
 from clustergate.common.numbers import number
 from clustergate.common.terminal import error_text, main_guarded
@@ -406,7 +408,7 @@ def _main(args: argparse.Namespace) -> int:
                       store=Store(where, timeout_s=args.wait) if where is not None else None)
     except (MergeInputError, OSError) as exc:
         print(f"clustergate signoff: {error_text(exc)}", file=sys.stderr)
-        return 2
+        return refused(exc)
     signed = out["verdict"] == "accept"
     print(f"{'SIGNED OFF' if signed else 'NOT SIGNED OFF'}: {len(out['accepted'])} hosts accepted, "
           f"{len(out['excluded'])} excluded" + (f" ({DRY_RUN})" if out["dry_run"] else ""))

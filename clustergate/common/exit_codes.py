@@ -7,6 +7,7 @@ tests collected) never leave a clustergate command; they are mapped onto this ta
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
 
 
@@ -24,3 +25,14 @@ class Exit(IntEnum):
 TABLE = {Exit.ACCEPT: "accept", Exit.NOT_ACCEPTED: "not accepted", Exit.USAGE: "usage or unusable input",
          Exit.COULD_NOT_RUN: "could not run"}
 """What each status means, as the README and every --help say it."""
+
+
+COULD_NOT_WRITE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+"""OSErrors of the machine, not of the command line: a full disk, a quota, a failing device, a file size limit."""
+
+
+def refused(exc: BaseException) -> Exit:
+    """The status of a command its input refused with ``exc``: 4 (could not run) for an OSError of the machine
+    (``COULD_NOT_WRITE``: ``merge -o`` onto a full disk), else 2 (usage or unusable input: a path given that is
+    missing, a directory or not permitted, a bad file)."""
+    return Exit.COULD_NOT_RUN if isinstance(exc, OSError) and exc.errno in COULD_NOT_WRITE else Exit.USAGE

@@ -12,17 +12,21 @@ digits stays as it is.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from clustergate.common import inputfile
 from clustergate.common.terminal import error_text
+from workloads.node.name import not_ascii
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-MAX_EXPANDED = 1_000_000
-"""More names than this from one expression is a typo (``gpu[1-99999999]``), not a cluster."""
+MAX_EXPANDED = 100_000
+"""More hosts than this from one expression (or one file) is a typo (``gpu[000000-999999]``: a digit too many), not
+a cluster: the largest clusters have tens of thousands of nodes. Counted before any name is made, so a typo costs
+nothing (a million names took 11 GB and wrote a 1.5 GB results.json)."""
 
 
 class HostlistError(ValueError):
@@ -88,8 +92,14 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _bracket_values(body: str, whole: str) -> list[str]:
-    values: list[str] = []
+def _too_many(whole: str, count: int) -> HostlistError:
+    return HostlistError(f"{whole!r} names {count} hosts, more than the {MAX_EXPANDED} a host expression may name "
+                         "(a digit too many?): give the cluster's hosts")
+
+
+def _bracket_ranges(body: str, whole: str) -> list[tuple[str, str]]:
+    """The (first, last) numbers of each item of one ``[...]``, as written."""
+    ranges: list[tuple[str, str]] = []
     for item in body.split(","):
         m = _RANGE.match(item.strip())
         if m is None:
@@ -97,8 +107,13 @@ def _bracket_values(body: str, whole: str) -> list[str]:
         first, last = m.group(1), m.group(2) or m.group(1)
         if int(last) < int(first):
             raise HostlistError(f"{whole!r}: range {item} runs backwards")
-        if len(values) + int(last) - int(first) >= MAX_EXPANDED:
-            raise HostlistError(f"{whole!r}: more than {MAX_EXPANDED} names")
+        ranges.append((first, last))
+    return ranges
+
+
+def _bracket_values(ranges: list[tuple[str, str]]) -> list[str]:
+    values: list[str] = []
+    for first, last in ranges:
         width = len(first) if first.startswith("0") and len(first) > 1 else 0
         values += [f"{n:0{width}d}" for n in range(int(first), int(last) + 1)]
     return values
@@ -109,17 +124,23 @@ def expand(text: str) -> list[str]:
 
     Several bracket groups in one name expand as a product (``r[1-2]n[1-2]``), as Slurm does.
     """
-    out: list[str] = []
+    for name in _split_top(text.strip()):
+        if (why := not_ascii(name)) is not None:
+            raise HostlistError(why)
+    parts = []
     for part in _split_top(text.strip()):
         pieces = re.split(r"\[([^\]]*)\]", part)
         fixed, brackets = pieces[0::2], pieces[1::2]
         if any(c in "[]" for c in "".join(fixed)):
             raise HostlistError(f"{text!r}: unbalanced brackets in {part!r}")
-        options = [_bracket_values(b, text) for b in brackets]
-        for combo in itertools.product(*options):
+        parts.append((fixed, [_bracket_ranges(b, text) for b in brackets]))
+    count = sum(math.prod(sum(int(b) - int(a) + 1 for a, b in r) for r in ranges) for _, ranges in parts)
+    if count > MAX_EXPANDED:
+        raise _too_many(text, count)
+    out: list[str] = []
+    for fixed, ranges in parts:
+        for combo in itertools.product(*(_bracket_values(r) for r in ranges)):
             out.append("".join(f + c for f, c in zip(fixed, (*combo, ""), strict=True)))
-            if len(out) > MAX_EXPANDED:
-                raise HostlistError(f"{text!r}: more than {MAX_EXPANDED} names")
     return out
 
 
@@ -141,6 +162,9 @@ def read_hosts(spec: str) -> tuple[list[str], str]:
                 hosts += expand(line)
             except HostlistError as exc:
                 raise HostlistError(f"{path}, line {number}: {exc}") from None
+            if len(hosts) > MAX_EXPANDED:
+                raise HostlistError(f"{path}: names more than the {MAX_EXPANDED} hosts a host list may name (by line "
+                                    f"{number}): give the cluster's hosts")
         return hosts, str(path)
     if "/" in spec or spec.endswith(".txt"):
         raise HostlistError(f"{spec}: no such file (give a file of host names, one a line, or a hostlist "

@@ -30,3 +30,21 @@ def percent(fraction: float | None, signed: bool = False) -> str:
     value = float(fraction) * 100
     digits = 0 if abs(value) >= 1000 or round(value, 1) == round(value) else 1
     return f"{value:{'+' if signed else ''}.{digits}f}%"
+
+
+def yaml_text_number(value: object) -> str:
+    """Where ``value`` is text that Python reads as a finite number but YAML 1.1 (PyYAML) does not (``1e308``,
+    ``5e-3``: YAML 1.1's floats need a dot and a signed exponent), what to write instead, as the end of an error
+    (``; YAML 1.1 reads `1e308` as text: write `1.0e+308```); else empty."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        parsed = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(parsed):
+        return ""
+    mantissa, e, exponent = repr(parsed).partition("e")
+    if e and "." not in mantissa:
+        mantissa += ".0"
+    return f"; YAML 1.1 reads `{value}` as text: write `{mantissa}{e}{exponent}`"

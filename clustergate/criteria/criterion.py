@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from clustergate.common.numbers import number, percent
+from clustergate.common.numbers import number, percent, yaml_text_number
 from clustergate.criteria.sources import Source, SourceError
 
 TEXT_KEYS = {
@@ -192,7 +192,7 @@ KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS, **WEIGHT_KEYS}
 
 def _number(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CriterionError(where, f"must be a finite number, got {value!r}")
+        raise CriterionError(where, f"must be a finite number, got {value!r}{yaml_text_number(value)}")
     return float(value)
 
 

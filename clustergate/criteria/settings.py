@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clustergate.common.numbers import yaml_text_number
+
 Check = Callable[[Any], "str | None"]
 
 
@@ -108,5 +110,5 @@ def setting_problem(name: str, value: Any) -> str | None:
     """Why ``value`` cannot be setting ``name`` (its type or its range); None when it can."""
     spec = SETTINGS[name]
     if isinstance(value, bool) and bool not in spec.types or not isinstance(value, spec.types):
-        return f"must be {' or '.join(t.__name__ for t in spec.types)}, got {value!r}"
+        return f"must be {' or '.join(t.__name__ for t in spec.types)}, got {value!r}{yaml_text_number(value)}"
     return spec.check(value)

@@ -207,6 +207,13 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
             os.fchmod(f.fileno(), 0o666 & ~umask())
         refuse_not_a_file(path)  # again: made while the file was written
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if exc.filename is not None:
+            raise
+        # A write or flush that failed (a full disk, a quota) names no file: name the one asked for.
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

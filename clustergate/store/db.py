@@ -233,6 +233,7 @@ class Store:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 if write:
+                    self._intact(conn)
                     migrate(conn, self.path, self.migrations)
                 else:
                     self._readable(conn)
@@ -249,6 +250,15 @@ class Store:
             raise StoreError(self._damaged(exc)) from None
         finally:
             lock.release()
+
+    def _intact(self, conn: sqlite3.Connection) -> None:
+        """StoreError where SQLite's quick_check finds the file damaged. A write touches only the pages it needs, so
+        a store whose other pages are garbage took a record ("recorded as run #9") that no reader could then read
+        back; checked under the write's lock, before anything is written."""
+        found = [str(row[0]) for row in conn.execute("PRAGMA quick_check").fetchall()]
+        if found != ["ok"]:
+            raise StoreError(f"{self.path}: damaged (SQLite's quick_check: {found[0]}); nothing was recorded: restore "
+                             "it from a backup, or choose another --store")
 
     def _readable(self, conn: sqlite3.Connection) -> None:
         check_kind(conn, self.path)

@@ -10,12 +10,17 @@ nothing more.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
 from torchrun_job import ROOT, clustergate_args, job_env
@@ -133,3 +138,47 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_output_quietly(tmp_path: P
     os.close(write)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert (run / "accepted-hosts.txt").read_text().count("\n") == 8
+
+
+@contextlib.contextmanager
+def _small_tmpfs(where: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs at ``where``: a disk that fills at merge's first outputs (root only; skipped elsewhere)."""
+    where.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)], capture_output=True,
+                                 text=True, timeout=30)
+    except OSError as exc:
+        pytest.skip(f"no mount command here ({exc})")
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True, timeout=30)
+
+
+def _limit_file_size() -> None:
+    """tests/faults/disk_fills.py's way: no file of this process grows past 2 KiB (a write fails, EFBIG)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "file size limit"])
+def test_merge_onto_a_full_disk_names_the_file_and_could_not_run(tmp_path: Path, disk: str) -> None:
+    """A full disk read "[Errno 28] No space left on device" with no path, and exit 2 (usage): the write names the
+    file it could not write, and the status is 4 (could not run), as for every write the machine fails."""
+    run = _run(tmp_path)
+    nodes = sorted(str(p) for p in (run / "nodes").iterdir())
+    with contextlib.ExitStack() as stack:
+        if disk == "tmpfs":
+            out, said = stack.enter_context(_small_tmpfs(tmp_path / "full")) / "run-1", "No space left on device"
+            proc = cli("merge", *nodes, "-o", str(out))
+        else:
+            out, said = tmp_path / "out", "File too large"
+            proc = subprocess.run(clustergate_args("merge", *nodes, "-o", str(out)), cwd=ROOT, env=job_env(), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180,
+                                  preexec_fn=_limit_file_size)
+        assert proc.returncode == 4, proc.stdout
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 1 and re.fullmatch(rf"clustergate merge: {re.escape(str(out))}/[\w.-]+: {said}",
+                                                lines[0]), proc.stdout
+        assert not [p.name for p in out.glob(".*.tmp")]  # no temporary file left behind

@@ -246,6 +246,13 @@ def test_extends_merges_settings_and_metrics(tmp_path: Path) -> None:
          "profiles.base.metrics.matmul_bf16_tflops.minimum: unknown key"),
         (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: fast}"),
          "profiles.base.metrics.matmul_bf16_tflops.min: must be a finite number, got 'fast'"),
+        # YAML 1.1 (PyYAML) reads an exponent without a dot and a sign as text: the error says how to write it
+        (GOOD.replace("{min: 700, unit: TFLOPS}", "{max: 1e308}"),
+         "matmul_bf16_tflops.max: must be a finite number, got '1e308'; YAML 1.1 reads `1e308` as text: write "
+         "`1.0e+308`"),
+        (GOOD.replace("peak_bf16_tflops: 989}", "peak_bf16_tflops: 5e-3}"),
+         "profiles.base.settings.peak_bf16_tflops: must be int or float, got '5e-3'; YAML 1.1 reads `5e-3` as text: "
+         "write `0.005`"),
         (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 9, max: 1}"),
          "profiles.base.metrics.matmul_bf16_tflops: min 9 is above max 1: no figure can pass"),
         (GOOD.replace("{min: 700, unit: TFLOPS}", "{min: 700, ceiling: 600}"),

@@ -146,3 +146,23 @@ def test_record_refusals(tmp_path: Path) -> None:
         "store keeps finished runs only",
         f"clustergate record: {tmp_path / 'nothing.json'}: file not found",
         f"clustergate record: {tmp_path}: a directory without results.json or signoff.json: not a report directory"]
+
+
+def test_record_into_a_damaged_store_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """A store with garbage in pages a new record does not touch once took it ("recorded as run #7", exit 0),
+    though every reader refused the file as malformed: the write checks the whole file first."""
+    db = tmp_path / "fleet.db"
+    store = Store(db)
+    for day in range(1, 7):
+        store.record(later(real_run(), f"2026-01-0{day}T00:00:00+00:00"))
+    data = bytearray(db.read_bytes())
+    third = len(data) // 4096 // 3
+    data[third * 4096:(third + 3) * 4096] = b"\xff" * 3 * 4096  # three pages of the middle, not the last ones
+    db.write_bytes(bytes(data))
+    run = write(tmp_path / "reports" / "r9", later(real_run(), T2)).parent
+    done = cli("record_cli", "--store", str(db), str(run))
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr == (f"clustergate record: {db}: not a usable clustergate store (SQLite: database disk image is "
+                           "malformed); if it was one, it is damaged: restore it from a backup, or choose another "
+                           "--store\n"), done.stderr
+    assert db.read_bytes() == bytes(data)  # byte for byte as it was

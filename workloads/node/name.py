@@ -25,9 +25,24 @@ class NodeNameError(ValueError):
     """This node's name cannot be used; the message names where it came from and what to do."""
 
 
+_LOOK_ALIKE = ("each \\u escape is a character outside ASCII, which can look like an ASCII one in every message, as "
+               "a Cyrillic \\u0440 does a Latin p")
+
+
+def not_ascii(name: str) -> str | None:
+    """Why a host name (or a host list) that is not ASCII cannot be used; None where it is ASCII. Every message
+    would show a look-alike (``gрu001``, a Cyrillic 'р') as the real host, so it is refused wherever a host name
+    enters (this node's name, ``--expect-hosts``, host list files, a stored result's host), named as ``ascii()``
+    writes it (``'g\\u0440u001'``)."""
+    if name.isascii():
+        return None
+    return f"host name {ascii(name)} is not ASCII ({_LOOK_ALIKE}): write the host's name in ASCII"
+
+
 def problem(name: str) -> str | None:
     """Why ``name`` cannot be a node's name (None when it can): empty, too long, whitespace or other control
-    or invisible characters, a path separator, or a name that is a path step (``.``, ``..``)."""
+    or invisible characters, a character outside ASCII (``not_ascii``), a path separator, or a name that is a path
+    step (``.``, ``..``)."""
     if not name:
         return "it is empty"
     if len(name) > MAX_LENGTH:
@@ -35,6 +50,8 @@ def problem(name: str) -> str | None:
     odd = next((c for c in name if c.isspace() or unicodedata.category(c)[0] in "CZ"), None)
     if odd is not None:
         return f"it contains {odd!r} (whitespace, control and invisible characters are not allowed)"
+    if not name.isascii():
+        return f"it is not ASCII ({_LOOK_ALIKE})"
     if "/" in name or "\\" in name:
         return "it contains a path separator"
     if name in (".", "..") or name.startswith("-"):
@@ -53,6 +70,6 @@ def node_name() -> str:
     else:
         value, where = socket.gethostname(), "the host name"
     if why := problem(value):
-        raise NodeNameError(f"node name {value!r} from {where}: {why}; set CLUSTERGATE_NODE_NAME to this node's "
+        raise NodeNameError(f"node name {ascii(value)} from {where}: {why}; set CLUSTERGATE_NODE_NAME to this node's "
                             "name as the scheduler knows it (letters, digits, '.', '-', '_')")
     return value
