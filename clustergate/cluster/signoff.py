@@ -37,7 +37,11 @@ signoff.json (schema 1)::
     {"schema": 1, "kind": "signoff", "verdict": "accept" | "reject", "created": ISO-8601, "run_dir": DIR,
      "run_id": str, "level": str, "profile": str | null (the merge's), "signed": bool,
      "thresholds": FILE, "profile_digest": str | null, "suite_digest": str | null, "dry_run": bool,
+     "clustergate": {"version": str} (the clustergate that signed),
      "nodes": [{"host", "gpus": int, "gpu_models": [str], "ranks": int | null}] (each accepted host),
+     "criteria": [{"phase": "node" | "fabric", "metric", "test", "unit", "scope", "parts": int, "min", "median",
+                   "max", "worst", "margin_pct": float | null, "criterion": str, "severity", "source", "judged"}]
+                 (every criterion over the accepted hosts' parts: ``clustergate.cluster.signoff_criteria``),
      "accepted": [host], "accepted_hostlist": str,
      "excluded": [{"host", "phase": "node" | "fabric", "reasons": [str]}], "excluded_hostlist": str,
      "reasons": [str], "warnings": [str],
@@ -55,7 +59,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster import binding, judged_by, remember
+import clustergate
+from clustergate.cluster import binding, judged_by, remember, signoff_criteria
 from clustergate.cluster.merge import (
     add_key_option,
     add_thresholds_option,
@@ -362,7 +367,9 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         "schema": SCHEMA, "kind": "signoff", "verdict": "accept" if accepted and not reasons else "reject",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_dir": str(run_dir),
         "run_id": cluster["run_id"], "level": cluster["level"], "profile": cluster.get("profile"),
-        "signed": key is not None, **what_was_signed(cluster, site, accepted),
+        "signed": key is not None, "clustergate": {"version": clustergate.__version__},
+        **what_was_signed(cluster, site, accepted),
+        "criteria": signoff_criteria.criteria(cluster, fres, accepted),
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),

@@ -29,6 +29,7 @@ import pytest
 from clustergate.common.parts import rank_index
 from clustergate.record.verdict import INTERRUPTED
 from clustergate.report import figures, html
+from clustergate.report.places import Unplaced
 from clustergate.report.summary import summary_lines
 from clustergate.secrets.redact import Scrubber, redact, scrub_strings, shown_environment
 from clustergate.trust import skip_facts
@@ -73,6 +74,8 @@ LIVE = pytest.StashKey[Source]()
 REPLAYED = pytest.StashKey[dict[str, Any]]()
 """The results dict of a re-render session (``clustergate render``); none in a live run."""
 SCRUB = pytest.StashKey[Scrubber]()
+UNPLACED = pytest.StashKey[Unplaced]()
+"""This machine's directories as the report shows them (``clustergate.report.places``): no absolute path in it."""
 ESCAPED = pytest.StashKey[set[str]]()
 """The pytest-metadata keys already made safe for pytest-html (a key added during the run is made so at the end)."""
 
@@ -99,6 +102,13 @@ def _scrub(config: pytest.Config) -> Scrubber:
     if SCRUB not in config.stash:
         config.stash[SCRUB] = Scrubber.from_environment()
     return config.stash[SCRUB]
+
+
+def _unplaced(config: pytest.Config) -> Unplaced:
+    if UNPLACED not in config.stash:
+        live = config.stash.get(LIVE, None)
+        config.stash[UNPLACED] = Unplaced(live.results_path.parent if live is not None else None)
+    return config.stash[UNPLACED]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -134,7 +144,8 @@ def _clean_metadata(config: pytest.Config, metadata: dict[str, Any]) -> None:
     fresh = {k: v for k, v in metadata.items() if k not in done}
     if not fresh:
         return
-    cleaned = {k: page_value(v) for k, v in redact(fresh, _scrub(config)).items()}
+    unplaced = _unplaced(config)
+    cleaned = {k: page_value(unplaced.of(v)) for k, v in redact(fresh, _scrub(config)).items()}
     for key in fresh:
         del metadata[key]
     metadata.update(cleaned)
@@ -186,6 +197,12 @@ TEST_ID_CELL = '<td class="col-testId">'
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        # The summary's table of what was skipped and why says it once per reason (``html.skipped_table``);
+        # pytest-html's row would add a box per test holding its skip as a Python tuple with the file's absolute
+        # path. Emptied cells are pytest-html's own way of leaving a row out.
+        del cells[:]
+        return
     # pytest-html puts the test id in its cell unescaped: a parametrized id or a recorded node id (a
     # re-render reads them from a file) carrying markup would run as script. Its cell is rebuilt escaped.
     scrub = getattr(report, "clustergate_scrub", None) or Scrubber.from_environment()
@@ -230,10 +247,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     # pytest-html's row and log hooks get the report but not the config: what they need rides on it.
     report.clustergate_cells = _row_cells(report, results)  # type: ignore[attr-defined]
     report.clustergate_scrub = _scrub(item.config)  # type: ignore[attr-defined]
+    report.clustergate_unplaced = _unplaced(item.config)  # type: ignore[attr-defined]
     if call.when == "call":
         test = next((t for t in results.get("tests", []) if t["nodeid"] == item.nodeid), None)
         if test is not None:
-            own = row_extras(test, results, _scrub(item.config))
+            own = row_extras(test, results, _scrub(item.config), _unplaced(item.config))
             report.clustergate_own_extras = {id(e) for e in own}  # type: ignore[attr-defined]
             report.extras = [*getattr(report, "extras", []), *own]
     return report
@@ -271,12 +289,16 @@ def safe_extra(extra: dict[str, Any], scrub: Scrubber) -> dict[str, Any]:
     return out
 
 
-def row_extras(test: dict[str, Any], results: dict[str, Any], scrub: Scrubber) -> list[dict[str, Any]]:
-    """A test's row extras: its metric table (html, every text escaped), its figures (png), its details (json)."""
+def row_extras(test: dict[str, Any], results: dict[str, Any], scrub: Scrubber,
+               unplaced: Unplaced | None = None) -> list[dict[str, Any]]:
+    """A test's row extras: its metric table (html, every text escaped), its figures (png), its details (json);
+    ``unplaced``: this machine's directories rewritten out of every text."""
     from pytest_html import extras
 
     # The run's other tests are not drawn here: scrubbing them for every row would cost tests x tests.
     test, results = scrub_strings((test, {k: v for k, v in results.items() if k != "tests"}), scrub)
+    if unplaced is not None:
+        test, results = unplaced.of(test), unplaced.of(results)
     out = []
     table = html.test_extra(test, results)
     if table:
@@ -291,9 +313,11 @@ def row_extras(test: dict[str, Any], results: dict[str, Any], scrub: Scrubber) -
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -> None:
-    """Scrub secrets from the test's log (captured output, tracebacks) before it is embedded."""
+    """Scrub secrets from the test's log (captured output, tracebacks) before it is embedded, and this machine's
+    directories (a traceback's file paths read relative to the suite)."""
     scrub = getattr(report, "clustergate_scrub", None) or Scrubber.from_environment()
-    data[:] = [scrub(line) for line in data]
+    unplaced = getattr(report, "clustergate_unplaced", None) or Unplaced()
+    data[:] = [unplaced(scrub(line)) for line in data]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -306,7 +330,7 @@ def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: 
     results = results_of(config, final=True)
     if results is not None:
         # Every text of the summary is escaped as it is placed (clustergate.report.html): scrubbed before.
-        prefix.append(html.summary(scrub_strings(results, _scrub(config))))
+        prefix.append(html.summary(_unplaced(config).of(scrub_strings(results, _scrub(config)))))
 
 
 def _metadata(config: pytest.Config) -> dict[str, Any] | None:

@@ -263,6 +263,24 @@ def figures_section(results: dict[str, Any]) -> str:
     return '<div class="cg-figures">' + "".join(figure(s, c) for s, c in specs) + "</div>"
 
 
+def skipped_table(results: dict[str, Any]) -> str:
+    """What was skipped and why, in place of pytest-html's box per skipped test: one row per reason, with the fact
+    that allows it and the tests it skipped (their ids, relative to the suite)."""
+    groups = model.skipped(results)
+    if not groups:
+        return '<p class="cg-muted">No test was skipped.</p>'
+    rows = [[cell(g.reason), cell(g.fact or "none recorded", "" if g.fact else "cg-warn"),
+             cell(str(len(g.tests)), "num"),
+             cell(", ".join(short_test_name(t) for t in g.tests), title="\n".join(g.tests))] for g in groups]
+    return table(["why", "recorded fact", "tests", "skipped"], rows, "cg-table cg-skipped")
+
+
+def identity_facts(results: dict[str, Any]) -> str:
+    """The run's identity block: what it was judged by (``model.run_identity``, as the sign-off page shows it)."""
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v)}</td></tr>" for k, v in model.run_identity(results))
+    return f'<table class="cg-table cg-identity" id="cg-identity"><tbody>{rows}</tbody></table>'
+
+
 LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed its criterion</span>'
           '<span class="cg-warn">missed a warn criterion (the verdict stands)</span>'
           f'<span class="cg-outlier">more than {percent(tables.OUTLIER_DEVIATION)} worse than the median of its peers'
@@ -271,7 +289,8 @@ LEGEND = ('<p class="cg-legend"><span class="cg-fail">failed its criterion</span
 
 def summary(results: dict[str, Any]) -> str:
     """The whole summary section: banner, criteria, failures, baseline, per-GPU/node tables, figures."""
-    parts = [STYLE, '<div class="cg">', banner(results), "<h3>Criteria</h3>", criteria_table(results)]
+    parts = [STYLE, '<div class="cg">', banner(results), "<h3>Judged by</h3>", identity_facts(results),
+             "<h3>Criteria</h3>", criteria_table(results)]
     fails = failures_section(results)
     if fails:
         parts += ["<h3>Failures</h3>", fails]
@@ -288,7 +307,9 @@ def summary(results: dict[str, Any]) -> str:
         parts += ["<h3>Per GPU</h3>", LEGEND, grid_table(gpu)]
     parts += ["<h3>Per node</h3>", grid_table(tables.node_table(results))]
     parts += support.sections(results)
-    parts += ["<h3>Figures</h3>", figures_section(results), "<h3>Tests</h3></div>"]
+    parts += ["<h3>Figures</h3>", figures_section(results)]
+    parts += [f"<h3>Skipped ({sum(len(g.tests) for g in model.skipped(results))})</h3>", skipped_table(results)]
+    parts += ["<h3>Tests (skipped tests: the table above)</h3></div>"]
     return "".join(parts)
 
 

@@ -17,6 +17,7 @@ from clustergate.common.numbers import number, percent
 from clustergate.record.reportdir import node_directory
 from clustergate.record.results import short_test_name
 from clustergate.report import html
+from clustergate.report.signoff_words import DRY_RUN
 from clustergate.report.tables import Cell, Table
 from clustergate.secrets.redact import Scrubber, scrub_strings
 
@@ -62,6 +63,12 @@ def banner(verdict: str, why: list[str], facts: list[tuple[str, str]], unjudged:
     return (f'<div class="cg-banner {cls}" id="cg-verdict"><div class="cg-verdict">{escape(verdict.upper())}</div>'
             + "".join(f'<div class="cg-why">{escape(w)}</div>' for w in why)
             + f'<table class="cg-facts">{rows}</table></div>')
+
+
+def dry_run_banner(dry_run: bool) -> list[str]:
+    """The DRY RUN mark a cluster page shows first where its fleet ran the cpu profile (the merge's ``dry_run``): the
+    merge's report and the sign-off page alike."""
+    return [f'<div class="cg-dry-run" id="cg-dry-run">{escape(DRY_RUN)}</div>'] if dry_run else []
 
 
 def hosts_block(accepted: str, excluded: str, files: tuple[str, ...] = ()) -> str:
@@ -192,7 +199,8 @@ def cluster_page(cluster: dict[str, Any]) -> str:
               "the directories given"),
              ("profiles", ", ".join(cluster["profiles"])), ("levels", ", ".join(cluster["levels"])),
              ("GPUs", str(gpus)), ("next", "fabric phase on accepted-hosts.txt (torchrun -m multinode)")]
-    body = [banner(cluster["verdict"], why, facts, unjudged=not cluster["sign_off"] and cluster["verdict"] == "accept"),
+    body = [*dry_run_banner(bool(cluster.get("dry_run"))),
+            banner(cluster["verdict"], why, facts, unjudged=not cluster["sign_off"] and cluster["verdict"] == "accept"),
             "<h3>Hosts</h3>", hosts_block(cluster["accepted_hostlist"], cluster["excluded_hostlist"],
                                           ("accepted-hosts.txt", "excluded-hosts.txt", "accepted-hostlist.txt",
                                            "excluded-hostlist.txt", "metrics.prom")),

@@ -12,6 +12,7 @@ from typing import Any
 from clustergate.common.numbers import percent
 from clustergate.common.parts import gpu_label, rank_index
 from clustergate.criteria.criterion import Criterion
+from clustergate.trust import keyed
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +150,62 @@ def never_ran(results: dict[str, Any]) -> int:
     """Selected tests the run never started (it ended early: interrupted, stopped by -x, a rank lost)."""
     selected = (results.get("selection") or {}).get("selected")
     return max(0, selected - len(results.get("tests") or [])) if isinstance(selected, int) else 0
+
+
+def identity(said: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a page was judged by, the same block on a run's report and on the sign-off: the clustergate version, the
+    profile and its digest, the thresholds file, the suite's digest, the run id, the level and the site key (or
+    none). ``said``: ``version``, ``profile``, ``profile_digest``, ``thresholds``, ``suite_digest``, ``run_id``,
+    ``level``, ``signed`` (True, False, or None where it is not known); a fact not known reads ``?``."""
+    def shown(key: str) -> str:
+        value = said.get(key)
+        return "?" if value in (None, "") else str(value)
+
+    digest = f" (digest {said['profile_digest']})" if said.get("profile_digest") else ""
+    key = {True: "signed with the site key: every record carries a valid HMAC",
+           False: "none: the records carry no HMAC"}.get(said.get("signed"), "?")  # type: ignore[arg-type]
+    return [("clustergate", shown("version")), ("profile", f"{shown('profile')}{digest}"),
+            ("thresholds", shown("thresholds")), ("suite", shown("suite_digest")), ("run id", shown("run_id")),
+            ("level", shown("level")), ("site key", key)]
+
+
+def run_identity(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """``identity`` of a run's results.json (its ``clustergate`` and ``attestation`` sections)."""
+    own = results.get("clustergate") if isinstance(results.get("clustergate"), dict) else {}
+    attested = results.get("attestation") if isinstance(results.get("attestation"), dict) else {}
+    return identity({"version": own.get("version"), "profile": results.get("profile"),
+                     "profile_digest": own.get("thresholds_digest"), "thresholds": own.get("thresholds"),
+                     "suite_digest": attested.get("suite_digest"), "run_id": results.get("run_id"),
+                     "level": results.get("level"),
+                     # A record written before the run said so is known signed by its HMAC alone.
+                     "signed": own.get("keyed", True if keyed.FIELD in results else None)})
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Tests skipped for one reason: a row of the report's table of what was skipped and why."""
+
+    reason: str
+    fact: str
+    """The recorded fact that allows the skip (``no_gpu``, ``not_required: expect.driver``), or empty."""
+    tests: tuple[str, ...]
+    """Their node ids, relative to the suite's root as pytest names them."""
+
+
+def fact_text(fact: Any) -> str:
+    """A test's recorded skip fact in words: the fact, then what it names (``not_required: expect.driver``)."""
+    if not isinstance(fact, dict) or not fact.get("fact"):
+        return ""
+    named = [f"{k} {v}" if k == "level" else str(v) for k, v in fact.items() if k != "fact" and v not in (None, "")]
+    return str(fact["fact"]) + (f": {', '.join(named)}" if named else "")
+
+
+def skipped(results: dict[str, Any]) -> list[Skipped]:
+    """The skipped tests grouped by their reason and fact, the largest group first."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for test in results.get("tests", []):
+        if test.get("outcome") == "skipped":
+            reason = str(test.get("message") or "").strip() or "skipped (no reason given)"
+            groups.setdefault((reason, fact_text(test.get("skip_fact"))), []).append(str(test["nodeid"]))
+    return [Skipped(reason, fact, tuple(tests))
+            for (reason, fact), tests in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]

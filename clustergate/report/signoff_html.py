@@ -1,12 +1,23 @@
-"""signoff.html: the accepted set, the excluded hosts with their evidence by phase, and the verdict."""
+"""signoff.html, the one page to sign: the verdict and everything it was judged by (``model.identity``), every
+criterion across the accepted hosts (signoff.json's ``criteria``), the accepted set, the excluded hosts with their
+evidence by phase."""
 
 from __future__ import annotations
 
 from html import escape
 from typing import Any
 
-from clustergate.report.merge_html import banner, excluded_table, hosts_block, href, page, scrubbed
-from clustergate.report.signoff_words import DRY_RUN, shapes
+from clustergate.common.numbers import number
+from clustergate.record.results import short_test_name
+from clustergate.report import model
+from clustergate.report.markup import cell, table
+from clustergate.report.merge_html import banner, dry_run_banner, excluded_table, hosts_block, href, page, scrubbed
+from clustergate.report.signoff_words import shapes
+
+LOOSER = "looser_than_shipped"
+"""The sign-off's field that says, per criterion, where the site's profile is looser than the shipped profile of its
+GPU and shape, or drops or demotes a criterion: ``[{"metric", "kind": looser | dropped | demoted, "shipped",
+"site"}]``; the page shows its column only where the field is there."""
 
 
 def _phase_rows(out: dict[str, Any]) -> str:
@@ -34,20 +45,65 @@ def _hardware(out: dict[str, Any]) -> str:
             f"</thead><tbody>{rows}</tbody></table>")
 
 
+def _bound(value: Any) -> str:
+    """A shipped or site bound as the looser-than-shipped field gives it: a figure, a text, or a mapping of bounds."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {number(v) if isinstance(v, (int, float)) else v}" for k, v in value.items())
+    return "none" if value is None else number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _looser(out: dict[str, Any]) -> dict[str, list[str]] | None:
+    """metric -> how the site's profile is looser than the shipped one (None where the sign-off does not say)."""
+    entries = out.get(LOOSER)
+    if not isinstance(entries, list):
+        return None
+    said: dict[str, list[str]] = {}
+    for e in entries:
+        if isinstance(e, dict):
+            said.setdefault(str(e.get("metric")), []).append(
+                f"{e.get('kind', 'looser')}: shipped {_bound(e.get('shipped'))}, site {_bound(e.get('site'))}")
+    return said
+
+
+def criteria_section(out: dict[str, Any]) -> str:
+    """Every criterion across the accepted hosts: min, median and max of their parts against the bound, the worst
+    part's margin, its severity and source, and where the site's profile is looser than the shipped one."""
+    rows = out.get("criteria") or []
+    looser = _looser(out)
+    if not rows and not looser:
+        return '<p class="cg-muted">No accepted host recorded a figure.</p>'
+    columns = ["phase", "metric", "test", "parts", "min", "median", "max", "bound", "worst margin", "severity",
+               "source"] + (["looser than shipped"] if looser is not None else [])
+    cells, classes = [], []
+    for r in rows:
+        unit, margin = r["unit"], r.get("margin_pct")
+        low = margin is not None and margin < 0  # an accepted part under a warn criterion's bound
+        mark = "; ".join((looser or {}).get(r["metric"], []))
+        cells.append([cell(r["phase"]), cell(r["metric"]), cell(short_test_name(r["test"]), title=r["test"]),
+                      cell(f"{r['parts']} {'GPU' if r['scope'] == 'gpu' else r['scope']}", "num"),
+                      *(cell(number(r[k], unit), "num") for k in ("min", "median", "max")),
+                      cell(r["criterion"] if r.get("judged") else "not judged", "" if r.get("judged") else "cg-muted"),
+                      cell("" if margin is None else f"{margin:+.1f}%", "num " + ("cg-warn" if low else "")),
+                      cell(r["severity"]), cell(r["source"], "cg-source"),
+                      *([cell(mark, "cg-warn" if mark else "")] if looser is not None else [])])
+        classes.append("cg-row-looser" if mark else "")
+    shown = {r["metric"] for r in rows}
+    rest = [f"{m}: {'; '.join(said)}" for m, said in sorted((looser or {}).items()) if m not in shown]
+    extra = ('<ul class="cg-looser">' + "".join(f'<li class="cg-warn">{escape(line)}</li>' for line in rest) + "</ul>"
+             if rest else "")
+    return f'<div id="cg-criteria">{table(columns, cells, "cg-table cg-criteria", classes)}{extra}</div>'
+
+
 def signoff_page(out: dict[str, Any], links: dict[str, str] | None = None) -> str:
     """The page; ``links``: host -> the report that holds its evidence, relative to signoff.html."""
     out, links = scrubbed(out), scrubbed(links)
     signed = out["verdict"] == "accept"
     why = [f"{len(out['accepted'])} hosts {'signed off' if signed else 'accepted so far, not signed off'}; "
            f"{len(out['excluded'])} excluded"] + [f"not signed off: {r}" for r in out["reasons"]]
-    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
-    facts = [("run", out["run_dir"]), ("run id", out["run_id"]), ("created", out["created"]),
-             ("profile", f"{out.get('profile')}{digest}"), ("thresholds", out.get("thresholds", "")),
-             ("level", out["level"]), ("suite", out.get("suite_digest") or ""),
-             ("site key", "signed: every record read carried a valid HMAC, signoff.json carries its own"
-              if out.get("signed") else "none: the records carry no HMAC")]
-    dry = [f'<div class="cg-dry-run" id="cg-dry-run">{escape(DRY_RUN)}</div>'] if out.get("dry_run") else []
-    body = [*dry, banner(out["verdict"], why, facts), "<h3>Hosts</h3>",
+    facts = [("run", out["run_dir"]), ("created", out["created"]),
+             *model.identity({**out, "version": (out.get("clustergate") or {}).get("version")})]
+    body = [*dry_run_banner(bool(out.get("dry_run"))), banner(out["verdict"], why, facts),
+            "<h3>Criteria across the accepted hosts</h3>", criteria_section(out), "<h3>Hosts</h3>",
             hosts_block(out["accepted_hostlist"], out["excluded_hostlist"],
                         ("signoff-accepted-hosts.txt", "signoff-excluded-hosts.txt", "signoff-accepted-hostlist.txt",
                          "signoff-excluded-hostlist.txt")),

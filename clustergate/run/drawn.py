@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clustergate.common.places import shown_path
 from clustergate.run.lifecycle import Run
+from clustergate.trust.suitefiles import suite_root
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,4 +33,5 @@ class Drawn:
     def facts(self) -> dict[str, Any]:
         run = self.run
         return {"profile": run.profile.name, "level": run.level, "world size": run.world.world_size,
-                "report dir": str(run.report_dir), **run.record.environment}
+                "report dir": shown_path(run.report_dir, (Path.cwd(), suite_root())) if run.report_dir else None,
+                **run.record.environment}

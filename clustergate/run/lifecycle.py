@@ -29,6 +29,7 @@ import pytest
 import clustergate
 from clustergate.common.exit_codes import Exit
 from clustergate.common.parts import gpu_part
+from clustergate.common.places import shown_path
 from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.judge import Where
@@ -69,6 +70,7 @@ from clustergate.secrets.redact import Scrubber
 from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
 from clustergate.trust import attestation
 from clustergate.trust.identity import RankIdentity
+from clustergate.trust.suitefiles import suite_root
 
 PYTEST_STOPPED = (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR)
 
@@ -149,7 +151,10 @@ class Run:
         """progress.jsonl, opened when the session starts (nothing is written before: a usage error leaves none)."""
         self.version = {"version": clustergate.__version__, "thresholds_digest": profile.run_digest}
         """What this rank runs: compared across ranks at collection (with its suite files), recorded in results.json."""
-        self.record.extra["clustergate"] = dict(self.version)
+        # The thresholds file as a page handed on may name it (relative to the suite's root, never absolute), and
+        # whether a site key signs the record: the report's identity block shows what judged the run.
+        self.record.extra["clustergate"] = {**self.version, "keyed": options.key is not None,
+                                            "thresholds": shown_path(profile.source, (suite_root(), Path.cwd()))}
         self.code = attestation.code()
         """This rank's suite files, checked against their reference (clustergate.trust.attestation)."""
         self.plugins_loaded: list[dict[str, Any]] = []

@@ -76,6 +76,11 @@ def package_dirs() -> dict[str, Path]:
     return out
 
 
+def suite_root() -> Path:
+    """The directory holding the suite's packages: a checkout's root, or site-packages of an installed wheel."""
+    return package_dirs()["clustergate"].parent
+
+
 def _walk(directory: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(directory):
         here = Path(dirpath)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import atexit
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,15 @@ from cluster_runs import fabric_results, node_results, write_node
 from complete_runs import complete
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
+import clustergate
 from clustergate.cluster.merge import merge
 from clustergate.cluster.signoff import signoff
+from clustergate.common.numbers import number
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.thresholds import Thresholds, load
+from clustergate.record.reportdir import node_directory
+from clustergate.record.results import short_test_name
+from clustergate.report.signoff_html import signoff_page
 from clustergate.report.signoff_words import DRY_RUN
 
 from torchrun_job import ROOT, job_env
@@ -288,12 +295,12 @@ def test_the_line_and_the_page_say_what_was_signed(run: Path) -> None:
     for said in (f"fabric-fail (digest {digest})", str(SITE), out["suite_digest"], "none: the records carry no HMAC",
                  '<td>h[1-2,4]</td><td>8 x NVIDIA H100 80GB HBM3</td>'):
         assert said in page, said
-    assert 'id="cg-dry-run"' not in page
+    assert 'id="cg-dry-run"' not in page and 'id="cg-dry-run"' not in (run / "report.html").read_text()
 
 
 def test_a_cpu_sign_off_says_it_is_a_dry_run(tmp_path: Path, node_run: Path) -> None:  # noqa: F811
-    """A real CPU node run (README's command 1) signed off alone: the line and the page say first that it is a dry
-    run without a GPU, and the host's hardware is its CPU ranks."""
+    """A real CPU node run (README's command 1) signed off alone: the line, the page and the merge's report say first
+    that it is a dry run without a GPU, and the host's hardware is its CPU ranks."""
     run = tmp_path / "reports" / "dry"
     write_node(run / "nodes", "cg-1", as_node(recorded(node_run), "cg-1", "dry"))
     merge([run / "nodes" / "cg-1"], run, level="standard")
@@ -309,3 +316,95 @@ def test_a_cpu_sign_off_says_it_is_a_dry_run(tmp_path: Path, node_run: Path) -> 
     page = (run / "signoff.html").read_text()
     assert f'<div class="cg-dry-run" id="cg-dry-run">{DRY_RUN}</div>' in page
     assert "<td>cg-1</td><td>2 CPU ranks, no GPU</td>" in page
+    merged = (run / "report.html").read_text()  # the merge's own report marks it the same way, first
+    assert f'<div class="cg-dry-run" id="cg-dry-run">{DRY_RUN}</div>' in merged
+    assert merged.index('id="cg-dry-run"') < merged.index('id="cg-verdict"')
+
+
+class Table(HTMLParser):
+    """The rows of the table under ``<div id=ID>`` of a page: each a list of its cells' texts (the header first)."""
+
+    def __init__(self, div: str) -> None:
+        super().__init__()
+        self.div, self.inside, self.depth = div, False, 0
+        self.rows: list[list[str]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "div":
+            self.depth += self.inside
+            self.inside = self.inside or dict(attrs).get("id") == self.div
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "div" and self.inside:
+            self.inside, self.depth = self.depth > 0, max(0, self.depth - 1)
+        elif tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def page_table(page: str, div: str) -> list[dict[str, str]]:
+    parser = Table(div)
+    parser.feed(page)
+    head, *rows = parser.rows
+    return [dict(zip(head, row, strict=True)) for row in rows]
+
+
+def test_the_page_holds_every_criterion_across_the_accepted_hosts(run: Path) -> None:
+    """signoff.html's table: one row per criterion of each phase, its min and median over the accepted hosts' parts
+    (as their node files and the fabric run record them) against the profile's bound and source; the clustergate
+    version among what it was judged by; no looser-than-shipped column where the sign-off says nothing of it."""
+    fabric(run, HOSTS, [pair_test(HOSTS, "h3")])
+    out = signoff(run, thresholds=SITE)
+    assert out["verdict"] == "accept" and out["accepted"] == ["h1", "h2", "h4"] and schema_errors(out) == []
+    profile = SITE_THRESHOLDS.profile("fabric-fail")
+    expected: dict[tuple[str, str, str], tuple[str, list[float]]] = {}
+    directories = {n["host"]: n["directory"] for n in json.loads((run / "results.json").read_text())["nodes"]}
+    for host in out["accepted"]:  # the figures as each accepted node's own file records them
+        node = json.loads((node_directory(directories[host], run) / "results.json").read_text())
+        for t in node["tests"]:
+            for m in t["metrics"]:
+                values = [p["value"] for p in m["per_rank"]] if m["scope"] == "gpu" else [m["value"]]
+                expected.setdefault(("node", m["name"], t["nodeid"]), (m["unit"], []))[1].extend(values)
+    for t in json.loads((run / "fabric" / "results.json").read_text())["tests"]:
+        for m in t["metrics"]:
+            values = [m["value"]] if m["scope"] == "world" else \
+                [p["value"] for p in m["per_rank"] if p["host"] in out["accepted"]]
+            expected[("fabric", m["name"], t["nodeid"])] = (m["unit"], values)
+    page = (run / "signoff.html").read_text()
+    rows = page_table(page, "cg-criteria")
+    shown = {(r["phase"], r["metric"], r["test"]): r for r in rows}
+    assert len(rows) == len(shown) == len(expected) and len(rows) > 30
+    for (phase, name, nodeid), (unit, values) in expected.items():
+        row = shown[(phase, name, short_test_name(nodeid))]
+        assert row["min"] == number(min(values), unit) and row["median"] == number(statistics.median(values), unit)
+        rule = profile.metrics.get(name)
+        assert row["bound"] == (rule.text() if rule is not None and rule.judged else "not judged"), name
+        assert row["source"] == (rule.describe()["source"] if rule is not None else ""), name
+        assert row["parts"].startswith(f"{len(values)} "), name
+    assert "looser than shipped" not in rows[0]
+    assert out["clustergate"] == {"version": clustergate.__version__}
+    assert f"<tr><td>clustergate</td><td>{clustergate.__version__}</td></tr>" in page
+    assert f"<tr><td>run id</td><td>{out['run_id']}</td></tr>" in page
+
+
+def test_a_looser_site_criterion_is_marked_in_its_row(run: Path) -> None:
+    """Where the sign-off says a site profile is looser than the shipped one (``looser_than_shipped``), its criterion's
+    row says how, and a dropped criterion with no row is listed under the table."""
+    fabric(run, HOSTS, [])
+    out = signoff(run, thresholds=SITE)
+    looser = [{"metric": "hbm_bandwidth_tbps", "kind": "looser", "shipped": {"min": 2.7}, "site": {"min": 1.5}},
+              {"metric": "no_such_metric", "kind": "dropped", "shipped": {"min": 1}, "site": None}]
+    page = signoff_page({**out, "looser_than_shipped": looser})
+    rows = {r["metric"]: r for r in page_table(page, "cg-criteria")}
+    assert rows["hbm_bandwidth_tbps"]["looser than shipped"] == "looser: shipped min 2.7, site min 1.5"
+    assert {r["looser than shipped"] for m, r in rows.items() if m != "hbm_bandwidth_tbps"} == {""}
+    assert "no_such_metric: dropped: shipped min 1, site none" in page

@@ -1,0 +1,90 @@
+"""A node's report.html stands alone: what judged the run (the same identity block as the sign-off page), a table of
+what was skipped and why in place of pytest-html's box per skipped test, and no absolute path of the machine.
+
+Read from the shared real node run (README's command 1: ``trust_runs.node_run``); no torchrun job of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from trust_runs import node_run  # noqa: F401  (the fixture)
+
+import clustergate
+from clustergate.record.results import short_test_name
+from clustergate.report import model
+
+from torchrun_job import ROOT
+
+
+class Rows(HTMLParser):
+    """Each row's cell texts of the table whose class names ``cls``."""
+
+    def __init__(self, cls: str) -> None:
+        super().__init__()
+        self.cls, self.depth = cls, 0
+        self.rows: list[list[str]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.depth += 1 if self.depth or self.cls in (dict(attrs).get("class") or "").split() else 0
+        elif self.depth and tag == "tr":
+            self.rows.append([])
+        elif self.depth and tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table" and self.depth:
+            self.depth -= 1
+        elif tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def rows(page: str, cls: str) -> list[list[str]]:
+    parser = Rows(cls)
+    parser.feed(page)
+    return parser.rows
+
+
+def test_the_report_says_what_judged_the_run(node_run: Path) -> None:  # noqa: F811
+    results = json.loads((node_run / "results.json").read_text())
+    page = (node_run / "report.html").read_text()
+    said = dict(rows(page, "cg-identity"))
+    assert said == {"clustergate": clustergate.__version__,
+                    "profile": f"cpu (digest {results['clustergate']['thresholds_digest']})",
+                    "thresholds": "thresholds.yaml", "suite": results["attestation"]["suite_digest"],
+                    "run id": "run-trust", "level": "standard", "site key": "none: the records carry no HMAC"}
+    assert said["suite"].startswith("sha256:") and results["clustergate"]["keyed"] is False
+    assert list(said.items()) == model.run_identity(results)  # the sign-off page's block, of the same words
+
+
+def test_skips_are_a_table_of_reasons_and_no_path_of_the_machine_is_shown(node_run: Path) -> None:  # noqa: F811
+    results = json.loads((node_run / "results.json").read_text())
+    page = (node_run / "report.html").read_text()
+    skipped = [t for t in results["tests"] if t["outcome"] == "skipped"]
+    assert len(skipped) > 20
+    head, *table = rows(page, "cg-skipped")
+    assert head == ["why", "recorded fact", "tests", "skipped"]
+    shown = {(why, fact): names.split(", ") for why, fact, _count, names in table}
+    for t in skipped:  # every skipped test under its own reason and recorded fact
+        fact = t["skip_fact"]["fact"]
+        [(key, names)] = [(k, n) for k, n in shown.items() if k[0] == t["message"]]
+        assert key[1].split(":")[0] == fact and short_test_name(t["nodeid"]) in names, t["nodeid"]
+    assert sum(int(count) for _w, _f, count, _n in table) == len(skipped)
+    # pytest-html's box per skipped test is gone: its rows (in the page's JSON) name no skipped test's id.
+    blob = re.search(r'data-jsonblob="([^"]*)"', page)
+    assert blob is not None
+    assert not [t["nodeid"] for t in skipped if f"{t['nodeid']}&#34;" in blob.group(1)]
+    assert "&amp;#x27;, " not in blob.group(1)  # no Python tuple (path, line, reason) of a skip
+    for place in {str(node_run), str(node_run.resolve()), str(ROOT), str(ROOT.resolve()), str(Path.home()),
+                  str(Path.cwd())}:
+        assert place not in page, place
