@@ -164,6 +164,10 @@ REJECTED = {"verdict": "reject", "error": "rank 1 (n) did not reach 'collection'
     (command.Launched(codes={0: 4, 1: -15}, first=0), {"status": 4}, REJECTED, Exit.COULD_NOT_RUN,
      "clustergate run: REJECT: rank 1 (n) did not reach"),
     (command.Launched(signal="SIGTERM"), None, REJECTED, Exit.NOT_ACCEPTED, "clustergate run: REJECT"),
+    # Ctrl-C: no rank caused it, and it says nothing about the node: never its REJECT
+    (command.Launched(signal="SIGINT"), None, {**REJECTED, "error": "interrupted by SIGINT on rank 0 (n)",
+                                                "interrupted": True}, Exit.NOT_ACCEPTED,
+     "clustergate run: INTERRUPTED: interrupted by SIGINT on rank 0 (n) (exit 1; "),
     (command.Launched(could_not="RendezvousTimeoutError: no peers"), None, None, Exit.COULD_NOT_RUN,
      "clustergate run: could not run: no results.json was written; torchrun could not start the ranks "
      "(RendezvousTimeoutError: no peers) (exit 4)"),
