@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clustergate.common.exit_codes import Exit
 from clustergate.criteria.criterion import Criterion, Figure
 from clustergate.criteria.thresholds import Profile
 from clustergate.trust import completeness
@@ -37,9 +38,17 @@ INTERRUPTED = "INTERRUPTED"
 about the node, so it never reads as the node's REJECT."""
 
 
-def word_of(results: Mapping[str, Any]) -> str:
-    """The word the terminal, the reports and the commands say for a results document's verdict."""
+REFUSED = {Exit.USAGE: "REFUSED (usage)", Exit.COULD_NOT_RUN: "COULD NOT RUN"}
+"""The word of a run that is not accepted for what the exit table says of it rather than for the node: refused
+(2: its command line or input, such as -m multinode alone on one node) or unable to run (4)."""
+
+
+def word_of(results: Mapping[str, Any], status: int | None = None) -> str:
+    """The word the terminal, the reports and the commands say for a results document's verdict, and for the run's
+    exit ``status`` where it is known (a refusal or a run that could not run says so, not REJECT)."""
     verdict = str(results.get("verdict"))
+    if verdict != "accept" and status in REFUSED:
+        return REFUSED[Exit(status)]
     if verdict == "reject" and results.get("interrupted") is True:
         return INTERRUPTED
     return WORDS.get(verdict, "REJECT")

@@ -53,13 +53,13 @@ def judged(results: Mapping[str, Any], status: int, *, held: bool = False) -> tu
         return "error", "held", HELD
     if verdict == "accept" and status == Exit.ACCEPT:
         return None, "accept", "ACCEPT (exit 0)"
-    word = word_of(results)
+    word = word_of(results, status)
     error = results.get("error")
     why = str(error or results.get("reason") or "not accepted").splitlines()[0]
     if status == Exit.USAGE:
-        kind, element, word = "usage", "error", "REFUSED (usage)"
+        kind, element = "usage", "error"
     elif status == Exit.COULD_NOT_RUN:
-        kind, element, word = "could not run", "error", "COULD NOT RUN"
+        kind, element = "could not run", "error"
     elif verdict == "accept":  # decided accept, but a rank ended otherwise: never a pass
         kind, element, word = "error", "error", "REJECT"
     elif results.get("interrupted") is True:

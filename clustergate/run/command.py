@@ -240,7 +240,7 @@ def verdict_of(results: dict[str, Any], status: int, path: Path | None, *, prog:
     if verdict != "accept" and not why and otherwise:
         why = [otherwise]
     said = f": {why[0]}" if why else ""
-    return printable(f"{prog}: {word_of(results)}{said} (exit {int(status)}; {path})")
+    return printable(f"{prog}: {word_of(results, status)}{said} (exit {int(status)}; {path})")
 
 
 def _how_it_ended(status: Exit, launched: Launched) -> str:

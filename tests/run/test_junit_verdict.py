@@ -54,6 +54,9 @@ def test_a_one_node_multinode_run_is_a_usage_error_and_its_junit_fails(tmp_path:
     assert said == ["ERROR: the multinode tests need 2 or more nodes; this job has 1: start torchrun on each of 2 or "
                     "more nodes (--nnodes=N with one --rdzv-endpoint, README's fabric phase), or leave out -m "
                     "multinode to run the node phase"], out
+    last = out.strip().splitlines()[-1]  # a refusal of the command line, not a reject of the node
+    assert last.startswith("clustergate run: REFUSED (usage): the multinode tests need 2 or more nodes"), last
+    assert last.endswith(f"(exit 2; {report / 'results.json'})"), last
     suite = suite_of(report / "junit.xml")
     assert int(suite.get("errors") or 0) >= 1 and suite.get("tests") == "1", ET.tostring(suite)  # no test ran
     error = verdict_case(suite).find("error")
