@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,3 +252,16 @@ def test_a_baseline_among_the_earlier_outputs_follows_them(run) -> None:
     assert second.ret == 0, second.stderr.str()
     [earlier] = (report / "earlier").iterdir()
     assert json.loads((report / "results.json").read_text())["baseline"]["source"] == str(earlier / "results.json")
+
+
+def test_clustergate_run_with_a_thresholds_typo_changes_nothing(tmp_path: Path) -> None:
+    """The command a user types (`clustergate run`, torchrun inside it): refused (2) before it moves anything."""
+    report = tmp_path / "report"
+    before = plant_earlier_accept(report)
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "1", "--report-dir",
+                           str(report), "--thresholds", str(tmp_path / "typo.yaml")], cwd=tmp_path, env=job_env(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode == Exit.USAGE, proc.stdout
+    assert "typo.yaml" in proc.stdout and "moved to" not in proc.stdout, proc.stdout
+    assert f"NOTE: {report}/{KEPT}" in proc.stdout, proc.stdout
+    assert_unchanged(report, before)
