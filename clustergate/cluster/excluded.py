@@ -68,7 +68,8 @@ def bundle(run: NodeRun, output: Path, thresholds: Path) -> str:
         raise evidence_bundle.BundleError(f"{run.host}: no node directory to bundle")
     where = output / EVIDENCE
     where.mkdir(exist_ok=True)
-    made = evidence_bundle.build(Path(run.directory), where, thresholds=thresholds, host=run.host)
+    made = evidence_bundle.build(Path(run.directory), where, thresholds=thresholds, host=run.host,
+                                 reasons=tuple(run.reasons))
     return str(made.relative_to(output))
 
 

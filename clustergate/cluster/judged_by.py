@@ -10,6 +10,8 @@ stored criterion that profile's criterion for the metric.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from clustergate.criteria.thresholds import Thresholds
@@ -17,22 +19,53 @@ from clustergate.criteria.thresholds import Thresholds
 ASK = "give the thresholds the run was started with (--thresholds FILE)"
 
 
+def recorded_digest(results: Mapping[str, Any]) -> Any:
+    """The digest of the profile a run recorded as the one that judged it (None: none recorded)."""
+    return (results.get("clustergate") or {}).get("thresholds_digest")
+
+
+def other_thresholds(results: Mapping[str, Any], thresholds: Thresholds) -> str | None:
+    """Why ``results`` was judged under a profile or thresholds other than ``thresholds``' (the profile is not
+    there, or its digest is not the one recorded); None when they are the ones it names."""
+    name = str(results.get("profile"))
+    profile = thresholds.profiles.get(name)
+    if profile is None:
+        return f"it ran under profile {name!r}, which {thresholds.path} does not have: {ASK}"
+    recorded = recorded_digest(results)
+    if recorded is not None and recorded != profile.run_digest:
+        return (f"it was judged by other thresholds than profile {name!r} of {thresholds.path} "
+                f"(digest {recorded}, that profile's is {profile.run_digest}): {ASK}")
+    return None
+
+
+def fleet_problem(runs: Iterable[Mapping[str, Any]], thresholds: Thresholds) -> str | None:
+    """Why a whole node phase cannot be judged by ``thresholds``: every finished run was judged under a profile or
+    thresholds it was not given (``other_thresholds``), a site profile merged without its file. That is the
+    command line's mistake, not every node's: one line naming what the runs were judged by (exit 2), where
+    excluding each node would drain a fleet that passed. None when any run was judged by them (a node judged by
+    others among them is excluded, saying so: ``problem``)."""
+    finished = [r for r in runs if r.get("verdict") != "running"]
+    if not finished or any(other_thresholds(r, thresholds) is None for r in finished):
+        return None
+    seen = Counter((str(r.get("profile")), str(recorded_digest(r))) for r in finished)
+    said = ", ".join(f"profile {name!r} (digest {digest}, {n} run{'s' if n > 1 else ''})"
+                     for (name, digest), n in seen.most_common())
+    return (f"the node runs were judged by {said}, which {thresholds.path} does not hold: pass the thresholds "
+            "file they ran under (--thresholds FILE, the site profile's, as the node phase was given it)")
+
+
 def problem(results: dict[str, Any], thresholds: Thresholds) -> str | None:
     """Why ``results`` (a schema-checked run) was not judged by ``thresholds``; None when it was, or when it
     still says "running" (no verdict yet to hold to anything: its readers exclude it as unfinished)."""
     if results.get("verdict") == "running":
         return None
+    if (other := other_thresholds(results, thresholds)) is not None:
+        return other
     name = str(results.get("profile"))
-    profile = thresholds.profiles.get(name)
-    if profile is None:
-        return f"it ran under profile {name!r}, which {thresholds.path} does not have: {ASK}"
-    recorded = (results.get("clustergate") or {}).get("thresholds_digest")
-    if recorded is None:
+    profile = thresholds.profiles[name]
+    if recorded_digest(results) is None:
         return ("its results.json does not say which thresholds judged it (no clustergate.thresholds_digest: "
                 "written by an older clustergate, or edited): run it again")
-    if recorded != profile.run_digest:
-        return (f"it was judged by other thresholds than profile {name!r} of {thresholds.path} "
-                f"(digest {recorded}, that profile's is {profile.run_digest}): {ASK}")
     for test in results.get("tests") or []:
         for metric in test.get("metrics") or []:
             stored = metric.get("criterion") or {}

@@ -32,7 +32,9 @@ checked against the schema and its verdict computed again from its records and t
 (``clustergate.record.verdict.of_record``): a stored "accept" the records do not support is excluded, saying "records
 contradict the stored verdict". Every run
 is held to ``--thresholds`` (default the shipped file, ``clustergate.cluster.judged_by``): its profile must be
-there, its recorded digest that profile's and each stored criterion the profile's. The host the file names
+there, its recorded digest that profile's and each stored criterion the profile's. Where no run was judged by
+them (a site profile's runs merged without its file) the command line is wrong, not every node: exit 2, one line
+naming the profile and digest the runs were judged by, nothing written. The host the file names
 must be its directory's name. Each node file must be this cluster run's (``clustergate.cluster.binding``):
 its run id ``--run-id`` (default: the name of the directory above ``nodes/``), the suite this clustergate
 runs (its suite digest), the fleet's profile (``--profile``, else the one every node run agrees on; runs that
@@ -45,8 +47,10 @@ partial (``clustergate.trust.completeness.fleet_problems``). With a site key (``
 results.json is signed and keeps each node file's keyed digest; without one, the sha256 digest of each.
 Expected hosts (``--expect-hosts``) with no directory, directories without a usable results.json, and results
 that still say "running" (a killed or hung run) are excluded as missing; a host with results that is not
-expected is excluded too. ``-o`` may not be a node directory, nor hold a node's results; an earlier merge's
-outputs there are moved to ``earlier/<UTC time>/`` first, and every file is written whole, never through a link.
+expected is excluded too. ``-o`` may not be a node directory, nor hold a node's results. The whole command line
+and every input are checked first: a refused merge changes nothing. Only then, its result about to be written, are
+an earlier merge's outputs there moved to ``earlier/<UTC time>/`` (saying where), and every file is written
+whole, never through a link. An excluded host's evidence bundle says why it was excluded.
 
 Exit status: 0 when every node (every expected node, and every node given) was accepted; 1 when any
 was excluded or missing; 2 when an input cannot be used; 4 when an output cannot be written (a full disk).
@@ -95,7 +99,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster import binding, remember
+from clustergate.cluster import binding, judged_by, remember
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
@@ -277,6 +281,9 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     what merge writes and sign-off checks again (``now``: the time the parts must have started before: the
     merge's)."""
     runs, warnings = gather(paths, expected, thresholds, level, key)
+    read = [r.results if r.results is not None else r.unjudged for r in runs]
+    if (problem := judged_by.fleet_problem((r for r in read if r is not None), thresholds)) is not None:
+        raise MergeInputError(problem)  # the command line's mistake: no node is to blame for it
     chosen = binding.fleet_profile(runs, profile, thresholds)
     source = "--profile" if profile is not None else "the one every node run agrees on"
     window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc), chosen, source)
@@ -413,11 +420,6 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     t0 = time.perf_counter()
     now = datetime.now(timezone.utc)
     check_output(output, paths)
-    output.mkdir(parents=True, exist_ok=True)
-    try:  # an earlier merge's lists must not outlive this one as if they were its own, whatever happens next
-        keep_earlier(output, OUTPUTS, DIRECTORIES)
-    except OutputError as exc:
-        raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
     expected = read_hosts(expect) if expect is not None else None
     if not paths and expected is None:
@@ -437,6 +439,10 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     if key is None and any(keyed.FIELD in (r.results or {}) for r in judged.runs):
         cluster["warnings"].append("the node files carry HMACs, but no site key was given (--key-file): they were "
                                    "not checked, and this merge is not signed")
+    # Every input read and judged: only now, with a result to write, do an earlier merge's outputs move aside (a
+    # refused command line changes nothing), and none of them may outlive this merge as if it were its own.
+    output.mkdir(parents=True, exist_ok=True)
+    set_aside("clustergate merge", output, OUTPUTS, DIRECTORIES)
     add_evidence(cluster, judged.runs, output, site.path)
     cluster["warnings"] += remember.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
                                                           if r.directory and r.verdict not in excluded_mod.NO_RESULT])
@@ -451,6 +457,17 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
 
     write_text(output / "report.html", cluster_page(cluster))
     return cluster
+
+
+def set_aside(prog: str, directory: Path, names: tuple[str, ...], directories: tuple[str, ...] = ()) -> None:
+    """An earlier command's outputs in ``directory`` moved to ``earlier/<UTC time>/`` (``keep_earlier``), saying
+    where in one line; MergeInputError where they cannot be (a link under an output's name)."""
+    try:
+        kept = keep_earlier(directory, names, directories)
+    except OutputError as exc:
+        raise MergeInputError(str(exc)) from None
+    if kept is not None:
+        print(f"{prog}: the earlier outputs in {directory} were moved to {kept}", file=sys.stderr)
 
 
 def add_evidence(cluster: dict[str, Any], runs: list[NodeRun], output: Path, thresholds: Path) -> None:

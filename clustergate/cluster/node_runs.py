@@ -50,6 +50,9 @@ class NodeRun:
     warnings: list[str] = field(default_factory=list)
     results: dict[str, Any] | None = None
     """The node's results.json (not written into the cluster results)."""
+    unjudged: dict[str, Any] | None = None
+    """The results.json of a run not judged by the thresholds merge holds it to: read only to say what judged it
+    (``clustergate.cluster.judged_by.fleet_problem``), its figures never taken."""
     digest: str | None = None
     """sha256 of the node's results.json as merge read it (keyed with a site key: ``clustergate.trust.keyed.digest``):
     sign-off checks the file is still that one."""
@@ -180,7 +183,7 @@ def read_node(path: Path, thresholds: Thresholds, level: str = "standard", key: 
         return NodeRun(host, str(directory), "unreadable", [problem])
     if (why := judged_by.problem(results, thresholds)) is not None:  # its figures stay out of the fleet
         return NodeRun(host, str(directory), "unjudged", [_cut(f"not judged by the site's thresholds: {why}")],
-                       digest=digest)
+                       unjudged=results, digest=digest)
     stored = str(results["verdict"])
     decision = of_record(results, need="node", level=level, profile=thresholds.profiles.get(str(results["profile"])))
     run = NodeRun(host, str(directory), decision.verdict, results=results, digest=digest)

@@ -25,9 +25,10 @@ anything else (a whole-job figure missed, a test that raised, a run that died) k
 signed off, and ``reasons`` says why. With a site key (``--key-file``, else ``$CLUSTERGATE_KEY_FILE``:
 ``clustergate.trust.keyed``), the merged record, every node file and the fabric run must carry a valid HMAC (a node
 file without one is excluded, naming it; a merge or fabric run without one is not signed off), the node files'
-keyed digests must match, and signoff.json is signed. One accepted node needs no fabric phase. An earlier sign-off's
-outputs in REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` first (each sign-off is kept), and one that
-does not sign off writes no ``signoff-accepted-*`` list.
+keyed digests must match, and signoff.json is signed. One accepted node needs no fabric phase. Every input is
+read and judged first: a refused sign-off (exit 2) changes nothing. Then an earlier sign-off's outputs in
+REPORTS/RUN_ID are moved to ``earlier/<UTC time>/`` (each sign-off is kept; the command says where), and one
+that does not sign off writes no ``signoff-accepted-*`` list.
 
 Exit status: 0 when the accepted set is signed off; 1 when it is not; 2 when an input cannot be used;
 4 when an output cannot be written (a full disk).
@@ -67,6 +68,7 @@ from clustergate.cluster.merge import (
     as_written,
     judge_nodes,
     load_thresholds,
+    set_aside,
     site_key,
     write_lists,
 )
@@ -78,7 +80,7 @@ from clustergate.common.terminal import error_text, main_guarded
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.thresholds import Thresholds
 from clustergate.record import resultsfile
-from clustergate.record.outputs import OutputError, Parser, keep_earlier, write_text
+from clustergate.record.outputs import Parser, write_text
 from clustergate.record.rejudge import problems_of
 from clustergate.record.reportdir import node_directory
 from clustergate.record.results import short_test_name
@@ -295,11 +297,6 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     read; signed with the site ``key``, every file it reads held to it); raises MergeInputError when an input cannot
     be used."""
     keep(str(run_dir), str(run_dir.resolve()), *([str(fabric_dir), str(fabric_dir.resolve())] if fabric_dir else []))
-    if run_dir.is_dir():
-        try:  # every sign-off is kept, and one that fails leaves none of an earlier one's lists as its own
-            keep_earlier(run_dir, OUTPUTS)
-        except OutputError as exc:
-            raise MergeInputError(str(exc)) from None
     site = load_thresholds(thresholds)
     cluster = _load(run_dir / "results.json", "cluster", "give the run directory that `clustergate "
                                                          "merge REPORTS/RUN_ID/nodes/* -o REPORTS/RUN_ID/` wrote")
@@ -384,6 +381,9 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     warnings += remember.record_inputs(store, [run_dir / "results.json",
                                                *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
     text, out = as_written(out, key)  # every output below shows what signoff.json says
+    # Every input read and judged: only now is an earlier sign-off moved aside (a refused command line changes
+    # nothing); each is kept, and one that fails leaves none of an earlier one's lists as its own.
+    set_aside("clustergate signoff", run_dir, OUTPUTS)
     write_text(run_dir / "signoff.json", text)
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")

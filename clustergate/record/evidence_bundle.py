@@ -14,9 +14,11 @@ The archive holds one folder named after the host:
   settings, expect), and whether its digest is the one the run recorded;
 - ``hang.txt``, where the run ended on a rank that stopped making progress: what was found, the collective, and
   every rank's place, process state and Python stack (results.json's ``hang``, for reading);
-- ``summary.txt``: the host, its GPUs (index, serial, UUID, PCI address), driver and CUDA, the verdict, and
-  each failure with what to do (``clustergate.record.actions``);
-- ``MANIFEST.json``: what is in it (size and sha256 of each file) and what is not, and why.
+- ``summary.txt``: the host, why it was excluded (the exclusion's reasons, where merge gives them), its GPUs
+  (index, serial, UUID, PCI address), driver and CUDA, its own run's verdict, and each failure with what to do
+  (``clustergate.record.actions``);
+- ``MANIFEST.json``: why the host was excluded (``excluded_because``), what is in it (size and sha256 of each file)
+  and what is not, and why.
 
 Nothing in the node's directory is read through a symbolic link or as anything but a regular file (a link
 or a FIFO planted under one of those names is left out and named in the manifest), and the archive is
@@ -148,12 +150,22 @@ def profile_json(results: Mapping[str, Any] | None, thresholds: Path) -> tuple[b
     return (json.dumps(data, indent=2, default=str) + "\n").encode(), None
 
 
-def summary(host: str, results: Mapping[str, Any] | None, steps: list[actions.Step]) -> str:
-    """What a vendor reads first: the host, its parts, the software, the verdict and each failure's step."""
+def excluded_lines(reasons: tuple[str, ...]) -> list[str]:
+    """Why the host was excluded (merge's reasons), for the summary: a run its own verdict accepts can be excluded
+    for what merge found (judged by other thresholds, a fleet outlier), and the bundle must say which."""
+    return ["Excluded because:", *(f"  {r}" for r in reasons)] if reasons else []
+
+
+def summary(host: str, results: Mapping[str, Any] | None, steps: list[actions.Step],
+            reasons: tuple[str, ...] = ()) -> str:
+    """What a vendor reads first: the host, why it was excluded (``reasons``), its parts, the software, the verdict
+    and each failure's step."""
     if results is None:
-        return f"Host {host}: no results.json in its report directory (the run never wrote one).\n"
+        return "\n".join([f"Host {host}: no results.json in its report directory (the run never wrote one).",
+                          *excluded_lines(reasons)]) + "\n"
     env = results.get("environment") or {}
-    lines = [f"Host {host}", f"verdict {results.get('verdict')}: {results.get('reason') or ''}".rstrip(": "),
+    lines = [f"Host {host}", *excluded_lines(reasons),
+             f"verdict {results.get('verdict')}: {results.get('reason') or ''}".rstrip(": "),
              f"run started {results.get('started')}, profile {results.get('profile')}, level {results.get('level')}",
              "software: " + ", ".join(f"{k} {env[k]}" for k in ("driver", "cuda", "nccl", "torch", "python")
                                       if env.get(k)), "GPUs (index, serial, UUID, PCI address, model):"]
@@ -162,7 +174,7 @@ def summary(host: str, results: Mapping[str, Any] | None, steps: list[actions.St
                   for g in node.get("gpus") or []]
     if results.get("error"):
         lines.append(f"run error: {results['error']}")
-    lines.append("What failed and what to do:" if steps else "No failure recorded.")
+    lines.append("What failed and what to do:" if steps else "No failure recorded by its own run.")
     lines += [f"  {s.text()}" + (f" ({s.test})" if s.test else "") for s in steps]
     return "\n".join(lines) + "\n"
 
@@ -176,9 +188,11 @@ def _write_tar(out: Path, members: dict[str, bytes], created: float) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host: str | None = None) -> Path:
+def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host: str | None = None,
+          reasons: tuple[str, ...] = ()) -> Path:
     """Write ``out_dir/evidence-HOST.tar.gz`` for the node run in ``node_dir`` (its name is the host unless
-    ``host`` says); returns its path. ``thresholds``: the file the run was held to (default the shipped one)."""
+    ``host`` says); returns its path. ``thresholds``: the file the run was held to (default the shipped one);
+    ``reasons``: why the host was excluded (summary.txt and MANIFEST.json say them)."""
     host = host or node_dir.name
     if why := name_problem(host):
         raise BundleError(f"{node_dir}: {host!r} cannot name a host's bundle: {why}")
@@ -218,12 +232,13 @@ def build(node_dir: Path, out_dir: Path, *, thresholds: Path | None = None, host
         absent.append({"name": "profile.json", "why": str(why)})
     else:
         files["profile.json"] = profile
-    files["summary.txt"] = summary(host, results, steps).encode()
+    files["summary.txt"] = summary(host, results, steps, reasons).encode()
     created = time.time()
     urgent = actions.most_urgent(steps)
     manifest = {"host": host, "node_directory": str(node_dir),
                 "created": datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="seconds"),
-                "verdict": (results or {}).get("verdict"), "action": urgent.value if urgent else None,
+                "verdict": (results or {}).get("verdict"), "excluded_because": list(reasons),
+                "action": urgent.value if urgent else None,
                 "steps": [s.as_json() for s in steps],
                 "files": [{"name": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
                           for n, d in files.items()],

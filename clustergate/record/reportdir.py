@@ -542,8 +542,9 @@ def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS, directories: tuple[
     return moved
 
 
-def stale_note(path: Path, why: str) -> str | None:
-    """What an error must add when an earlier run's results.json stays in ``path`` (None: none there)."""
+def stale_note(path: Path, why: str | None) -> str | None:
+    """What an error must add when an earlier run's results.json stays in ``path`` (None: none there); ``why`` it
+    could not be moved, or None: the run was refused before it wrote anything, and left it as it was."""
     results = path / "results.json"
     if not results.exists() and not results.is_symlink() or not_a_file(results) is not None:
         return None  # nothing there, or no run's record (a FIFO, a device): the error itself names it
@@ -551,6 +552,9 @@ def stale_note(path: Path, why: str) -> str | None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(inputfile.read_text(results, "results"))
         said = f" (verdict {data.get('verdict')!r}, started {data.get('started')})"
+    if why is None:
+        return (f"NOTE: {results}{said} is an earlier run's, NOT the result of this run, which was refused before "
+                "it wrote anything: the directory is left as it was")
     return (f"NOTE: {results}{said} is an earlier run's, NOT the result of this run, which stopped before "
             f"its first test; it could not be moved to {path / 'earlier'}/ ({why})")
 

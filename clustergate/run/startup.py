@@ -2,10 +2,12 @@
 cleared of an earlier run's outputs), the thresholds, the process groups, and the ``Run`` itself. Each
 problem is one pytest.UsageError naming the option or path and what to do, raised alike on every rank.
 
-Order matters: ``claim_report_dir`` runs first, before any check that can stop the run, so that a run
-refused for a broken thresholds.yaml, an unknown profile or a bad option leaves no earlier run's "accept" as
-the results.json of its --report-dir. Where the earlier outputs cannot be moved (a read-only directory),
-every error of the run ends with ``stale_note``: the file there is not this run's.
+Order matters: ``claim_report_dir`` runs first, before any check that can stop the run, and holds --report-dir
+(its lock) but moves nothing: a run refused for a broken thresholds.yaml, an unknown profile or a bad option
+changes nothing there, and its error ends with ``stale_note``, saying the results.json there is an earlier run's,
+left as it was. Only once every check has passed and the run is about to write its own record does
+``prepare_report_dir`` move the earlier outputs to earlier/<time>/, saying where in one line. Where they cannot
+be moved (a read-only directory), every error of the run ends with ``stale_note`` too.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ LOCK = pytest.StashKey[reportdir.RunLock]()
 """The report directory's lock, held by rank 0 until the run ends."""
 MOVED = pytest.StashKey[dict[Path, Path]]()
 """Where this run moved each earlier output (rank 0)."""
-NOT_MOVED = pytest.StashKey["tuple[Path, str] | None"]()
-"""Set once rank 0 has tried to claim the directory: None, or (directory, why its earlier outputs stay)."""
+NOT_MOVED = pytest.StashKey["tuple[Path, str | None] | None"]()
+"""Set once rank 0 has tried to claim the directory: None, or (directory, why its earlier outputs stay; None: not
+yet moved, as a run refused before it writes leaves them)."""
 GPU_NODE_PROBLEM = pytest.StashKey[str]()
 """Why this rank, on a GPU node, cannot run the suite (its torch sees no CUDA): a reject said at collection, once
 the run's record exists."""
@@ -119,14 +122,18 @@ def open_run(config: pytest.Config, options: Options) -> Run:
     # The report directory is named by the run, never scrubbed: a secret that is a part of its path (a PIN that
     # is a year) must not move the outputs to "[redacted]/". Kept on every rank before rank 0 shares the name.
     keep(options.report_dir, str(Path.cwd() / "reports"))
+    # Read before the report directory is prepared: a --baseline that cannot be used is refused with the earlier
+    # outputs where they were (a refused run changes nothing).
+    baseline = read_baseline(world, options.baseline)
     # A listing (--collect-only) writes no outputs: no report directory is made, none is held.
     report_dir = None if options.collect_only else prepare_report_dir(config, world, Path.cwd())
     if report_dir is not None:
         keep(str(report_dir), str(report_dir.resolve()))
-    # Read after the report directory is prepared: a --baseline among the earlier outputs it moved aside now
-    # names their new place (follow_baseline), not the one Options read from the command line.
+    # A --baseline among the earlier outputs moved aside now names their new place (follow_baseline), not the one
+    # Options read from the command line.
+    if baseline is not None and config.getoption("baseline") != options.baseline:
+        baseline["_source"] = str(config.getoption("baseline"))  # read before it moved: it is named where it is
     options = dataclasses.replace(options, baseline=config.getoption("baseline"))
-    baseline = read_baseline(world, options.baseline)
     startclock.mark("report directory")
     # What reaches the terminal is scrubbed of secrets, on every rank. pytest's terminal reporter binds
     # sys.stdout when it configures, after this hook.
@@ -217,8 +224,9 @@ def restore_stdout(config: pytest.Config) -> None:
 
 
 def claim_report_dir(config: pytest.Config, report_dir: str | None) -> None:
-    """Rank 0, first thing: hold --report-dir and move an earlier run's outputs aside, before any check
-    that can stop the run (nothing stale). Nothing is raised here: the other ranks learn of a
+    """Rank 0, first thing: hold --report-dir, before any check that can stop the run; its earlier outputs stay
+    until the run writes (``prepare_report_dir``): a refused run changes nothing, and says the results.json there
+    is not its own (``stale_note``). Nothing is raised here: the other ranks learn of a
     problem in ``prepare_report_dir``, after the same checks, so every rank stops with the same words.
     Without --report-dir the directory is new (reports/<UTC time>/): nothing there can be stale; a listing
     (--collect-only) writes nothing there, so it leaves the directory as it is."""
@@ -233,10 +241,7 @@ def claim_report_dir(config: pytest.Config, report_dir: str | None) -> None:
     refusal = lock.acquire()
     if refusal is None:
         config.stash[LOCK] = lock
-        try:
-            move_earlier_outputs(config, path)
-        except OSError as exc:
-            config.stash[NOT_MOVED] = (path, exc.strerror or str(exc))
+        config.stash[NOT_MOVED] = (path, None)
     elif lock.holder is None:  # another run's outputs are that run's, not stale
         config.stash[NOT_MOVED] = (path, f"the directory {refusal}")
 

@@ -2,10 +2,10 @@
 
 Each writes like the run does (whole files through a private temporary file renamed into place, never
 through a planted link), refuses an output that is or holds one of its inputs, and keeps every earlier
-decision: an earlier merge's or sign-off's outputs move to earlier/<UTC time>/ before anything is written,
-so a merge or sign-off that fails or rejects leaves no accepted host list of its own behind, and an
-earlier accepted sign-off is never replaced. A reader that closes the pipe early cuts the output short, and
-nothing more.
+decision: an earlier merge's or sign-off's outputs move to earlier/<UTC time>/ before anything is written
+(a refused one changes nothing: tests/cluster/test_cluster_refusals.py), so a merge or sign-off that rejects
+leaves no earlier accepted host list behind as its own, and an earlier accepted sign-off is never replaced.
+A reader that closes the pipe early cuts the output short, and nothing more.
 """
 
 from __future__ import annotations
@@ -76,7 +76,11 @@ def test_a_merge_keeps_the_earlier_merge_and_a_failed_one_leaves_no_accepted_lis
     first = (run / "accepted-hosts.txt").read_text()
     proc = cli("merge", str(run / "nodes" / "gpu1"), "-o", str(run), "--expect-hosts", "gpu[1-")  # unusable input
     assert proc.returncode == 2 and len(proc.stdout.strip().splitlines()) == 1, proc.stdout
-    assert not (run / "accepted-hosts.txt").exists() and not (run / "results.json").exists()
+    assert (run / "accepted-hosts.txt").read_text() == first and not (run / "earlier").exists()  # refused: as it was
+    proc = cli("merge", str(run / "nodes" / "gpu1"), "-o", str(run), "--expect-hosts", "gpu[1-2]")  # gpu2 missing
+    assert proc.returncode == 1, proc.stdout
+    assert not (run / "accepted-hosts.txt").exists() or (run / "accepted-hosts.txt").read_text() == "gpu1\n"
+    assert json.loads((run / "results.json").read_text())["verdict"] == "reject"
     [kept] = (run / "earlier").iterdir()
     assert (kept / "accepted-hosts.txt").read_text() == first == "gpu1\ngpu2\n"
     assert json.loads((kept / "results.json").read_text())["verdict"] == "accept"

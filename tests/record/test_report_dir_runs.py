@@ -1,8 +1,9 @@
 """The report directory end to end, as a user runs the suite (real pytest and torchrun processes):
 
-- nothing stale: a run that stops before its first test leaves no earlier run's "accept" as
-  the results.json of its --report-dir (the earlier outputs go to earlier/<time>/ first); where they
-  cannot be moved (a read-only directory) the error says the file there is not this run's;
+- a refused run changes nothing: a run refused before its first test (a bad thresholds file, profile, option or
+  --baseline) leaves every byte of its --report-dir as it was, no earlier/ made, and its error says the
+  results.json there is an earlier run's; a run that writes moves the earlier outputs to earlier/<time>/ first,
+  saying where; where they cannot be moved (a read-only directory) the error says the file there is not this run's;
 - a link planted in the report directory is refused or never written through;
 - where flock does not work, a lock file holds the directory, and a second run is told so.
 """
@@ -13,35 +14,40 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dir_bytes import tree
 from forked_pytest import runpytest_forked
 
 from clustergate.common.exit_codes import Exit
+from clustergate.record.reportdir import LOCK_NAME
 
 from torchrun_job import PLANTED_SUITE, ROOT, frames_of_ours, job_env, plant, run_job, start_job, wait_for
 
 EARLIER = {"schema": 1, "verdict": "accept", "started": "2026-01-01T00:00:00+00:00", "tests": []}
-STALE = "results.json (verdict 'accept', started 2026-01-01T00:00:00+00:00) is an earlier run's, NOT the result of " \
-        "this run, which stopped before its first test"
+KEPT = "results.json (verdict 'accept', started 2026-01-01T00:00:00+00:00) is an earlier run's, NOT the result of " \
+       "this run, which was refused before it wrote anything: the directory is left as it was"
 
 
-def plant_earlier_accept(report: Path) -> None:
-    """What an earlier run into this directory left: an accept and its report."""
+def plant_earlier_accept(report: Path) -> dict[str, str]:
+    """What an earlier run into this directory left: an accept, its report and its lock file; every byte of it."""
     report.mkdir(parents=True, exist_ok=True)
     (report / "results.json").write_text(json.dumps(EARLIER))
     (report / "report.html").write_text("<p>ACCEPT</p>")
+    (report / LOCK_NAME).touch()
+    return tree(report)
 
 
-def assert_nothing_stale(report: Path) -> None:
-    """No results.json of an earlier run is left as this directory's current one; it is kept in earlier/."""
-    current = report / "results.json"
-    assert not current.exists() or json.loads(current.read_text()) != EARLIER
-    [earlier] = (report / "earlier").iterdir()
-    assert json.loads((earlier / "results.json").read_text()) == EARLIER
-    assert (earlier / "report.html").read_text() == "<p>ACCEPT</p>"
+def assert_unchanged(report: Path, before: dict[str, str]) -> None:
+    """Every byte as it was: nothing written, moved (no earlier/), made or removed; but the lock file, no output,
+    which says the pid of the run that last held the directory (one refused holds it while it checks)."""
+    after = tree(report)
+    assert after.keys() == before.keys()
+    assert {k: v for k, v in after.items() if k != LOCK_NAME} == {k: v for k, v in before.items() if k != LOCK_NAME}
+    assert not (report / "earlier").exists()
 
 
 @pytest.fixture
@@ -77,19 +83,19 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):  # noqa: AN
     (("--baseline", "not-results.json"), "*not-results.json*"),
     (("-p", "xdist", "-n", "2"), "*do not combine it with pytest-xdist*"),  # autoload is off: xdist named
 ])
-def test_a_run_refused_before_its_first_test_leaves_no_earlier_accept(
+def test_a_run_refused_before_its_first_test_changes_nothing(
         run, pytester: pytest.Pytester, args: tuple[str, ...], said: str) -> None:
     (pytester.path / "broken.yaml").write_text("schema: 1\nprofiles: [cpu: {\n")
     (pytester.path / "not-results.json").write_text('{"verdict": "accept"}')
-    plant_earlier_accept(pytester.path / "report")
+    before = plant_earlier_accept(pytester.path / "report")
     result, report = run(*args)
     assert result.ret == Exit.USAGE, result.stderr.str()  # an option nobody knows too: said before pytest reads it
-    result.stderr.fnmatch_lines([said])
-    assert_nothing_stale(report)
-    assert not (report / ".clustergate.lock.owner").exists()
+    result.stderr.fnmatch_lines([said, f"NOTE: {report}/{KEPT}"])
+    assert_unchanged(report, before)
+    assert "moved to" not in result.stderr.str(), result.stderr.str()
 
 
-def test_a_full_report_dir_is_refused_and_leaves_no_earlier_accept(run, pytester: pytest.Pytester) -> None:
+def test_a_full_report_dir_is_refused_and_changes_nothing(run, pytester: pytest.Pytester) -> None:
     """A real file system with too little room: a 1 MiB tmpfs."""
     report = pytester.path / "report"
     report.mkdir()
@@ -97,11 +103,11 @@ def test_a_full_report_dir_is_refused_and_leaves_no_earlier_accept(run, pytester
                                            capture_output=True).returncode != 0:
         pytest.skip("needs root and a tmpfs mount to make a full directory")
     try:
-        plant_earlier_accept(report)
+        before = plant_earlier_accept(report)
         result, _ = run()
         assert result.ret == Exit.COULD_NOT_RUN, result.stderr.str()
         result.stderr.fnmatch_lines([f"*--report-dir {report}: only * MiB free there; the outputs need 64 MiB*"])
-        assert_nothing_stale(report)
+        assert_unchanged(report, before)
     finally:
         subprocess.run(["umount", str(report)], check=True)
 
@@ -126,17 +132,16 @@ def test_a_read_only_report_dir_says_the_results_there_are_not_this_runs(
         run, read_only: Path, args: tuple[str, ...], said: str) -> None:
     result, report = run(*args)
     assert result.ret == (Exit.USAGE if args else Exit.COULD_NOT_RUN), result.stderr.str()
-    result.stderr.fnmatch_lines([said.format(report=report), f"NOTE: {report}/{STALE}; it could not be moved to "
-                                                             f"{report}/earlier/ (*)"])
+    result.stderr.fnmatch_lines([said.format(report=report), f"NOTE: {report}/{KEPT}"])
 
 
 @pytest.mark.slow
-def test_under_torchrun_a_bad_profile_leaves_no_earlier_accept(tmp_path: Path) -> None:
-    plant_earlier_accept(tmp_path / "report")
+def test_under_torchrun_a_bad_profile_changes_nothing(tmp_path: Path) -> None:
+    before = plant_earlier_accept(tmp_path / "report")
     r = run_job(tmp_path, [*plant(tmp_path, "healthy"), "--profile", "h900"], timeout=120)
     assert r.codes == [1], r.output  # the run's 2, said by torchrun's summary; torchrun reports 1
     assert r.output.count("no profile 'h900'") == 1, r.output
-    assert_nothing_stale(tmp_path / "report")
+    assert_unchanged(tmp_path / "report", before)
 
 
 # ---- links ---------------------------------------------------------------------------------------------------
@@ -218,10 +223,10 @@ def test_without_flock_a_refused_run_leaves_no_lock_file(
         run, pytester: pytest.Pytester, no_flock: str, args: tuple[str, ...]) -> None:
     """The lock file is no flock that the kernel drops: a run refused at start-up must remove it itself
     (an unknown option ends the run before pytest configures it)."""
-    plant_earlier_accept(pytester.path / "report")
+    before = plant_earlier_accept(pytester.path / "report")
     result, report = run(*args, preload=no_flock)
     assert result.ret == Exit.USAGE, result.stderr.str()
-    assert_nothing_stale(report)
+    assert_unchanged(report, before)
     assert not (report / ".clustergate.lock.owner").exists()
 
 
@@ -239,10 +244,24 @@ def test_a_second_run_into_one_report_dir_says_where_the_first_went(run) -> None
 
 
 def test_a_baseline_among_the_earlier_outputs_follows_them(run) -> None:
-    """The claim moves the earlier outputs before pytest has read --baseline: it must still find them."""
+    """The baseline is read before the earlier outputs move (a bad one is refused with them in place); the record
+    names it where it went."""
     first, report = run()
     assert first.ret == 0, first.stdout.str()
     second, _ = run("--baseline", str(report / "results.json"))
     assert second.ret == 0, second.stderr.str()
     [earlier] = (report / "earlier").iterdir()
     assert json.loads((report / "results.json").read_text())["baseline"]["source"] == str(earlier / "results.json")
+
+
+def test_clustergate_run_with_a_thresholds_typo_changes_nothing(tmp_path: Path) -> None:
+    """The command a user types (`clustergate run`, torchrun inside it): refused (2) before it moves anything."""
+    report = tmp_path / "report"
+    before = plant_earlier_accept(report)
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "1", "--report-dir",
+                           str(report), "--thresholds", str(tmp_path / "typo.yaml")], cwd=tmp_path, env=job_env(),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert proc.returncode == Exit.USAGE, proc.stdout
+    assert "typo.yaml" in proc.stdout and "moved to" not in proc.stdout, proc.stdout
+    assert f"NOTE: {report}/{KEPT}" in proc.stdout, proc.stdout
+    assert_unchanged(report, before)
