@@ -115,7 +115,9 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 def parser() -> argparse.ArgumentParser:
     """The top level, for --help and --version; each command parses its own arguments."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    from clustergate.record.outputs import Parser  # one line and a "did you mean" for a mistyped command
+
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"{PROG} {clustergate.__version__}")

@@ -5,5 +5,6 @@ file, Slurm's hostlist form and what reaches a terminal. The ground floor: it im
 - ``numbers``: how a figure is written; ``parts``: how a GPU is named alike everywhere;
 - ``inputfile``: the one reader of every input (a regular file no larger than its kind can be);
 - ``hostlist``: Slurm's hostlist form, both ways;
+- ``suggest``: the nearest known option or command to a typo ("did you mean");
 - ``terminal``: what reaches a terminal (control characters as escapes, a closed pipe, an OSError in words).
 """

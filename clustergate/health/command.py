@@ -34,6 +34,7 @@ from clustergate.criteria.thresholds import ThresholdsError, expects_gpus, load,
 from clustergate.health.checks import CHECKS, Finding, judge_node
 from clustergate.health.read import mark, read_node
 from clustergate.record import reportdir
+from clustergate.record.outputs import Parser
 from workloads.node import gpu_presence
 from workloads.node.discovery import HOST_ROOT_ENV, host_root
 from workloads.node.name import NodeNameError, node_name
@@ -61,7 +62,7 @@ class Unusable(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG, allow_abbrev=False,
         description="This node's state from NVML and sysfs alone (no torch, no torchrun), judged by the profile a "
                     "run would use: GPU count, model and memory; ECC, row remapping; XIDs in the kernel log; NVLink; "

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from clustergate.common.suggest import argparse_hint
 from clustergate.record.reportdir import NotAFile, move_aside, refuse_not_a_directory, refuse_not_a_file, write_atomic
 
 
@@ -84,7 +85,9 @@ def keep_earlier(directory: Path, names: tuple[str, ...], directories: tuple[str
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose usage error is one line and exit status 2 (``--help`` shows the usage)."""
+    """argparse whose usage error is one line and exit status 2 (``--help`` shows the usage), naming the nearest
+    option or choice to a typo (``clustergate.common.suggest``): every clustergate command's parser but the run's."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+        hint = argparse_hint(message, self._option_string_actions)
+        self.exit(2, f"{self.prog}: {message}{hint} (see --help)\n")

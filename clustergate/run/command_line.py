@@ -9,10 +9,11 @@ The standard library and pytest only: ``clustergate.optin``, loaded in every pyt
 from __future__ import annotations
 
 import argparse
-import difflib
 from pathlib import Path
 
 import pytest
+
+from clustergate.common.suggest import near_options
 
 SUITE = "acceptance"
 """The suite's directory, as the design card's command names it: ``torchrun ... -m pytest acceptance``."""
@@ -66,9 +67,7 @@ def _one_line(refusal: str, parser: pytest.Parser) -> str:
     if what.startswith("unrecognized arguments: "):
         unknown = [arg.split("=", 1)[0] for arg in what.removeprefix("unrecognized arguments: ").split()
                    if arg.startswith("-")]
-        known = [name for name in parser.optparser._option_string_actions if name.startswith("--")]
-        near = [f"{arg}: did you mean {close[0]}?" for arg in unknown
-                if (close := difflib.get_close_matches(arg, known, n=1, cutoff=0.75))]
+        near = near_options(unknown, parser.optparser._option_string_actions)
         what += f" ({'; '.join(near)})" if near else ""
         what += "; pytest --help lists every option, clustergate's under 'cluster acceptance (clustergate)'"
     return what

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from clustergate.common.exit_codes import Exit
+from clustergate.record.outputs import Parser
 from clustergate.record.resultsfile import ResultsFileError
 from clustergate.store import STORE_ENV, Store, StoreBusy, StoreError, store_path
 from clustergate.store.db import TIMEOUT_S
@@ -19,7 +20,7 @@ def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     store's options."""
     head, _, rest = doc.partition("\n\n")
     what = head.split(": ", 1)[1]
-    p = argparse.ArgumentParser(prog=prog, description=what[0].upper() + what[1:], epilog=rest,
+    p = Parser(prog=prog, description=what[0].upper() + what[1:], epilog=rest,
                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     add_store_options(p)
     return p

@@ -43,6 +43,37 @@ def test_no_command_or_an_unknown_one_is_unusable_input(capsys: pytest.CaptureFi
     assert "invalid choice: 'sign-off'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "said", "hint"), [
+    (["merg"], "clustergate: argument COMMAND: invalid choice: 'merg' (choose from 'run', 'merge', ",
+     "(did you mean merge?)"),
+    (["merge", "-o", "OUT", "--expect-hots", "gpu1"], "clustergate merge: unrecognized arguments: --expect-hots",
+     "(--expect-hots: did you mean --expect-hosts?)"),
+    (["signoff", "RUN", "--thresold", "t.yaml"], "clustergate signoff: unrecognized arguments: --thresold",
+     "(--thresold: did you mean --thresholds?)"),
+    (["record", "--stroe=fleet.db", "R"], "clustergate record: unrecognized arguments: --stroe=fleet.db",
+     "(--stroe: did you mean --store?)"),
+    (["list", "--level", "standrad"], "clustergate list: argument --level: invalid choice: 'standrad' (choose from ",
+     "(did you mean standard?)"),
+    (["health", "--jsno"], "clustergate health: unrecognized arguments: --jsno", "(--jsno: did you mean --json?)"),
+])
+def test_a_typo_of_an_option_or_command_says_the_nearest(tmp_path: Path, args: list[str], said: str,
+                                                          hint: str) -> None:
+    """One line, exit 2, and the nearest known word: the commands as a user types them."""
+    proc = subprocess.run([sys.executable, "-m", "clustergate", *args], capture_output=True, text=True,
+                          env=job_env(), cwd=tmp_path, timeout=120)  # a hang guard
+    assert proc.returncode == Exit.USAGE and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.startswith(said) and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.endswith(f" {hint} (see --help)\n"), proc.stderr
+
+
+def test_a_word_close_to_nothing_gets_no_guess() -> None:
+    from clustergate.common.suggest import argparse_hint, near
+
+    assert near("--zzz", ["--profile", "--level"]) is None and near("--levl", ["--profile", "--level"]) == "--level"
+    assert argparse_hint("unrecognized arguments: --zzz", ["--profile"]) == ""
+    assert argparse_hint("the following arguments are required: -o/--output", ["--output"]) == ""
+
+
 def test_python_dash_m_clustergate_is_the_same_command() -> None:
     proc = subprocess.run([sys.executable, "-m", "clustergate", "--help"], capture_output=True, text=True,
                           env=job_env(), cwd=ROOT, timeout=120)  # a hang guard
