@@ -133,6 +133,8 @@ def test_sigint_without_torchrun_rejects(tmp_path: Path) -> None:
     [first] = [line for line in out.splitlines() if "profile cpu   level" in line]
     assert "INTERRUPTED" in first and "REJECT" not in first and "\x1b[33m" in first and "\x1b[31m" not in first, first
     assert verdict_of(res, proc.returncode, None).startswith("clustergate run: INTERRUPTED: interrupted by SIGINT")
+    assert 'class="cg-banner cg-unjudged" id="cg-verdict"><div class="cg-verdict">INTERRUPTED<' in \
+        (tmp_path / "report" / "report.html").read_text()
     # junit.xml counts the test it was in as an error, and the verdict's testcase says interrupted, an error too.
     junit = ET.parse(tmp_path / "report" / "junit.xml").getroot()
     suite = junit if junit.tag == "testsuite" else junit.find("testsuite")
