@@ -5,13 +5,13 @@ Every rank comes to the same refusal in the same words: the command line is the 
 check of the start reaches every rank (``clustergate.run.startup``). Printed by each, the line came once per rank,
 then torchrun's summary of the failed ranks with "<N/A>" for the cause. So one rank says it:
 
-- under torchrun's agent, in torchrun's own summary: the node's first rank writes ``ERROR: <why>`` into its error
-  file (``clustergate.run.errorfile``) and prints nothing; torchrun shows that line as the root cause, with the
-  run's own exit status (torchrun itself exits 1, whatever it is). The node's other ranks wait for torchrun's
-  SIGTERM, so the rank that said it fails first.
-- on the terminal, as pytest prints a usage error, where no summary will say it: pytest without torchrun, and
-  ``clustergate run`` (its agent runs inside the command, which shows rank 0's output and ends with its own line).
-  The job's first rank prints it.
+- on the terminal, first, as pytest prints a usage error: the job's first rank prints it (pytest without torchrun,
+  plain torchrun, and ``clustergate run``, whose agent runs inside the command, which shows rank 0's output and ends
+  with its own line).
+- under torchrun's agent, in torchrun's own summary too: the node's first rank writes ``ERROR: <why>`` into its
+  error file (``clustergate.run.errorfile``); torchrun shows that line as the root cause, with the run's own exit
+  status (torchrun itself exits 1, whatever it is), at the end of its report. The node's other ranks wait for
+  torchrun's SIGTERM, so the rank that said it fails first.
 
 The standard library only, as ``clustergate.run.errorfile``: ``clustergate.optin`` refuses through it.
 """
@@ -41,8 +41,9 @@ def tell(text: str, status: int, *, missing: Collection[int] = ()) -> None:
     text = Scrubber.from_environment()(text)  # the terminal and torchrun's summary are outputs like any other
     place = errorfile.Place.from_env()
     outcome.tell(status=int(status), error=text.removeprefix("ERROR: "), any_rank=True)
-    on_terminal = errorfile.path() is None or bool(os.environ.get(outcome.OUTCOME_ENV))
-    if on_terminal and place.first_of_job(missing):
+    if place.first_of_job(missing):
+        # First, on the terminal: under plain torchrun its summary says the line again as the root cause, but last,
+        # at the end of a 34-72-line report of torchrun's own; a first-day user reads the top.
         sys.stderr.write(f"{text}\n\n")
         sys.stderr.flush()
     if place.first_of_node(missing):

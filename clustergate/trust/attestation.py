@@ -54,6 +54,8 @@ RUN_CLEAN = ("run with the suite's plugins alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD
 REINSTALL = ("pytest's, pytest-html's and pytest-metadata's folders hold only what they installed: remove any other "
              "file there, and reinstall one whose files changed (pip install --force-reinstall)")
 RUN_FROM_SOURCE = "remove the suite's __pycache__ folders and run again"
+RUN_INSTALLED = "run the installed suite (or the checkout): take {archives} off PYTHONPATH"
+"""The advice for modules imported from an archive (``loaded_code.FROM_ARCHIVE``): no __pycache__ is involved."""
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -255,8 +257,12 @@ def _problems(data: Any, why_none: str | None = None) -> list[str]:
         out.append("its attestation does not say whether its modules ran from their source (no foreign_code)")
     elif code:
         said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
+        archives = sorted({str(c.get("file")) for c in code if c.get("why") == loaded_code.FROM_ARCHIVE})
+        advice = [RUN_INSTALLED.format(archives=", ".join(archives))] if archives else []
+        if any(c.get("why") != loaded_code.FROM_ARCHIVE for c in code):
+            advice.insert(0, RUN_FROM_SOURCE)
         out.append(f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; "
-                   f"{RUN_FROM_SOURCE}")
+                   f"{'; '.join(advice)}")
     plugins = data.get("plugins")
     if not isinstance(plugins, list) or not plugins or not all(isinstance(p, Mapping) for p in plugins):
         out.append("its attestation lists no plugins")

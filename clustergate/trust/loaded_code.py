@@ -33,6 +33,8 @@ from typing import Any
 from clustergate.trust import source_import, suitefiles
 
 _NOT_SOURCE = "bytecode not compiled from its source, under a header that matches the source"
+FROM_ARCHIVE = "imported from an archive on the import path, not from the suite's files"
+"""The why of a module whose file is inside a zip: its ``file`` is the archive, which the advice names."""
 
 
 def foreign(checked: suitefiles.Checked) -> list[dict[str, str]]:
@@ -63,6 +65,8 @@ def _why(spec: Any, real: str | None, rel: str | None, checked: suitefiles.Check
     loader = getattr(spec, "loader", None)
     if spec is None or real is None:
         return None, "not loaded from a file of the suite (no import spec or location)"
+    if (archive := _archive(loader, spec.origin)) is not None:
+        return archive, FROM_ARCHIVE
     if rel is None:
         return None, "loaded from outside the files the run attested"
     if isinstance(loader, source_import.SourceLoader):
@@ -89,6 +93,20 @@ def _checked_once(path: str, data: bytes, source: bytes, rewriter: Any | None) -
     except (ValueError, EOFError, TypeError):
         return False
     return isinstance(code, types.CodeType) and code == source_import.compiled(source, path, rewriter)
+
+
+def _archive(loader: Any, origin: str) -> str | None:
+    """The archive a module was imported from (zipimport's, or the regular file its path runs through); None for a
+    module of a regular file. No __pycache__ is involved there: the advice is to import the suite's own files."""
+    archive = getattr(loader, "archive", None)  # zipimport.zipimporter
+    if isinstance(archive, str):
+        return archive
+    for parent in Path(origin).parents:
+        if parent.is_file():
+            return str(parent)
+        if parent.exists():
+            return None
+    return None
 
 
 def _taken(path: str, source: bytes, rewriter: Any | None) -> tuple[str | None, str] | None:

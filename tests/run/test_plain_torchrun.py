@@ -2,11 +2,12 @@
 acceptance``, refusing bad input as cleanly as ``clustergate run``.
 
 Real torchrun jobs of 2 CPU ranks, each stopped before its first test. A refusal (a bad option or input, a run that
-could not start) is said once in the whole output: by torchrun's own failure summary, whose root cause is rank 0's
-error file (clustergate.run.errorfile) with the run's exit status, the line ``clustergate run`` prints; torchrun itself
-exits 1 (README, exit status). A run that starts and is rejected before any test (a GPU node whose torch sees no
-CUDA) says why once on the terminal (its summary), and torchrun's summary names the verdict. Run from another
-directory, the command says to run it from the checkout or to use ``clustergate run``.
+could not start) is said first, once, on rank 0's stderr, before torchrun's report, and again at that report's end by
+torchrun's own failure summary, whose root cause is rank 0's error file (clustergate.run.errorfile) with the run's
+exit status, the line ``clustergate run`` prints; torchrun itself exits 1 (README, exit status). A run that starts
+and is rejected before any test (a GPU node whose torch sees no CUDA) says why once on the terminal (its summary),
+and torchrun's summary names the verdict. Run from another directory, the command says to run it from the checkout
+or to use ``clustergate run``.
 """
 
 from __future__ import annotations
@@ -59,13 +60,19 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_a_bad_input_is_said_once_by_torchruns_own_summary(tmp_path: Path, case: str) -> None:
+def test_a_bad_input_is_said_first_and_by_torchruns_own_summary(tmp_path: Path, case: str) -> None:
     args, message, status = BAD_INPUTS[case]
     given = args(tmp_path)
     report_dir = ["--report-dir", str(tmp_path / "report")] if "--report-dir" not in given else []
     r = card(ROOT, "-k", "test_world", *report_dir, *given)
     assert r.returncode == 1, r.stdout  # torchrun's own: 1 whatever its ranks' status
-    assert r.stdout.count(message) == 1, r.stdout  # once in all the output: not once per rank, not again by torchrun
+    # Twice in all the output, not once per rank: first on rank 0's stderr, where a user reads, then as the root cause
+    # at the end of torchrun's report (34-72 lines of its own).
+    assert r.stdout.count(message) == 2, r.stdout
+    first = r.stdout.index(message)
+    line = r.stdout[r.stdout.rfind("\n", 0, first) + 1:]
+    assert line.startswith("ERROR: ") and "Traceback" not in r.stdout[:first], r.stdout
+    assert first < r.stdout.index("Root Cause (first observed failure):"), r.stdout
     cause = root_cause(r.stdout)
     assert cause["rank"].startswith("0 ") and cause["exitcode"].split()[0] == str(int(status)), r.stdout
     assert cause["traceback"].startswith("ERROR: ") and message in cause["traceback"], r.stdout
@@ -106,7 +113,7 @@ def test_run_from_another_directory_it_says_to_run_from_the_checkout(tmp_path: P
     r = card(elsewhere, *args, env=installed_editable(tmp_path))
     said = (f"ERROR: acceptance: no such directory in {elsewhere}: the command runs the suite from the root of the "
             f"clustergate checkout: run it from there (cd {ROOT}), or run `clustergate run`")
-    assert r.returncode == 1 and r.stdout.count(said) == 1, r.stdout
+    assert r.returncode == 1 and r.stdout.count(said) == 2 and r.stdout.startswith(said), r.stdout  # first and last
     assert root_cause(r.stdout)["traceback"].startswith(said), r.stdout
     assert "unrecognized arguments" not in r.stdout and "file or directory not found" not in r.stdout, r.stdout
 

@@ -207,6 +207,12 @@ def test_a_clean_attestation_has_no_problems_and_a_missing_one_is_a_problem() ->
      "1 modules of the suite ran code that is not their attested source: workloads.x "
      "(/s/workloads/__pycache__/x.cpython-311.pyc: bytecode not compiled from its source); remove the suite's "
      "__pycache__ folders and run again"),
+    (lambda a: a.update(foreign_code=[{"module": "workloads", "file": "/s/suite.zip",
+                                       "why": "imported from an archive on the import path, not from the suite's "
+                                              "files"}]),
+     "1 modules of the suite ran code that is not their attested source: workloads (/s/suite.zip: imported from an "
+     "archive on the import path, not from the suite's files); run the installed suite (or the checkout): take "
+     "/s/suite.zip off PYTHONPATH"),
     (lambda a: a["plugins"].append({"name": "_pytest.evil", "version": None, "file": "/site/_pytest/evil.py",
                                     "suite": False, "why": "not a file pytest 9 installed"}),
      "1 plugins that are not the suite's were loaded: _pytest.evil (/site/_pytest/evil.py: not a file pytest 9 "

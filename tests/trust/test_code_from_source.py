@@ -21,12 +21,13 @@ import struct
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from clustergate.trust import bytecode_cache
+from clustergate.trust import bytecode_cache, loaded_code
 
 from torchrun_job import ROOT, job_env, run_job
 
@@ -166,6 +167,29 @@ def test_a_forged_module_loaded_before_the_hook_by_python_is_named(tmp_path: Pat
     assert said["foreign_code"] == [{"module": "clustergate.trust.suitefiles", "file": str(pyc),
                                      "why": "bytecode not compiled from its source, under a header that matches the "
                                             "source"}], said
+
+
+def test_a_suite_package_imported_from_a_zip_is_named_with_the_zip(tmp_path: Path) -> None:
+    """workloads zipped and put first on PYTHONPATH: its modules are named by the archive, and the advice is to take
+    the archive off the path (no __pycache__ is involved, so removing those folders would change nothing)."""
+    archive = tmp_path / "suite.zip"
+    files = subprocess.run(["git", "ls-files", "workloads"], cwd=ROOT, check=True, capture_output=True, text=True)
+    with zipfile.ZipFile(archive, "w") as z:
+        for rel in files.stdout.split():
+            if rel.endswith(".py"):
+                z.write(ROOT / rel, rel)
+    code = ATTEST.replace("print(json.dumps({", "print(json.dumps({'problems': attestation._problems(attestation."
+                          "section(checked, [], False)), ")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path, capture_output=True, text=True,
+                          env=job_env({"PYTHONPATH": f"{archive}:{ROOT}"}), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout.splitlines()[-1])
+    named = {c["module"]: (c["file"], c["why"]) for c in said["foreign_code"]}
+    assert {"workloads", "workloads.node.gpu_presence"} <= set(named), named
+    assert set(named.values()) == {(str(archive), loaded_code.FROM_ARCHIVE)}, named
+    line = next(p for p in said["problems"] if "not their attested source" in p)
+    assert line.endswith(f"; run the installed suite (or the checkout): take {archive} off PYTHONPATH"), line
+    assert "__pycache__" not in line
 
 
 def test_compileall_bytecode_counts_as_the_suites(tmp_path: Path) -> None:
