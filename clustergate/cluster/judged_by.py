@@ -5,7 +5,8 @@ digest of the profile it ran under (``Profile.run_digest``). ``clustergate.recor
 figures again, but against the criteria the file carries: a hand-edited file that lowers a minimum would
 pass it. Merge and sign-off therefore hold every run to the thresholds they are given (``--thresholds``,
 by default the shipped file): its profile must be one of them, its digest that profile's, and every
-stored criterion that profile's criterion for the metric.
+stored criterion that profile's criterion for the metric. Where not one run of a node phase was judged by them
+(``fleet_problem``: a site profile's runs merged without its file), the command line is at fault, not each node.
 """
 
 from __future__ import annotations
