@@ -17,6 +17,8 @@ from trust_runs import node_run  # noqa: F401  (the fixture)
 import clustergate
 from clustergate.record.results import short_test_name
 from clustergate.report import model
+from clustergate.report.places import Unplaced
+from clustergate.trust.suitefiles import suite_root
 
 from torchrun_job import ROOT
 
@@ -91,3 +93,16 @@ def test_skips_are_a_table_of_reasons_and_no_path_of_the_machine_is_shown(node_r
     for place in {str(node_run), str(node_run.resolve()), str(ROOT), str(ROOT.resolve()), str(Path.home()),
                   str(Path.cwd())}:
         assert place not in page, place
+
+
+def test_a_traceback_s_paths_read_relative(tmp_path: Path) -> None:
+    """What the report's logs, metadata and summary go through (``report.places``): a file of the suite reads as the
+    suite names it, the report directory as ``.``, the home directory as ``~``; a name that only begins like a root
+    is left alone."""
+    unplaced = Unplaced(tmp_path / "report")
+    root, home = suite_root(), Path.home()
+    assert unplaced(f'File "{root}/acceptance/test_node.py", line 3') == 'File "acceptance/test_node.py", line 3'
+    assert unplaced(f"see {tmp_path / 'report' / 'results.json'}; {tmp_path / 'report'}") == "see ./results.json; ."
+    assert unplaced(f"{home}/.cache/x and {home}") == "~/.cache/x and ~"
+    assert unplaced(f"{home}fs/x") == f"{home}fs/x"
+    assert unplaced.of({f"{root}/a": [f"{root}/b", 3]}) == {"a": ["b", 3]}
