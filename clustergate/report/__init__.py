@@ -12,6 +12,7 @@ are made before the dict is handed over (by the run, ``clustergate.render`` or t
 - ``html``: the HTML fragments pytest-html embeds (banner, tables, per-test extras).
 - ``hooks``: the pytest plugin that puts them into pytest-html's report and prints the terminal summary
   (``summary``), in a live run and in a re-render.
+- ``places``: this machine's directories rewritten out of what a report shows (relative to the suite, ``.``, ``~``).
 - ``replay``: the tiny pytest session ``clustergate render`` runs so that pytest-html draws the recorded run.
 
 Details conventions

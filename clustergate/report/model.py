@@ -193,10 +193,13 @@ class Skipped:
 
 
 def fact_text(fact: Any) -> str:
-    """A test's recorded skip fact in words: the fact, then what it names (``not_required: expect.driver``)."""
+    """A test's recorded skip fact in words: the fact, then what it names (``not_required: expect.driver``,
+    ``dcgm_not_requested: needs 3``)."""
     if not isinstance(fact, dict) or not fact.get("fact"):
         return ""
-    named = [f"{k} {v}" if k == "level" else str(v) for k, v in fact.items() if k != "fact" and v not in (None, "")]
+    # A name stands alone (expect.driver, deepspeed); a level or a figure says what it is (level standard, needs 3).
+    named = [str(v) if isinstance(v, str) and k != "level" else f"{k} {v}" for k, v in fact.items()
+             if k != "fact" and v not in (None, "")]
     return str(fact["fact"]) + (f": {', '.join(named)}" if named else "")
 
 

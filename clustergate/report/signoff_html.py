@@ -65,6 +65,15 @@ def _looser(out: dict[str, Any]) -> dict[str, list[str]] | None:
     return said
 
 
+def _parts(row: dict[str, Any]) -> str:
+    """What a row's figures are of: ``24 GPUs``, ``3 nodes`` (a node phase's whole-job figure is its node's), or the
+    fabric run's ``whole job``."""
+    if row["phase"] == "fabric" and row["scope"] == "world":
+        return "whole job"
+    word = "GPU" if row["scope"] == "gpu" else "node"
+    return f"{row['parts']} {word}{'s' if row['parts'] != 1 else ''}"
+
+
 def criteria_section(out: dict[str, Any]) -> str:
     """Every criterion across the accepted hosts: min, median and max of their parts against the bound, the worst
     part's margin, its severity and source, and where the site's profile is looser than the shipped one."""
@@ -80,11 +89,12 @@ def criteria_section(out: dict[str, Any]) -> str:
         low = margin is not None and margin < 0  # an accepted part under a warn criterion's bound
         mark = "; ".join((looser or {}).get(r["metric"], []))
         cells.append([cell(r["phase"]), cell(r["metric"]), cell(short_test_name(r["test"]), title=r["test"]),
-                      cell(f"{r['parts']} {'GPU' if r['scope'] == 'gpu' else r['scope']}", "num"),
+                      cell(_parts(r), "num"),
                       *(cell(number(r[k], unit), "num") for k in ("min", "median", "max")),
                       cell(r["criterion"] if r.get("judged") else "not judged", "" if r.get("judged") else "cg-muted"),
                       cell("" if margin is None else f"{margin:+.1f}%", "num " + ("cg-warn" if low else "")),
-                      cell(r["severity"]), cell(r["source"], "cg-source"),
+                      # The kind of source in the row (one screen for the table), all of it on hover.
+                      cell(r["severity"]), cell(r["source"].split(" (")[0], "cg-source", title=r["source"]),
                       *([cell(mark, "cg-warn" if mark else "")] if looser is not None else [])])
         classes.append("cg-row-looser" if mark else "")
     shown = {r["metric"] for r in rows}
