@@ -118,7 +118,7 @@ from clustergate.report import openmetrics
 from clustergate.secrets.redact import keep
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
-from clustergate.trust import attestation, completeness, keyed, skip_facts
+from clustergate.trust import attestation, completeness, keyed, known_metrics, skip_facts
 from clustergate.trust import manifest as suite_manifest
 from clustergate.trust.manifest import LEVELS
 from workloads.heartbeat import Heartbeat
@@ -216,7 +216,7 @@ def add_thresholds_option(p: argparse.ArgumentParser) -> None:
 def load_thresholds(path: Path | None) -> Thresholds:
     """The thresholds runs are held to (MergeInputError naming the file when it cannot be used)."""
     try:
-        return load(path if path is not None else shipped_thresholds())
+        return known_metrics.check(load(path if path is not None else shipped_thresholds()))
     except (ThresholdsError, OSError) as exc:
         raise MergeInputError(f"--thresholds: {error_text(exc)}") from None
 

@@ -60,6 +60,9 @@ class Profile:
     """Hash of the resolved profile, compared across ranks: every rank must judge alike."""
     expect: dict[str, expect_section.Expected] = field(default_factory=dict)
     """The profile's expect: section (clustergate.criteria.expect): how its nodes must be configured."""
+    lineage: tuple[str, ...] = ()
+    """The profiles it extends, nearest first: how a site profile finds the shipped one it holds to
+    (``clustergate.criteria.against_shipped``)."""
 
     @property
     def run_digest(self) -> str:
@@ -231,6 +234,14 @@ def _resolve(path: Path, raw_profiles: dict[str, Any], name: str, seen: tuple[st
     return merged
 
 
+def _lineage(raw_profiles: dict[str, Any], name: str) -> tuple[str, ...]:
+    """The names ``name`` extends, nearest first (``_resolve`` has refused a circle or a missing one)."""
+    out: list[str] = []
+    while isinstance(parent := raw_profiles[name].get("extends"), str):
+        out.append(name := parent)
+    return tuple(out)
+
+
 def load(path: str | Path) -> Thresholds:
     """Read and validate a thresholds file. Raises ThresholdsError with file, key and fix."""
     path = Path(path)
@@ -307,6 +318,7 @@ def _from_text(path: Path, text: str) -> Thresholds:
         profiles[name] = Profile(
             name=name, description=str(raw.get("description", "")), match=tuple(match),
             sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest, expect=expect,
+            lineage=_lineage(raw_profiles, name),
         )
     fallback = data.get("fallback_profile")
     cpu = data.get("cpu_profile")

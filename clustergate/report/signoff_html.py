@@ -5,8 +5,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from clustergate.criteria.against_shipped import Weakening
 from clustergate.report.merge_html import banner, excluded_table, hosts_block, href, page, scrubbed
-from clustergate.report.signoff_words import DRY_RUN, shapes
+from clustergate.report.signoff_words import DRY_RUN, profile_named, shapes
 
 
 def _phase_rows(out: dict[str, Any]) -> str:
@@ -40,9 +41,10 @@ def signoff_page(out: dict[str, Any], links: dict[str, str] | None = None) -> st
     signed = out["verdict"] == "accept"
     why = [f"{len(out['accepted'])} hosts {'signed off' if signed else 'accepted so far, not signed off'}; "
            f"{len(out['excluded'])} excluded"] + [f"not signed off: {r}" for r in out["reasons"]]
-    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
     facts = [("run", out["run_dir"]), ("run id", out["run_id"]), ("created", out["created"]),
-             ("profile", f"{out.get('profile')}{digest}"), ("thresholds", out.get("thresholds", "")),
+             ("profile", profile_named(out).removeprefix("profile ")), ("thresholds", out.get("thresholds", "")),
+             *([("looser than shipped", "; ".join(Weakening(**w).text() for w in out["looser_than_shipped"]))]
+               if out.get("looser_than_shipped") else []),
              ("level", out["level"]), ("suite", out.get("suite_digest") or ""),
              ("site key", "signed: every record read carried a valid HMAC, signoff.json carries its own"
               if out.get("signed") else "none: the records carry no HMAC")]
