@@ -101,6 +101,7 @@ from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
 from clustergate.common.hostlist import HostlistError, compress, read_hosts
 from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.against_shipped import weakenings
 from clustergate.criteria.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
 from clustergate.record import resultsfile
 from clustergate.record.evidence_bundle import BundleError
@@ -353,6 +354,8 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
     levels = sorted({str(r.get("level")) for r in with_results})
     if len(levels) > 1:
         warnings.append(f"nodes ran at different levels ({', '.join(levels)}): their figures are not alike")
+    if judged.profile is not None:  # a site profile that asks less than the shipped one says so, per criterion
+        warnings += [f"profile {w.profile}: {w.text()}" for w in weakenings(judged.profile)]
     nodes = []
     for r in runs:
         row = node_row(r)

@@ -2,11 +2,10 @@
 
 A site profile (``clustergate calibrate``'s, or one written by hand) may hold nodes tighter than the shipped
 profile of their GPU model and shape, never looser unseen: ``clustergate list``, the run, merge and sign-off say
-per criterion what ``weakenings`` finds. The shipped profile a profile holds to (``shipped_profile``) is, in the
-thresholds file clustergate ships: the profile of the same name, else the nearest one it ``extends``, of the same
-``gpus_per_node``; else the one the shipped file selects for its ``match`` and ``gpus_per_node`` (its cpu profile
-for a profile without a GPU); else the first of those names.
-A profile of the shipped file itself is the shipped profile: it weakens nothing.
+per criterion what ``weakenings`` finds. The shipped profile a profile holds to (``shipped_profile``) is the one
+``Thresholds.holds`` of the file clustergate ships names (the same name, else the nearest it ``extends``, of the
+same shape; else the shipped choice for its ``match`` and shape). A profile of the shipped file itself is the
+shipped profile: it weakens nothing.
 """
 
 from __future__ import annotations
@@ -55,20 +54,7 @@ def shipped() -> Thresholds | None:
 def shipped_profile(profile: Profile, ships: Thresholds | None = None) -> Profile | None:
     """The shipped profile ``profile`` holds to (the module's rule); ``profile`` itself where it is shipped."""
     ships = ships if ships is not None else shipped()
-    if ships is None:
-        return None
-    if profile.source.resolve() == ships.path.resolve():
-        return profile
-    gpus = profile.settings.get("gpus_per_node")
-    named = [ships.profiles[n] for n in (profile.name, *profile.lineage) if n in ships.profiles]
-    same_shape = [p for p in named if p.settings.get("gpus_per_node") == gpus]
-    if same_shape:
-        return same_shape[0]
-    if profile.match:  # a node-wide figure of another shape says nothing of this one's
-        return ships.select(profile.match[0], gpu_node=True, gpus=gpus)
-    if gpus == 0:
-        return ships.profile(ships.cpu_profile)
-    return named[0] if named else None
+    return ships.holds(profile) if ships is not None else None
 
 
 def _permissive(key: str, site: float, ships: float) -> bool:

@@ -29,6 +29,7 @@ import pytest
 import clustergate
 from clustergate.common.exit_codes import Exit
 from clustergate.common.parts import gpu_part
+from clustergate.criteria.against_shipped import weakenings
 from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.judge import Where
@@ -150,6 +151,8 @@ class Run:
         self.version = {"version": clustergate.__version__, "thresholds_digest": profile.run_digest}
         """What this rank runs: compared across ranks at collection (with its suite files), recorded in results.json."""
         self.record.extra["clustergate"] = dict(self.version)
+        if weaker := weakenings(profile):  # a site profile that asks less than the shipped one, per criterion
+            self.record.extra["looser_than_shipped"] = [w.as_json() for w in weaker]
         self.code = attestation.code()
         """This rank's suite files, checked against their reference (clustergate.trust.attestation)."""
         self.plugins_loaded: list[dict[str, Any]] = []

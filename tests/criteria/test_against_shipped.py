@@ -81,3 +81,37 @@ def test_merge_signoff_and_calibrate_refuse_it_too(tmp_path: Path, command: str)
     assert proc.returncode == 2, proc.stderr
     assert "metrics.warp_speed: no test of the suite records 'warp_speed'" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_edited_bound_cites_the_file_that_set_it(tmp_path: Path) -> None:
+    """A criterion the site file edits without a source of its own cites the file (source ``site``), not the
+    shipped source it inherited or copied; one it gives its own source keeps it; an unedited one keeps the
+    shipped citation."""
+    from clustergate.criteria.sources import Source
+
+    site = looser_site.write(tmp_path / "site.yaml", {"h2d_bandwidth_gbps": {"min": 60, "source": "spec"}})
+    profile = load(site).profile(looser_site.NAME)
+    shipped = load(shipped_thresholds()).profile(looser_site.SHIPPED)
+    assert shipped.metrics["hbm_bandwidth_tbps"].source is not None  # it had a citation to lose
+    for edited in ("hbm_bandwidth_tbps", looser_site.DEMOTED):
+        assert profile.metrics[edited].source == Source("site", (("note", f"set by {site}"),)), edited
+        assert profile.metrics[edited].source_text() == f"site (set by {site})"
+    assert profile.metrics["h2d_bandwidth_gbps"].source == Source("spec")
+    assert profile.metrics["gpu_count"].source == shipped.metrics["gpu_count"].source
+
+
+def test_the_runs_summary_says_each_looser_criterion(tmp_path: Path) -> None:
+    """What a run under the looser profile records (results.json ``looser_than_shipped``, as the run sets it from
+    ``weakenings``) the terminal summary says, after the verdict line, per criterion."""
+    from cluster_runs import node_results
+
+    from clustergate.report.summary import summary_lines
+
+    profile = load(looser_site.write(tmp_path / "site.yaml")).profile(looser_site.NAME)
+    results = {**node_results("solo", 1, profile=profile),
+               "looser_than_shipped": [w.as_json() for w in weakenings(profile)]}
+    lines = summary_lines(results)
+    assert lines[1] == (f"LOOSER THAN SHIPPED: profile {looser_site.NAME} asks less than shipped {looser_site.SHIPPED} "
+                        "in 3 criteria (results.json looser_than_shipped):")
+    assert "  hbm_bandwidth_tbps: looser (min -5 where shipped has >= 2.7)" in lines
+    assert "  matmul_bf16_tflops: demoted (severity warn where shipped fails the test)" in lines
