@@ -25,6 +25,7 @@ from typing import Any
 
 from clustergate.common.exit_codes import Exit
 from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.against_shipped import Weakening, weakenings
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.profile_choice import choose_profile
 from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load, shipped_thresholds
@@ -33,6 +34,7 @@ from clustergate.run.durations import DurationsError, Key, Shape, reference, sit
 from clustergate.run.limits import SITE_RUNS
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.store import STORE_ENV, Store, StoreError, store_path, store_problem
+from clustergate.trust import known_metrics
 from clustergate.trust.manifest import LEVELS, RUNS, Manifest, ManifestError, shipped
 from workloads.node import gpu_presence
 from workloads.node.discovery import host_root
@@ -104,7 +106,7 @@ def listing(manifest: Manifest, profile: Profile, level: str, shape: Shape | Non
             "dry_run": not expects_gpus(profile.settings.get("gpus_per_node")),
             "thresholds": str(profile.source), "level": level, "shape": shape.key,
             "store": None if store is None else str(store), "manifest": manifest.digest, "runs": runs,
-            "left_out": left_out}
+            "left_out": left_out, "looser_than_shipped": [w.as_json() for w in weakenings(profile)]}
 
 
 def text(listed: dict[str, Any]) -> list[str]:
@@ -115,6 +117,13 @@ def text(listed: dict[str, Any]) -> list[str]:
     shape = Shape.parse(listed["shape"]).describe()
     lines = [f"profile {listed['profile']}   level {listed['level']}   {sign_off}   thresholds {listed['thresholds']}",
              f"time limits on {shape}" + (f", refined by the store {listed['store']}" if listed["store"] else "")]
+    weaker: dict[str, str] = {}
+    for w in listed["looser_than_shipped"]:
+        weaker[w["metric"]] = "; ".join(filter(None, [weaker.get(w["metric"]), Weakening(**w).text()]))
+    if weaker:
+        lines += ["", f"LOOSER THAN SHIPPED: {len(listed['looser_than_shipped'])} criteria of profile "
+                      f"{listed['profile']} ask less than the shipped profile:"]
+        lines += [f"  {Weakening(**w).text()}" for w in listed["looser_than_shipped"]]
     for run, tests in listed["runs"].items():
         judged = sum(1 for t in tests for m in t["metrics"] if m["bounds"])
         lines += ["", f"{run} run ({RUN_WORDS[run]}): {len(tests)} tests, {judged} judged metrics"]
@@ -125,7 +134,8 @@ def text(listed: dict[str, Any]) -> list[str]:
                 detail = ", ".join(x for x in (m["unit"], f"severity {m['severity']}" if m["bounds"] else "",
                                                m["source"]) if x)
                 said = f"{m['name']} ({m['scope']}): {m['criterion']}" + (f"   [{detail}]" if detail else "")
-                lines.append(f"      {said}")
+                lines.append(f"      {said}" + (f"   LOOSER THAN SHIPPED: {weaker[m['name']]}" if m["name"] in weaker
+                                                    else ""))
                 if m["description"]:
                     lines.append(f"          {m['description']}")
     if listed["left_out"]:
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        thresholds = load(args.thresholds or shipped_thresholds())
+        thresholds = known_metrics.check(load(args.thresholds or shipped_thresholds()))
         profile = choose_profile(thresholds, args.profile, gpu_presence.find(host_root()))
         shape = None
         if args.nproc_per_node is not None or args.nodes != 1:

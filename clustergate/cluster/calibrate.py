@@ -56,6 +56,7 @@ from clustergate.common.terminal import error_text, main_guarded
 from clustergate.criteria.thresholds import Criterion, Profile, ThresholdsError, load, shipped_thresholds
 from clustergate.record.outputs import OutputError, Parser, refuse_inputs, write_text
 from clustergate.record.rejudge import rejudge
+from clustergate.trust import known_metrics
 
 DEFAULT_FRACTION = 0.9
 """A healthy H100/H200 varies about 1-3% from the fleet's median in matmul, copies and collectives:
@@ -84,6 +85,11 @@ class Change:
     kind: str = "metric"
     """metric | setting (the node shape the runs showed) | failure (a check the runs failed that calibration
     does not change: the new profile fails it too)."""
+    floor: str = ""
+    """Where the shipped bound held the calibrated one: 'min 0.2 of shipped cpu' (the runs' fraction x median
+    lay below it); with --allow-looser where the calibrated bound is looser than it (``looser``)."""
+    looser: bool = False
+    """Written looser than the shipped profile (only with --allow-looser): marked in the table and the file."""
 
 
 def _round(x: float, up: bool) -> float:
@@ -114,9 +120,28 @@ def _measured(runs: list[runs_data.Run], model: str, shape: str, n: int) -> dict
             "machine": f"{model}, {shape}", "date": max(r.started[:10] for r in runs), "n": n, "runs": len(runs)}
 
 
+def held_to_shipped(name: str, bound: dict[str, float], shipped: Profile | None,
+                    allow_looser: bool) -> tuple[dict[str, float], str, bool]:
+    """``bound`` (``{"min": x}`` or ``{"max": x}``) held to the shipped profile's bound of metric ``name``: a
+    minimum never below the shipped minimum, a maximum never above the shipped maximum; with ``allow_looser`` it
+    stays and is marked. Returns the bound, what held it (or what it is looser than), and whether it is looser."""
+    crit = shipped.metrics.get(name) if shipped is not None else None
+    key, value = next(iter(bound.items()))
+    floor = crit.get(key) if crit is not None else None
+    if shipped is None or floor is None or (value >= floor if key == "min" else value <= floor):
+        return bound, "", False
+    said = f"{key} {number(floor)} of shipped {shipped.name}"
+    if allow_looser:
+        return bound, f"{key} {number(value)} {'below' if key == 'min' else 'above'} {said} (--allow-looser)", True
+    return {key: floor}, f"held at {said} (fraction x median: {number(value)}; --allow-looser to go below it)", False
+
+
 def plan(base: Profile, samples: dict[str, runs_data.Samples], gpus_per_node: int, fraction: float, min_samples: int,
-         override_spec: bool, model_has_gpus: bool = True) -> list[Change]:
-    """What happens to every judged metric of ``base``; one error for every metric with too few samples."""
+         override_spec: bool, model_has_gpus: bool = True, shipped: Profile | None = None,
+         allow_looser: bool = False) -> list[Change]:
+    """What happens to every judged metric of ``base``; one error for every metric with too few samples. Each
+    calibrated bound is held to ``shipped`` (the profile it extends: ``held_to_shipped``) where that bound is for
+    the runs' node shape (a per-GPU figure, or the same gpus_per_node)."""
     same_shape = base.settings.get("gpus_per_node") == gpus_per_node
     changes: list[Change] = []
     sparse: list[str] = []
@@ -143,10 +168,14 @@ def plan(base: Profile, samples: dict[str, runs_data.Samples], gpus_per_node: in
             stats = runs_data.describe(got.values())
             bound = {"min": _round(fraction * stats["median"], up=False)} if higher else \
                 {"max": _round(stats["median"] / fraction, up=True)}
+            # The floor holds where the shipped figure is for this shape: a per-GPU one, or any of the same shape.
+            floored = shipped if same_shape or got.scope == "gpu" else None
+            bound, floor, looser = held_to_shipped(name, bound, floored, allow_looser)
             worse = [v for v in got.values() if (v < bound["min"] if higher else v > bound["max"])]
-            note = "; ".join(filter(None, [uniform, f"{len(worse)} kept sample(s) fail it: spread too wide for "
-                                                        f"{fraction}" if worse else ""]))
-            changes.append(Change(name, crit, {**_criterion_dict(crit), **bound}, note, stats))
+            note = "; ".join(filter(None, [floor, uniform, f"{len(worse)} kept sample(s) fail it: spread too wide "
+                                                               f"for {fraction}" if worse else ""]))
+            changes.append(Change(name, crit, {**_criterion_dict(crit), **bound}, note, stats, floor=floor,
+                                  looser=looser))
     if sparse:
         raise runs_data.CalibrationError(f"too few samples (need {min_samples}) for: {', '.join(sparse)}; give more "
                                          "runs, or pass --min-samples N to accept fewer")
@@ -226,6 +255,8 @@ def render(name: str, base: Profile, base_path: Path, runs: list[runs_data.Run],
                          f"p5 {number(s['p5'])}, min {number(s['min'])}, max {number(s['max'])}"
                          + (f"; {c.note}" if c.note else ""))
         n = int(c.stats["n"]) if c.stats else len(runs)
+        if c.looser:  # the loader reads no such key: a comment, and list, run, merge and sign-off say it again
+            lines.append(f"      # LOOSER THAN SHIPPED: {c.floor}")
         lines.append(f"      {c.metric}: {json.dumps({**c.new, 'source': _measured(runs, model, shape, n)})}")
     body = yaml.safe_dump({"profiles": shipped["profiles"]}, sort_keys=False, width=110).split("\n", 1)[1]
     return "\n".join(lines) + "\n" + body
@@ -246,9 +277,10 @@ def table(changes: list[Change]) -> str:
         if c.kind == "failure":
             continue
         s = c.stats or {}
+        mark = "LOOSER THAN SHIPPED: " if c.looser else ""
         rows.append(f"{c.metric:36} {bound(c.old):>18} {bound(c.new):>18} {s.get('n', ''):>4} "
                     f"{format(s['median'], '.4g') if s else '':>10} {format(s['spread'], '.1%') if s else '':>7}  "
-                    f"{c.note}")
+                    f"{mark}{c.note}")
     failed = [c for c in changes if c.kind == "failure"]
     if failed:
         rows.append("the runs failed these checks, which calibration does not change (the new profile fails them too):")
@@ -319,10 +351,14 @@ def remedies(misses: list[Miss], changes: list[Change], fraction: float,
     calibrated bound fails them (with one that passes every run, tried: ``passes``), ``--override-spec`` where a
     spec criterion kept from the shipped profile does, healthier nodes where another kept criterion does."""
     by_metric = {c.metric: c for c in changes if c.kind == "metric"}
-    calibrated = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].stats}
+    held = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].floor.startswith("held")}
+    calibrated = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].stats} - held
     spec = {m.metric for m in misses if m.metric in by_metric and by_metric[m.metric].note == "kept: spec"}
-    other = {m.metric for m in misses} - calibrated - spec
+    other = {m.metric for m in misses} - calibrated - spec - held
     out = []
+    if held:
+        out.append(f"--allow-looser to calibrate {_listed(held)} below the shipped bound these nodes miss (marked as "
+                   "looser than shipped in the file, and by list, run, merge and sign-off)")
     if calibrated:
         medians = {name: float((by_metric[name].stats or {}).get("median", 0.0)) for name in calibrated}
         # How far the worst miss lies from its median, as a fraction (below it, or above where lower is better).
@@ -383,6 +419,10 @@ def _main(argv: list[str] | None) -> int:
                              "whose ranks share their cores)")
     parser.add_argument("--min-samples", type=int, default=3, help="fewest samples a metric is calibrated from")
     parser.add_argument("--override-spec", action="store_true", help="calibrate spec criteria too")
+    parser.add_argument("--allow-looser", action="store_true",
+                        help="let a calibrated bound be looser than the shipped profile's (a minimum below it, a "
+                             "maximum above it), marked in the table and the file; without it the shipped bound "
+                             "is the floor")
     args = parser.parse_args(argv)
     try:
         if args.fraction is not None and not 0 < args.fraction < 1:  # nan fails it too
@@ -400,10 +440,10 @@ def _main(argv: list[str] | None) -> int:
                       "write the site profile to a file of its own (-o site-thresholds.yaml)")
         if out.exists() and not args.force:
             raise runs_data.CalibrationError(f"-o {out} exists: pass --force to overwrite it, or choose another -o")
+        thresholds = known_metrics.check(load(args.thresholds))  # the file first: it is one line to mend
+        base = thresholds.profile(args.extends)
         runs = [runs_data.load_run(p) for p in args.results]
         model, gpus_per_node = runs_data.check_alike(runs)
-        thresholds = load(args.thresholds)
-        base = thresholds.profile(args.extends)
         if (problem := model_problem(model, base, thresholds.cpu_profile)) is not None:
             raise runs_data.CalibrationError(problem)
         cpu = model == runs_data.CPU_MODEL
@@ -414,7 +454,7 @@ def _main(argv: list[str] | None) -> int:
             """The profile calibrated at fraction ``at``, and the parts of its own runs it would fail."""
             samples = runs_data.collect(runs)
             changes = plan(base, samples, gpus_per_node, at, args.min_samples, args.override_spec,
-                           model_has_gpus=not cpu)
+                           model_has_gpus=not cpu, shipped=base, allow_looser=args.allow_looser)
             text = render(name, base, Path(args.thresholds), runs, model, gpus_per_node, changes, samples, at)
             return samples, changes, text, would_fail(runs, _candidate(text, out, name), samples)  # it must load
 

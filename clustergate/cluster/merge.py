@@ -106,6 +106,7 @@ from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, mi
 from clustergate.common.exit_codes import refused
 from clustergate.common.hostlist import HostlistError, compress, read_hosts
 from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.against_shipped import weakenings
 from clustergate.criteria.thresholds import Profile, Thresholds, ThresholdsError, load, shipped_thresholds
 from clustergate.record import resultsfile
 from clustergate.record.evidence_bundle import BundleError
@@ -123,7 +124,7 @@ from clustergate.report import openmetrics
 from clustergate.secrets.redact import keep
 from clustergate.store import Store, store_path, store_problem
 from clustergate.store.command import add_store_options
-from clustergate.trust import attestation, completeness, keyed, skip_facts
+from clustergate.trust import attestation, completeness, keyed, known_metrics, skip_facts
 from clustergate.trust import manifest as suite_manifest
 from clustergate.trust.manifest import LEVELS
 from workloads.heartbeat import Heartbeat
@@ -221,7 +222,7 @@ def add_thresholds_option(p: argparse.ArgumentParser) -> None:
 def load_thresholds(path: Path | None) -> Thresholds:
     """The thresholds runs are held to (MergeInputError naming the file when it cannot be used)."""
     try:
-        return load(path if path is not None else shipped_thresholds())
+        return known_metrics.check(load(path if path is not None else shipped_thresholds()))
     except (ThresholdsError, OSError) as exc:
         raise MergeInputError(f"--thresholds: {error_text(exc)}") from None
 
@@ -361,6 +362,8 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
     levels = sorted({str(r.get("level")) for r in with_results})
     if len(levels) > 1:
         warnings.append(f"nodes ran at different levels ({', '.join(levels)}): their figures are not alike")
+    if judged.profile is not None:  # a site profile that asks less than the shipped one says so, per criterion
+        warnings += [f"profile {w.profile}: {w.text()}" for w in weakenings(judged.profile)]
     nodes = []
     for r in runs:
         row = node_row(r)

@@ -77,6 +77,7 @@ from clustergate.common.exit_codes import refused
 from clustergate.common.hostlist import compress
 from clustergate.common.numbers import number
 from clustergate.common.terminal import error_text, main_guarded
+from clustergate.criteria.against_shipped import Weakening, shipped_profile, weakenings
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.thresholds import Thresholds
 from clustergate.record import resultsfile
@@ -195,7 +196,11 @@ def what_was_signed(cluster: dict[str, Any], site: Thresholds, accepted: list[st
         return {"host": host, "gpus": int(node.get("gpus") or 0), "gpu_models": list(node.get("gpu_models") or []),
                 "ranks": node.get("ranks")}
 
+    base = shipped_profile(profile) if profile is not None else None
     return {"thresholds": str(site.path), "profile_digest": profile.run_digest if profile is not None else None,
+            # A site profile is named as the site's, with the shipped one it holds to and where it asks less.
+            "shipped_profile": None if base is None or base is profile else base.name,
+            "looser_than_shipped": [w.as_json() for w in weakenings(profile)] if profile is not None else [],
             "suite_digest": cluster.get("suite_digest"), "dry_run": bool(cluster.get("dry_run")),
             "nodes": [hardware(h) for h in accepted]}
 
@@ -420,6 +425,8 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{'SIGNED OFF' if signed else 'NOT SIGNED OFF'}: {len(out['accepted'])} hosts accepted, "
           f"{len(out['excluded'])} excluded" + (f" ({DRY_RUN})" if out["dry_run"] else ""))
     print(f"{'signed' if signed else 'held to'}: {held_to(out)}")
+    for weaker in out["looser_than_shipped"]:
+        print(f"looser than shipped: {Weakening(**weaker).text()}")
     print(f"accepted: {out['accepted_hostlist'] or '(none)'}")
     for hosts, shape in shapes(out):
         print(f"  {hosts}: {shape}")

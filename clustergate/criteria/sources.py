@@ -10,6 +10,9 @@
   the run, the fleet at merge), so the criterion may bound nothing but ``outlier_fraction``/``outlier_multiple``;
 - ``estimate``: a reasoned guess, not yet measured. Shipped estimates carry ``severity: warn`` and never appear
   in a sign-off profile.
+- ``site``: set by a site's thresholds file (``note``: "set by FILE"): a criterion a site file edits from the
+  shipped profile's without a source of its own cites the file, not the shipped source
+  (``clustergate.criteria.thresholds``).
 
 In thresholds.yaml: ``source: spec`` (a word), or a mapping
 ``source: {kind: measured, tool: nccl-tests, machine: "2x H200 NV18", date: 2026-01-10, n: 16}``.
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("spec", "measured", "published", "peers", "estimate")
+KINDS = ("spec", "measured", "published", "peers", "estimate", "site")
 REQUIRED = {"measured": ("tool", "machine", "date", "n"), "published": ("note",)}
 """Detail a kind must give: a measured figure says by what, on what, when and from how many samples; a published
 one where it was published."""

@@ -6,6 +6,7 @@ plugin turns it into a usage error on every rank before any test runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +19,7 @@ from clustergate.common import inputfile
 from clustergate.criteria import expect as expect_section
 from clustergate.criteria.criterion import Criterion, CriterionError
 from clustergate.criteria.settings import SETTINGS, setting_problem
+from clustergate.criteria.sources import Source
 
 SCHEMA = 1
 
@@ -60,6 +62,9 @@ class Profile:
     """Hash of the resolved profile, compared across ranks: every rank must judge alike."""
     expect: dict[str, expect_section.Expected] = field(default_factory=dict)
     """The profile's expect: section (clustergate.criteria.expect): how its nodes must be configured."""
+    lineage: tuple[str, ...] = ()
+    """The profiles it extends, nearest first: how a site profile finds the shipped one it holds to
+    (``clustergate.criteria.against_shipped``)."""
 
     @property
     def run_digest(self) -> str:
@@ -121,6 +126,24 @@ class Thresholds:
         if not models:
             return self.profile(self.fallback_profile)
         return next((p for p in models if gpus is not None and p.settings.get("gpus_per_node") == gpus), models[0])
+
+    def holds(self, profile: Profile) -> Profile | None:
+        """The profile of this (the shipped) file that ``profile`` of another file holds to: the one of the same
+        name, else the nearest it ``extends``, of the same ``gpus_per_node``; else the one ``select`` chooses for
+        its ``match`` and shape (the cpu profile for a profile without a GPU); else the first of those names.
+        ``profile`` itself where it is of this file."""
+        if profile.source.resolve() == self.path.resolve():
+            return profile
+        gpus = profile.settings.get("gpus_per_node")
+        named = [self.profiles[n] for n in (profile.name, *profile.lineage) if n in self.profiles]
+        same_shape = [p for p in named if p.settings.get("gpus_per_node") == gpus]
+        if same_shape:
+            return same_shape[0]
+        if profile.match:  # a node-wide figure of another shape says nothing of this one's
+            return self.select(profile.match[0], gpu_node=True, gpus=gpus)
+        if gpus == 0:
+            return self.profile(self.cpu_profile)
+        return named[0] if named else None
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -231,6 +254,44 @@ def _resolve(path: Path, raw_profiles: dict[str, Any], name: str, seen: tuple[st
     return merged
 
 
+def _digest(settings: dict[str, Any], metrics: dict[str, Criterion], expect: dict[str, expect_section.Expected]) -> str:
+    return hashlib.sha256(repr((sorted(settings.items()), sorted(
+        (m, c.as_json()) for m, c in metrics.items()), sorted((k, e.text) for k, e in expect.items())
+    )).encode()).hexdigest()[:16]
+
+
+def _cited(path: Path, profiles: dict[str, Profile]) -> dict[str, Profile]:
+    """``profiles`` of a file other than the shipped one, each criterion that differs from the shipped profile's
+    (bounds or severity) and cites nothing of its own (no source, or the shipped criterion's, copied or inherited)
+    citing ``path`` instead (source ``site``): an edited bound never reads as the shipped source's figure."""
+    shipped = shipped_thresholds()
+    if path.resolve() == shipped:
+        return profiles
+    try:
+        ships = load(shipped)
+    except ThresholdsError:
+        return profiles  # nothing to compare with: the load of the shipped file says why where it is used
+    set_here = Source("site", (("note", f"set by {path}"),))
+    out = {}
+    for name, profile in profiles.items():
+        base = ships.holds(profile)
+        theirs = base.metrics if base is not None else {}
+        metrics = {m: c if (t := theirs.get(m)) is None or (c.bounds, c.severity) == (t.bounds, t.severity)
+                   or c.source not in (None, t.source) else dataclasses.replace(c, source=set_here)
+                   for m, c in profile.metrics.items()}
+        out[name] = profile if metrics == profile.metrics else dataclasses.replace(
+            profile, metrics=metrics, digest=_digest(profile.settings, metrics, profile.expect))
+    return out
+
+
+def _lineage(raw_profiles: dict[str, Any], name: str) -> tuple[str, ...]:
+    """The names ``name`` extends, nearest first (``_resolve`` has refused a circle or a missing one)."""
+    out: list[str] = []
+    while isinstance(parent := raw_profiles[name].get("extends"), str):
+        out.append(name := parent)
+    return tuple(out)
+
+
 def load(path: str | Path) -> Thresholds:
     """Read and validate a thresholds file. Raises ThresholdsError with file, key and fix."""
     path = Path(path)
@@ -301,13 +362,12 @@ def _from_text(path: Path, text: str) -> Thresholds:
         sign_off = sign_off and any(c.bounds for c in metrics.values())
         settings = _settings(path, f"{where}.settings", raw.get("settings"))
         expect = expect_section.parse(raw.get("expect"), f"{where}.expect", lambda key, why: _fail(path, key, why))
-        digest = hashlib.sha256(repr((sorted(settings.items()), sorted(
-            (m, c.as_json()) for m, c in metrics.items()), sorted((k, e.text) for k, e in expect.items())
-        )).encode()).hexdigest()[:16]
         profiles[name] = Profile(
             name=name, description=str(raw.get("description", "")), match=tuple(match),
-            sign_off=sign_off, settings=settings, metrics=metrics, source=path, digest=digest, expect=expect,
+            sign_off=sign_off, settings=settings, metrics=metrics, source=path,
+            digest=_digest(settings, metrics, expect), expect=expect, lineage=_lineage(raw_profiles, name),
         )
+    profiles = _cited(path, profiles)
     fallback = data.get("fallback_profile")
     cpu = data.get("cpu_profile")
     for key, value in (("fallback_profile", fallback), ("cpu_profile", cpu)):

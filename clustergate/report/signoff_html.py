@@ -8,16 +8,17 @@ from html import escape
 from typing import Any
 
 from clustergate.common.numbers import number
+from clustergate.criteria.against_shipped import Weakening
 from clustergate.record.results import short_test_name
 from clustergate.report import model
 from clustergate.report.markup import cell, table
 from clustergate.report.merge_html import banner, dry_run_banner, excluded_table, hosts_block, href, page, scrubbed
-from clustergate.report.signoff_words import shapes
+from clustergate.report.signoff_words import profile_named, shapes
 
 LOOSER = "looser_than_shipped"
 """The sign-off's field that says, per criterion, where the site's profile is looser than the shipped profile of its
-GPU and shape, or drops or demotes a criterion: ``[{"metric", "kind": looser | dropped | demoted, "shipped",
-"site"}]``; the page shows its column only where the field is there."""
+GPU and shape, or drops or demotes a criterion (``Weakening.as_json``: ``{"metric", "kind": looser | dropped |
+demoted, "profile", "shipped", "detail"}``); the page shows its column only where the field is there."""
 
 
 def _phase_rows(out: dict[str, Any]) -> str:
@@ -45,13 +46,6 @@ def _hardware(out: dict[str, Any]) -> str:
             f"</thead><tbody>{rows}</tbody></table>")
 
 
-def _bound(value: Any) -> str:
-    """A shipped or site bound as the looser-than-shipped field gives it: a figure, a text, or a mapping of bounds."""
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {number(v) if isinstance(v, (int, float)) else v}" for k, v in value.items())
-    return "none" if value is None else number(value) if isinstance(value, (int, float)) else str(value)
-
-
 def _looser(out: dict[str, Any]) -> dict[str, list[str]] | None:
     """metric -> how the site's profile is looser than the shipped one (None where the sign-off does not say)."""
     entries = out.get(LOOSER)
@@ -60,8 +54,8 @@ def _looser(out: dict[str, Any]) -> dict[str, list[str]] | None:
     said: dict[str, list[str]] = {}
     for e in entries:
         if isinstance(e, dict):
-            said.setdefault(str(e.get("metric")), []).append(
-                f"{e.get('kind', 'looser')}: shipped {_bound(e.get('shipped'))}, site {_bound(e.get('site'))}")
+            w = Weakening(**e)
+            said.setdefault(w.metric, []).append(f"{w.kind}: {w.detail}")
     return said
 
 
@@ -110,8 +104,12 @@ def signoff_page(out: dict[str, Any], links: dict[str, str] | None = None) -> st
     signed = out["verdict"] == "accept"
     why = [f"{len(out['accepted'])} hosts {'signed off' if signed else 'accepted so far, not signed off'}; "
            f"{len(out['excluded'])} excluded"] + [f"not signed off: {r}" for r in out["reasons"]]
+    # The profile as the line names it: a site profile as the site's, with the shipped one it holds to.
     facts = [("run", out["run_dir"]), ("created", out["created"]),
-             *model.identity({**out, "version": (out.get("clustergate") or {}).get("version")})]
+             *model.identity({**out, "version": (out.get("clustergate") or {}).get("version"),
+                              "profile": profile_named(out).removeprefix("profile "), "profile_digest": None}),
+             *([("looser than shipped", "; ".join(Weakening(**w).text() for w in out[LOOSER]))]
+               if out.get(LOOSER) else [])]
     body = [*dry_run_banner(bool(out.get("dry_run"))), banner(out["verdict"], why, facts),
             "<h3>Criteria across the accepted hosts</h3>", criteria_section(out), "<h3>Hosts</h3>",
             hosts_block(out["accepted_hostlist"], out["excluded_hostlist"],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from clustergate.common.hostlist import compress
@@ -27,9 +28,18 @@ def shapes(out: dict[str, Any]) -> list[tuple[str, str]]:
     return [(compress(hosts), shape) for shape, hosts in sorted(groups.items(), key=lambda g: -len(g[1]))]
 
 
+def profile_named(out: dict[str, Any]) -> str:
+    """The profile as the line and the page name it: a site profile as the site's, with the shipped profile it
+    holds to (signoff.json's ``shipped_profile``), never by a shipped name alone."""
+    digest = f"digest {out['profile_digest']}" if out.get("profile_digest") else ""
+    if out.get("shipped_profile") is None:
+        return f"profile {out.get('profile')}" + (f" ({digest})" if digest else "")
+    site = f"site profile of {Path(str(out.get('thresholds', '?'))).name}, extends shipped {out['shipped_profile']}"
+    return f"profile {out.get('profile')} ({', '.join(filter(None, [site, digest]))})"
+
+
 def held_to(out: dict[str, Any]) -> str:
     """What the sign-off held the hosts to, in one line: profile, its digest and file, level, suite, site key."""
-    digest = f" (digest {out['profile_digest']})" if out.get("profile_digest") else ""
     key = "signed with the site key" if out.get("signed") else "no site key: the records carry no HMAC"
-    return (f"profile {out.get('profile')}{digest} of {out.get('thresholds', '?')}, level {out.get('level')}, "
+    return (f"{profile_named(out)} of {out.get('thresholds', '?')}, level {out.get('level')}, "
             f"suite {out.get('suite_digest') or '?'}; {key}")

@@ -33,6 +33,13 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"profile {f['profile']!r} has no sign-off criteria: figures are measured, not judged")
     if selection_line(results):
         lines.append(str(selection_line(results)))
+    weaker = [w for w in results.get("looser_than_shipped") or [] if isinstance(w, dict)]
+    if weaker:  # a site profile that asks less than the shipped one is never read as the shipped one
+        lines.append(f"LOOSER THAN SHIPPED: profile {f['profile']} asks less than shipped {weaker[0].get('shipped')} "
+                     f"in {len(weaker)} criteria (results.json looser_than_shipped):")
+        lines += [f"  {w.get('metric')}: {w.get('kind')} ({w.get('detail')})" for w in weaker[:MAX_WARNINGS]]
+        if len(weaker) > MAX_WARNINGS:
+            lines.append(f"  ... {len(weaker) - MAX_WARNINGS} more (see results.json)")
     steps = [a for a in results.get("actions") or [] if isinstance(a, dict)]
     if results.get("error"):
         lines.append(f"run error: {str(results['error']).splitlines()[0]}")

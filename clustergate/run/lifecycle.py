@@ -30,6 +30,7 @@ import clustergate
 from clustergate.common.exit_codes import Exit
 from clustergate.common.parts import gpu_part
 from clustergate.common.places import shown_path
+from clustergate.criteria.against_shipped import weakenings
 from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.judge import Where
@@ -155,6 +156,8 @@ class Run:
         # whether a site key signs the record: the report's identity block shows what judged the run.
         self.record.extra["clustergate"] = {**self.version, "keyed": options.key is not None,
                                             "thresholds": shown_path(profile.source, (suite_root(), Path.cwd()))}
+        if weaker := weakenings(profile):  # a site profile that asks less than the shipped one, per criterion
+            self.record.extra["looser_than_shipped"] = [w.as_json() for w in weaker]
         self.code = attestation.code()
         """This rank's suite files, checked against their reference (clustergate.trust.attestation)."""
         self.plugins_loaded: list[dict[str, Any]] = []

@@ -115,7 +115,8 @@ def fabric(run: Path, hosts: list[str], tests: list[dict[str, Any]], net: str = 
     warned = any((m.get("criterion") or {}).get("severity") == "warn" for t in tests for m in t["metrics"])
     profile = SITE_THRESHOLDS.profile("fabric-warn" if warned else "fabric-fail")
     for m in (m for t in tests for m in t["metrics"]):  # what the run's judge stores: the profile's criterion
-        assert Criterion.parse(m["criterion"], m["name"]).as_json() == profile.metrics[m["name"]].as_json()
+        given, site = Criterion.parse(m["criterion"], m["name"]), profile.metrics[m["name"]]
+        assert (given.bounds, given.severity) == (site.bounds, site.severity)  # the site's source: its file
         m["criterion"] = profile.metrics[m["name"]].as_json()
     res = fabric_results(hosts, json.loads((run / "results.json").read_text())["run_id"], gpus=1)
     given = {t["nodeid"] for t in tests}
@@ -286,13 +287,15 @@ def test_the_line_and_the_page_say_what_was_signed(run: Path) -> None:
     assert out["dry_run"] is False and out["signed"] is False
     assert out["nodes"] == [{"host": h, "gpus": 8, "gpu_models": ["NVIDIA H100 80GB HBM3"], "ranks": 8}
                             for h in ("h1", "h2", "h4")]
-    lines = proc.stdout.splitlines()
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith("looser than shipped: ")]
     assert lines[0] == "SIGNED OFF: 3 hosts accepted, 2 excluded"
-    assert lines[1] == (f"signed: profile fabric-fail (digest {digest}) of {SITE}, level standard, suite "
+    assert lines[1] == (f"signed: profile fabric-fail (site profile of site.yaml, extends shipped h100-sxm-80gb, "
+                        f"digest {digest}) of {SITE}, level standard, suite "
                         f"{out['suite_digest']}; no site key: the records carry no HMAC")
     assert lines[2:4] == ["accepted: h[1-2,4]", "  h[1-2,4]: 8 x NVIDIA H100 80GB HBM3"]
     page = (run / "signoff.html").read_text()
-    for said in (f"fabric-fail (digest {digest})", str(SITE), out["suite_digest"], "none: the records carry no HMAC",
+    for said in (f"fabric-fail (site profile of site.yaml, extends shipped h100-sxm-80gb, digest {digest})", str(SITE),
+                 out["suite_digest"], "none: the records carry no HMAC",
                  '<td>h[1-2,4]</td><td>8 x NVIDIA H100 80GB HBM3</td>'):
         assert said in page, said
     assert 'id="cg-dry-run"' not in page and 'id="cg-dry-run"' not in (run / "report.html").read_text()
@@ -402,10 +405,41 @@ def test_a_looser_site_criterion_is_marked_in_its_row(run: Path) -> None:
     row says how, and a dropped criterion with no row is listed under the table."""
     fabric(run, HOSTS, [])
     out = signoff(run, thresholds=SITE)
-    looser = [{"metric": "hbm_bandwidth_tbps", "kind": "looser", "shipped": {"min": 2.7}, "site": {"min": 1.5}},
-              {"metric": "no_such_metric", "kind": "dropped", "shipped": {"min": 1}, "site": None}]
+    looser = [{"metric": "hbm_bandwidth_tbps", "kind": "looser", "profile": "fabric-fail", "shipped": "h100-sxm-80gb",
+               "detail": ">= 1.5 where h100-sxm-80gb has >= 2.7"},
+              {"metric": "no_such_metric", "kind": "dropped", "profile": "fabric-fail", "shipped": "h100-sxm-80gb",
+               "detail": "h100-sxm-80gb has >= 1"}]
     page = signoff_page({**out, "looser_than_shipped": looser})
     rows = {r["metric"]: r for r in page_table(page, "cg-criteria")}
-    assert rows["hbm_bandwidth_tbps"]["looser than shipped"] == "looser: shipped min 2.7, site min 1.5"
+    assert rows["hbm_bandwidth_tbps"]["looser than shipped"] == "looser: >= 1.5 where h100-sxm-80gb has >= 2.7"
     assert {r["looser than shipped"] for m, r in rows.items() if m != "hbm_bandwidth_tbps"} == {""}
-    assert "no_such_metric: dropped: shipped min 1, site none" in page
+    assert "no_such_metric: dropped: h100-sxm-80gb has &gt;= 1" in page
+
+
+def test_a_looser_site_profile_is_named_as_the_sites_and_looser_per_criterion(tmp_path: Path) -> None:
+    """A node judged by a hand-edited site profile that lowers a minimum to nothing, demotes a criterion and drops
+    one, merged and signed off under that file: signoff.json, the line and the page name the profile as the site's
+    (with the shipped one it extends), never by a shipped name alone, and each criterion where it asks less."""
+    import looser_site
+
+    from clustergate.criteria.against_shipped import Weakening
+
+    site = looser_site.write(tmp_path / "site.yaml")
+    profile = load(site).profile(looser_site.NAME)
+    write_node(tmp_path / "nodes", "solo", node_results("solo", 1, profile=profile))
+    merge([tmp_path / "nodes" / "solo"], tmp_path / "run", thresholds=site)
+    proc = subprocess.run([sys.executable, "-m", "clustergate", "signoff", str(tmp_path / "run"), "--thresholds",
+                           str(site)], cwd=ROOT, env=job_env(), text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    out = json.loads((tmp_path / "run" / "signoff.json").read_text())
+    assert schema_errors(out) == []
+    assert (out["profile"], out["shipped_profile"]) == (looser_site.NAME, looser_site.SHIPPED)
+    assert sorted(Weakening(**w).text() for w in out["looser_than_shipped"]) == sorted(looser_site.SAID)
+    lines = proc.stdout.splitlines()
+    assert lines[1].startswith(f"signed: profile {looser_site.NAME} (site profile of site.yaml, extends shipped "
+                               f"{looser_site.SHIPPED}, digest {profile.run_digest}) of {site}, level standard")
+    assert sorted(lines[2:5]) == sorted(f"looser than shipped: {said}" for said in looser_site.SAID)
+    page = (tmp_path / "run" / "signoff.html").read_text()
+    assert f"{looser_site.NAME} (site profile of site.yaml, extends shipped {looser_site.SHIPPED}" in page
+    assert "looser than shipped" in page and "min -5 where shipped has &gt;= 2.7" in page

@@ -141,7 +141,7 @@ def test_severity_and_source_are_parsed_and_carried() -> None:
     for raw, message in (
         ({"min": 1, "severity": "fatal"}, "c.severity: must be fail or warn, got 'fatal'"),
         ({"min": 1, "source": "guess"}, "c.source: kind must be one of spec, measured, published, peers, estimate, "
-                                        "got 'guess'"),
+                                        "site, got 'guess'"),
         ({"min": 1, "source": "measured"}, "c.source: measured needs tool, machine, date, n: write source: "
                                            "{kind: measured, tool: ..., machine: ..., date: ..., n: ...}"),
         ({"min": 1, "source": {"kind": "spec", "page": 3}}, "c.source: unknown key 'page'"),
