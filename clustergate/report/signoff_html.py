@@ -18,7 +18,7 @@ from clustergate.report.signoff_words import profile_named, shapes
 LOOSER = "looser_than_shipped"
 """The sign-off's field that says, per criterion, where the site's profile is looser than the shipped profile of its
 GPU and shape, or drops or demotes a criterion (``Weakening.as_json``: ``{"metric", "kind": looser | dropped |
-demoted, "profile", "shipped", "detail"}``); the page shows its column only where the field is there."""
+demoted, "profile", "shipped", "detail"}``); the page shows its column only where the list is not empty."""
 
 
 def _phase_rows(out: dict[str, Any]) -> str:
@@ -47,9 +47,10 @@ def _hardware(out: dict[str, Any]) -> str:
 
 
 def _looser(out: dict[str, Any]) -> dict[str, list[str]] | None:
-    """metric -> how the site's profile is looser than the shipped one (None where the sign-off does not say)."""
+    """metric -> how the site's profile is looser than the shipped one (None where it is looser nowhere, or the
+    sign-off does not say: no column then)."""
     entries = out.get(LOOSER)
-    if not isinstance(entries, list):
+    if not isinstance(entries, list) or not entries:
         return None
     said: dict[str, list[str]] = {}
     for e in entries:
