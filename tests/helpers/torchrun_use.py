@@ -4,8 +4,9 @@ A test starts one where its function, a fixture it uses, or a function of the su
 (through the names their code uses, module attributes included: ``report_runs.shared``) names a command that
 starts torchrun: ``python -m torch.distributed.run`` (torchrun_job's launchers, a test's own ``subprocess.run``)
 or ``clustergate run``. The shared runs (conftest.SHARED_RUNS) count as well: a test that only reads one still
-waits for the job that makes it. conftest.py marks each such test ``slow``, so ``-m "not slow"`` is the suite's
-fast tier (docs/development.md).
+waits for the job that makes it. conftest.py marks each such test ``slow``, and ``command`` each test that runs one
+of clustergate's commands in a process of its own (``python -m clustergate merge``), so ``-m "not slow and not
+command"`` is the suite's fast tier of unit and pytester tests (docs/development.md).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ast
 import inspect
 import textwrap
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,12 @@ def _ours(filename: str | None) -> bool:
 def _names_a_launch(words: list[str]) -> bool:
     """A command line that starts torchrun: ``-m torch.distributed.run`` or ``clustergate run``."""
     return TORCHRUN in words or any(a == "clustergate" and b == "run" for a, b in zip(words, words[1:], strict=False))
+
+
+def _names_a_command(words: list[str]) -> bool:
+    """A command line that starts one of clustergate's commands in a process of its own (``python -m clustergate
+    merge``): a second of start-up and more each (the suite's code compiled from source, the secret scanner)."""
+    return any(a == "-m" and b == "clustergate" for a, b in zip(words, words[1:], strict=False))
 
 
 def _words(node: ast.List | ast.Tuple, names: dict[str, Any]) -> list[str]:
@@ -59,22 +66,24 @@ def _commands_and_names(tree: ast.AST) -> Iterator[ast.AST]:
         yield from _commands_and_names(child)
 
 
-_known: dict[types.CodeType, bool] = {}
+Spelling = Callable[[list[str]], bool]
+_known: dict[tuple[types.CodeType, Spelling], bool] = {}
 
 
-def _starts(obj: Any) -> bool:
-    """Whether calling ``obj`` (a function or a class of the suite's tests) may start a torchrun job."""
+def _starts(obj: Any, spelled: Spelling = _names_a_launch) -> bool:
+    """Whether calling ``obj`` (a function or a class of the suite's tests) may start a process whose command line
+    ``spelled`` knows (a torchrun job by default)."""
     if isinstance(obj, type):
-        return any(_starts(member) for member in vars(obj).values() if inspect.isfunction(member))
+        return any(_starts(member, spelled) for member in vars(obj).values() if inspect.isfunction(member))
     if not inspect.isfunction(obj):
         return False
     func = inspect.unwrap(obj)
     code = func.__code__
     if not _ours(code.co_filename):
         return False
-    if code in _known:
-        return _known[code]
-    _known[code] = False  # while it is read: a cycle of calls adds nothing
+    if (code, spelled) in _known:
+        return _known[code, spelled]
+    _known[code, spelled] = False  # while it is read: a cycle of calls adds nothing
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     except (OSError, SyntaxError):
@@ -83,27 +92,35 @@ def _starts(obj: Any) -> bool:
     found = False
     for node in _commands_and_names(tree):
         if isinstance(node, ast.List | ast.Tuple):
-            found = _names_a_launch(_words(node, names))
+            found = spelled(_words(node, names))
         elif isinstance(node, ast.Name):
             value = names.get(node.id)
-            found = (isinstance(value, list | tuple) and _names_a_launch([w for w in value if isinstance(w, str)])
-                     ) or _starts(value)
+            found = (isinstance(value, list | tuple) and spelled([w for w in value if isinstance(w, str)])
+                     ) or _starts(value, spelled)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             module = names.get(node.value.id)  # report_runs.shared: a helper module's function
             if isinstance(module, types.ModuleType) and _ours(getattr(module, "__file__", None)):
-                found = _starts(getattr(module, node.attr, None))
+                found = _starts(getattr(module, node.attr, None), spelled)
         if found:
             break
-    _known[code] = found
+    _known[code, spelled] = found
     return found
+
+
+def _reaches(item: pytest.Item, spelled: Spelling) -> bool:
+    """Whether the test ``item``, or a fixture it uses, may start a process whose command line ``spelled`` knows."""
+    if _starts(getattr(item, "function", None), spelled):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else []
+    return any(_starts(fixture.func, spelled) for chain in defs for fixture in chain)
 
 
 def starts_torchrun(item: pytest.Item, shared_runs: tuple[str, ...]) -> bool:
     """Whether the test ``item`` starts a torchrun job or waits for a shared run's."""
-    if any(name in item.fixturenames for name in shared_runs):
-        return True
-    if _starts(getattr(item, "function", None)):
-        return True
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else []
-    return any(_starts(fixture.func) for chain in defs for fixture in chain)
+    return any(name in item.fixturenames for name in shared_runs) or _reaches(item, _names_a_launch)
+
+
+def starts_a_command(item: pytest.Item) -> bool:
+    """Whether the test ``item`` runs one of clustergate's commands in a process of its own."""
+    return _reaches(item, _names_a_command)
