@@ -1,12 +1,13 @@
 """Which of the suite's own tests start a torchrun job: found from their code, so no test is marked by hand.
 
-A test starts one where its function, a fixture it uses, or a function of the suite's tests either reaches
-(through the names their code uses, module attributes included: ``report_runs.shared``) names a command that
-starts torchrun: ``python -m torch.distributed.run`` (torchrun_job's launchers, a test's own ``subprocess.run``)
-or ``clustergate run``. The shared runs (conftest.SHARED_RUNS) count as well: a test that only reads one still
-waits for the job that makes it. conftest.py marks each such test ``slow``, and ``command`` each test that runs one
-of clustergate's commands in a process of its own (``python -m clustergate merge``), so ``-m "not slow and not
-command"`` is the suite's fast tier of unit and pytester tests (docs/development.md).
+A test starts one where its function, a fixture it uses, or a function of the suite's tests either reaches (through
+the names their code uses, module attributes included: ``report_runs.shared``) names a command that starts torchrun:
+``python -m torch.distributed.run`` (torchrun_job's launchers, a test's own ``subprocess.run``) or ``clustergate
+run``; or torchrun_job.start_ranks, a job's ranks started as torchrun would. The shared runs (conftest.SHARED_RUNS)
+count as well: a test that only reads one still waits for the job that makes it. conftest.py marks each such test
+``slow``, and ``command`` each test that runs one of clustergate's commands in a process of its own (``python -m
+clustergate merge``), so ``-m "not slow and not command"`` is the suite's fast tier of unit and pytester tests
+(docs/development.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import torchrun_job
 
 TESTS = Path(__file__).resolve().parents[1]
 TORCHRUN = "torch.distributed.run"
@@ -77,6 +80,8 @@ def _starts(obj: Any, spelled: Spelling = _names_a_launch) -> bool:
         return any(_starts(member, spelled) for member in vars(obj).values() if inspect.isfunction(member))
     if not inspect.isfunction(obj):
         return False
+    if obj is torchrun_job.start_ranks and spelled is _names_a_launch:
+        return True  # a job's ranks started as torchrun would, without its agent
     func = inspect.unwrap(obj)
     code = func.__code__
     if not _ours(code.co_filename):
