@@ -10,6 +10,7 @@ import children
 import pytest
 import torch
 import torch.distributed as dist
+from torchrun_use import starts_a_command, starts_torchrun
 from waited_out_runs import start_early, stop_runner, stop_runners
 
 from workloads.common import ensure_distributed
@@ -53,9 +54,14 @@ def _shared_run(item: pytest.Item) -> str | None:
 
 def _order(item: pytest.Item) -> int:
     """Tests of a shared run first, except the waited-out jobs' (tests/helpers/waited_out_runs.py): those start in a
-    process of their own at the session's first test, and their tests come last."""
+    process of their own at the session's first test, and their tests come last. Between them the longest first:
+    the tests that start a torchrun job (several seconds to minutes each), then those that start a clustergate
+    command (a second or more), then the unit and pytester tests, so with -n 2 the session ends on short tests that
+    even out both workers, not on one worker's torchrun job while the other has nothing left."""
     run = _shared_run(item)
-    return 2 if run == "waited_out" else 1 if run is None else 0
+    if run is not None:
+        return 4 if run == "waited_out" else 0
+    return next((rank for rank, mark in ((1, "slow"), (2, "command")) if item.get_closest_marker(mark)), 3)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -63,6 +69,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (run := _shared_run(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(run))
+        # The fast tier, -m "not slow and not command", leaves both out (tests/helpers/torchrun_use.py).
+        if starts_torchrun(item, SHARED_RUNS):
+            item.add_marker(pytest.mark.slow)
+        elif starts_a_command(item):
+            item.add_marker(pytest.mark.command)
     items.sort(key=_order)  # stable: the order within each kind is kept
 
 

@@ -23,6 +23,10 @@ sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from torchrun_job import job_env  # noqa: E402
 
+# The benchmarks' scripts start their torchrun jobs and commands themselves, out of sight of tests/conftest.py's
+# marking (tests/helpers/torchrun_use.py): 116 CPU s for 13 of these tests, measured on 2 loaded cores.
+pytestmark = pytest.mark.slow
+
 # Hang guards, not speed bounds: each dry run takes 10-30 s on CI's 2 busy cores.
 TIMEOUT_S = 300
 
