@@ -221,6 +221,20 @@ def problems(results: Mapping[str, Any]) -> list[str]:
     return _problems(results.get("attestation"))
 
 
+def _foreign_said(code: Sequence[Mapping[str, Any]]) -> str:
+    said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
+    return f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; " \
+           f"{RUN_FROM_SOURCE}"
+
+
+def own_code_problem() -> str | None:
+    """Why the modules of the suite this process has loaded (those loaded before the importer among them) are not
+    the attested source, as the run checks its own (``loaded_code.foreign``); None where they are. The cluster
+    commands ask it before they read anything: what decides the cluster must be the code attested."""
+    foreign = loaded_code.foreign(code())
+    return _foreign_said(foreign) if foreign else None
+
+
 def _named(items: Sequence[str]) -> str:
     return ", ".join(items[:SHOWN]) + (f" (and {len(items) - SHOWN} more)" if len(items) > SHOWN else "")
 
@@ -254,9 +268,7 @@ def _problems(data: Any, why_none: str | None = None) -> list[str]:
     if not isinstance(code, list) or not all(isinstance(c, Mapping) for c in code):
         out.append("its attestation does not say whether its modules ran from their source (no foreign_code)")
     elif code:
-        said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
-        out.append(f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; "
-                   f"{RUN_FROM_SOURCE}")
+        out.append(_foreign_said(code))
     plugins = data.get("plugins")
     if not isinstance(plugins, list) or not plugins or not all(isinstance(p, Mapping) for p in plugins):
         out.append("its attestation lists no plugins")
