@@ -483,6 +483,32 @@ def test_a_plugin_planted_in_or_changed_among_pytests_files_makes_the_run_partia
 
 
 @pytest.mark.slow
+def test_an_edited_file_of_an_installed_dependency_makes_the_run_partial_naming_it(tmp_path: Path) -> None:
+    """The issue's reproducer, point 6, on a dependency every run imports (pluggy, pytest's): a copy of its installed
+    files and dist-info first on the run's path (never this environment's own), one of its files edited. The run is
+    partial naming that file and why; every other file it imported from its environment is as installed."""
+    site = tmp_path / "site"
+    folder = _copy_of("pluggy", site)
+    edited = (folder / "_hooks.py").resolve()
+    edited.write_text(edited.read_text() + "\nEDITED = True  # ten lines of a slow clock would do\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    job = run_job(run_dir, _planted(run_dir), timeout=180,
+                  env={"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    assert job.codes == [1] and [t["outcome"] for t in job.results["tests"]] == ["passed", "passed"], \
+        job.output[-3000:]
+    res = job.results
+    why = (f"not the file pluggy {importlib.metadata.version('pluggy')} installed (its sha256 is not the one its "
+           "RECORD gives)")
+    environment = res["attestation"]["environment_code"]
+    assert environment["unattested"] == [{"file": str(edited), "why": why}], environment
+    assert environment["checked"] > 100  # torch's, numpy's, pytest's files: as installed
+    assert res["verdict"] == "partial" and (
+        f"1 Python files it imported from its environment are not as their distribution installed them: {edited} "
+        f"({why}); reinstall each from its wheel") in res["reason"], res["reason"]
+
+
+@pytest.mark.slow
 def test_a_gutted_copy_of_the_suite_on_pythonpath_is_partial_naming_the_file(tmp_path: Path) -> None:
     """A copy of the suite, committed in its own clone, then a test body gutted: the run's code is checked against
     that clone's tree, and the file is named."""
