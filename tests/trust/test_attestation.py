@@ -30,7 +30,7 @@ from clustergate.cluster import node_runs
 from clustergate.common import inputfile
 from clustergate.criteria import baseline
 from clustergate.record.verdict import of_record
-from clustergate.trust import attestation, suitefiles
+from clustergate.trust import attestation, distfiles, suitefiles
 from clustergate.trust.completeness import partial
 from clustergate.trust.manifest import shipped
 from workloads.node.gpu_presence import NvidiaDevices
@@ -480,6 +480,37 @@ def test_a_plugin_planted_in_or_changed_among_pytests_files_makes_the_run_partia
     assert res["verdict"] == "partial" and f"({named}: {why})" in res["reason"]
     others = [p for p in section["plugins"] if p["suite"] and p["file"] and p["file"].startswith(str(site))]
     assert {"terminal", "metadata"} <= {p["name"] for p in others}  # the copy's own files are theirs
+
+
+def test_an_environment_file_is_checked_against_the_record_of_its_directory(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a copy of pluggy's installed files (never this environment's): its files are as listed; one planted among
+    them, one from a folder with no distribution and one listed without a hash are named; Python's own library and a
+    file outside every directory of sys.path (torch.compile's kernels) are not checked."""
+    import json as stdlib_module
+
+    site = tmp_path / "site"
+    folder = _copy_of("pluggy", site).resolve()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "loose.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(plain))
+    monkeypatch.syspath_prepend(str(site))
+    assert distfiles.problem(str(folder / "_hooks.py")) is None
+    (folder / "cg_planted.py").write_text("x = 1\n")
+    assert distfiles.problem(str(folder / "cg_planted.py")) == \
+        f"no distribution installed it (no RECORD in {site.resolve()} lists it)"
+    assert distfiles.problem(str((plain / "loose.py").resolve())) == (
+        f"no distribution in {plain.resolve()} has a RECORD (a folder on PYTHONPATH, an egg or a system package): "
+        "nothing says what it should be")
+    [record] = site.glob("pluggy-*.dist-info/RECORD")
+    record.write_text(record.read_text().replace("pluggy/_result.py,sha256=", "pluggy/_result.py,md5="))
+    distfiles._record.cache_clear()
+    assert distfiles.problem(str(folder / "_result.py")).endswith("'s RECORD gives it no sha256: nothing says what "
+                                                                  "it should be")
+    assert distfiles.problem(str(Path(stdlib_module.__file__).resolve())) is None
+    outside = tmp_path / "kernels" / "c3ser.py"
+    assert distfiles.problem(str(outside)) is None and distfiles.check().outside >= 0
 
 
 @pytest.mark.slow
