@@ -127,9 +127,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+ATTESTED = ("merge", "signoff", "render", "calibrate", "record")
+"""The commands that decide, sign or keep a verdict outside a run: each checks the code it runs first (``run``'s
+ranks check their own, into the record)."""
+
+
+def own_code_refusal(name: str) -> str | None:
+    """The line that refuses command ``name`` where the suite's modules loaded so far (the package's ``__init__``
+    and the importer, which load before any check can, among them) are not their attested source; None where they
+    are. Every module imported later is compiled from its attested bytes (``clustergate.trust.source_import``)."""
+    from clustergate.trust.attestation import own_code_problem
+
+    problem = own_code_problem()
+    # Exit 4, could not run: neither the command line nor its inputs are at fault but the code it would run with.
+    return None if problem is None else f"{PROG} {name}: refused, nothing read or written: {problem}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
+        if argv[0] in ATTESTED and (refusal := own_code_refusal(argv[0])):
+            print(refusal, file=sys.stderr)
+            return int(Exit.COULD_NOT_RUN)
         return COMMANDS[argv[0]](argv[1:])
     p = parser()
     if not argv:

@@ -535,6 +535,10 @@ class Run:
             tolerance = float(self.profile.settings.get("baseline_tolerance", DEFAULT_TOLERANCE))
             self.add_section("baseline", compare(self.record.as_json(), self.baseline, tolerance))
         with self._lock:
+            if self.world.is_leader:  # what the tests imported since collection (transformers, peft) is checked too
+                said = self.record.extra["attestation"]
+                self.record.extra["attestation"] = attestation.section(self.code, said["plugins"],
+                                                                       self.options.dry_run)
             for _, error in everyone:
                 if error:
                     self.record.fail(error)  # this rank's own error stays first; then by rank

@@ -2,7 +2,8 @@
 
 - ``suitefiles``: the suite's files and their digest, checked against the package's RECORD or the git tree;
   ``source_import``, ``bytecode_cache``, ``loaded_code``: the suite's modules compiled from that attested source,
-  and what a process loaded checked against it; ``attestation``: the record's attestation (files, code, plugins);
+  and what a process loaded checked against it; ``distfiles``: the environment's Python files a process imported,
+  checked against their distribution's RECORD; ``attestation``: the record's attestation (files, code, plugins);
 - ``manifest``: the tests a complete node or fabric run contains (manifest.json), each test's metrics, skips and
   own limits; ``skip_facts``: the facts a skip may rest on; ``completeness``: whether a run is complete (a
   partial run is never accepted);

@@ -25,17 +25,16 @@ shipped, with the sha256 its RECORD gives: a file planted there, or one changed,
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
 import importlib.metadata
 import importlib.util
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clustergate.trust import loaded_code, manifest, source_import, suitefiles
+from clustergate.trust import distfiles, loaded_code, manifest, source_import, suitefiles
 from workloads.node.gpu_presence import NvidiaDevices
 
 REFERENCES = ("RECORD", "git")
@@ -53,6 +52,9 @@ RUN_CLEAN = ("run with the suite's plugins alone: PYTEST_DISABLE_PLUGIN_AUTOLOAD
              "outside the suite")
 REINSTALL = ("pytest's, pytest-html's and pytest-metadata's folders hold only what they installed: remove any other "
              "file there, and reinstall one whose files changed (pip install --force-reinstall)")
+REINSTALL_DEPENDENCY = ("reinstall each from its wheel (pip install --force-reinstall --no-deps NAME==VERSION), "
+                        "remove a file no distribution installed, and run from installed distributions, not a folder "
+                        "on PYTHONPATH or an editable install")
 RUN_FROM_SOURCE = "remove the suite's __pycache__ folders and run again"
 RUN_INSTALLED = "run the installed suite (or the checkout): take {archives} off PYTHONPATH"
 """The advice for modules imported from an archive (``loaded_code.FROM_ARCHIVE``): no __pycache__ is involved."""
@@ -100,36 +102,23 @@ def _plugin_packages() -> dict[Path, str]:
 
 
 @functools.cache
-def _shipped(folder: Path, distribution: str) -> Mapping[Path, str]:
-    """The files ``distribution`` installed in ``folder`` (the one whose files are there, where several are on the
-    path): path -> the sha256 its RECORD gives (urlsafe base64, unpadded; ``''`` where it gives none)."""
-    for dist in importlib.metadata.distributions(name=distribution):
-        root = Path(dist.locate_file("")).resolve()
-        listed = {root / str(f): f.hash.value if f.hash and f.hash.mode == "sha256" else "" for f in dist.files or ()}
-        if folder / "__init__.py" in listed:
-            return listed
-    return {}
-
-
-@functools.cache
 def unshipped(path: Path) -> str | None:
     """Why ``path`` (resolved), in pytest's, pytest-html's or pytest-metadata's folder, is not a file its distribution
-    shipped as it shipped it; None where it is, or where it lies in none of those folders."""
+    shipped as it shipped it (``clustergate.trust.distfiles``: the rule for every installed file); None where it is,
+    or where it lies in none of those folders."""
     for folder, distribution in _plugin_packages().items():
         if folder not in path.parents:
             continue
         version = _version(distribution)
-        recorded = _shipped(folder, distribution).get(path)
-        if recorded is None:
+        listed = distfiles.listing(str(path))
+        if listed is None or _normal(listed.distribution) != _normal(distribution):
             return f"not a file {distribution} {version} installed (its RECORD does not list it)"
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            return f"unreadable ({exc.strerror or exc})"
-        if base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() != recorded:
-            return f"not the file {distribution} {version} installed (its sha256 is not the one its RECORD gives)"
-        return None
+        return distfiles.problem(str(path))
     return None
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @functools.cache
@@ -204,23 +193,61 @@ def profile_problem(cpu: bool, found: NvidiaDevices, dry_run: bool) -> str | Non
 
 # ---- the section, and what it says ------------------------------------------------------------------------------
 def section(checked: suitefiles.Checked, plugins: list[dict[str, Any]], dry_run: bool,
-            foreign_code: list[dict[str, str]] | None = None) -> dict[str, Any]:
+            foreign_code: list[dict[str, str]] | None = None,
+            environment_code: dict[str, Any] | None = None) -> dict[str, Any]:
     """results.json's ``attestation`` for the code ``checked``, the ``plugins`` loaded, and ``dry_run``;
     ``foreign_code``: the modules whose code is not the attested source (None: those of this process as loaded now,
-    ``clustergate.trust.loaded_code``)."""
+    ``clustergate.trust.loaded_code``); ``environment_code``: the environment's files it imported, checked against
+    their RECORD (None: this process's as loaded now, ``environment``)."""
     foreign_code = loaded_code.foreign(checked) if foreign_code is None else foreign_code
+    environment_code = environment(checked) if environment_code is None else environment_code
     data: dict[str, Any] = {"suite_digest": checked.digest, "reference": checked.reference,
                             "modified": list(checked.modified), "extra": list(checked.extra),
-                            "missing": list(checked.missing), "foreign_code": foreign_code, "plugins": plugins,
-                            "dry_run": dry_run}
+                            "missing": list(checked.missing), "foreign_code": foreign_code,
+                            "environment_code": environment_code, "plugins": plugins, "dry_run": dry_run}
     data["problems"] = _problems(data, why_none=checked.why_none)
     return data
+
+
+def environment(checked: suitefiles.Checked) -> dict[str, Any]:
+    """``attestation.environment_code``: every file this process imported that is not the suite's (``checked``)
+    nor Python's own library, checked against its distribution's RECORD (``clustergate.trust.distfiles``), with the
+    seconds the checks took in this process (a file checked once stays checked: a loaded module's code is fixed)."""
+    global _environment_s
+    started = time.perf_counter()
+    found = distfiles.check(source_import.real_path(str(path)) for path in checked.paths.values()).section()
+    _environment_s += time.perf_counter() - started
+    return {**found, "seconds": round(_environment_s, 4)}
+
+
+_environment_s = 0.0
+"""What ``environment`` took in this process, every call together (the record says what the run paid)."""
 
 
 def problems(results: Mapping[str, Any]) -> list[str]:
     """Why the record ``results`` is not attested, derived from its ``attestation`` fields (never from the section's
     own ``problems``); [] when it is. A record without the section is not attested."""
     return _problems(results.get("attestation"))
+
+
+def _foreign_said(code: Sequence[Mapping[str, Any]]) -> str:
+    """The line for modules of the suite that ran other code than their attested source, with the advice that fits
+    each (bytecode: run from source; an archive on PYTHONPATH: take it off)."""
+    said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
+    archives = sorted({str(c.get("file")) for c in code if c.get("why") == loaded_code.FROM_ARCHIVE})
+    advice = [RUN_INSTALLED.format(archives=", ".join(archives))] if archives else []
+    if any(c.get("why") != loaded_code.FROM_ARCHIVE for c in code):
+        advice.insert(0, RUN_FROM_SOURCE)
+    return f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; " \
+           f"{'; '.join(advice)}"
+
+
+def own_code_problem() -> str | None:
+    """Why the modules of the suite this process has loaded (those loaded before the importer among them) are not
+    the attested source, as the run checks its own (``loaded_code.foreign``); None where they are. The cluster
+    commands ask it before they read anything: what decides the cluster must be the code attested."""
+    foreign = loaded_code.foreign(code())
+    return _foreign_said(foreign) if foreign else None
 
 
 def _named(items: Sequence[str]) -> str:
@@ -256,13 +283,16 @@ def _problems(data: Any, why_none: str | None = None) -> list[str]:
     if not isinstance(code, list) or not all(isinstance(c, Mapping) for c in code):
         out.append("its attestation does not say whether its modules ran from their source (no foreign_code)")
     elif code:
-        said = [f"{c.get('module')} ({c.get('file')}: {c.get('why')})" for c in code]
-        archives = sorted({str(c.get("file")) for c in code if c.get("why") == loaded_code.FROM_ARCHIVE})
-        advice = [RUN_INSTALLED.format(archives=", ".join(archives))] if archives else []
-        if any(c.get("why") != loaded_code.FROM_ARCHIVE for c in code):
-            advice.insert(0, RUN_FROM_SOURCE)
-        out.append(f"{len(code)} modules of the suite ran code that is not their attested source: {_named(said)}; "
-                   f"{'; '.join(advice)}")
+        out.append(_foreign_said(code))
+    environment_code = data.get("environment_code")
+    unattested = environment_code.get("unattested") if isinstance(environment_code, Mapping) else None
+    if not isinstance(unattested, list) or not all(isinstance(u, Mapping) for u in unattested):
+        out.append("its attestation does not say whether the Python files it imported from its environment are as "
+                   "their distributions installed them (no environment_code)")
+    elif unattested:
+        said = [f"{u.get('file')} ({u.get('why')})" for u in unattested]
+        out.append(f"{len(unattested)} Python files it imported from its environment are not as their distribution "
+                   f"installed them: {_named(said)}; {REINSTALL_DEPENDENCY}")
     plugins = data.get("plugins")
     if not isinstance(plugins, list) or not plugins or not all(isinstance(p, Mapping) for p in plugins):
         out.append("its attestation lists no plugins")

@@ -114,7 +114,7 @@ def attested(dry_run: bool = False) -> dict[str, Any]:
     plugin = attestation.plugin_entry("clustergate", "clustergate", attestation.__file__.replace(
         "attestation.py", "__init__.py"), attestation.suite_places())
     return attestation.section(attestation.suitefiles.Checked(attestation.suite_digest(), "git"), [plugin], dry_run,
-                               foreign_code=[])
+                               foreign_code=[], environment_code={"checked": 1, "unattested": []})
 
 
 def without_gpus(results: dict[str, Any]) -> dict[str, Any]:

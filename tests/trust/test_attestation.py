@@ -30,7 +30,7 @@ from clustergate.cluster import node_runs
 from clustergate.common import inputfile
 from clustergate.criteria import baseline
 from clustergate.record.verdict import of_record
-from clustergate.trust import attestation, suitefiles
+from clustergate.trust import attestation, distfiles, suitefiles
 from clustergate.trust.completeness import partial
 from clustergate.trust.manifest import shipped
 from workloads.node.gpu_presence import NvidiaDevices
@@ -486,6 +486,63 @@ def test_a_plugin_planted_in_or_changed_among_pytests_files_makes_the_run_partia
     assert res["verdict"] == "partial" and f"({named}: {why})" in res["reason"]
     others = [p for p in section["plugins"] if p["suite"] and p["file"] and p["file"].startswith(str(site))]
     assert {"terminal", "metadata"} <= {p["name"] for p in others}  # the copy's own files are theirs
+
+
+def test_an_environment_file_is_checked_against_the_record_of_its_directory(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a copy of pluggy's installed files (never this environment's): its files are as listed; one planted among
+    them, one from a folder with no distribution and one listed without a hash are named; Python's own library and a
+    file outside every directory of sys.path (torch.compile's kernels) are not checked."""
+    import json as stdlib_module
+
+    site = tmp_path / "site"
+    folder = _copy_of("pluggy", site).resolve()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "loose.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(plain))
+    monkeypatch.syspath_prepend(str(site))
+    assert distfiles.problem(str(folder / "_hooks.py")) is None
+    (folder / "cg_planted.py").write_text("x = 1\n")
+    assert distfiles.problem(str(folder / "cg_planted.py")) == \
+        f"no distribution installed it (no RECORD in {site.resolve()} lists it)"
+    assert distfiles.problem(str((plain / "loose.py").resolve())) == (
+        f"no distribution in {plain.resolve()} has a RECORD (a folder on PYTHONPATH, an egg or a system package): "
+        "nothing says what it should be")
+    [record] = site.glob("pluggy-*.dist-info/RECORD")
+    record.write_text(record.read_text().replace("pluggy/_result.py,sha256=", "pluggy/_result.py,md5="))
+    distfiles._record.cache_clear()
+    assert distfiles.problem(str(folder / "_result.py")).endswith("'s RECORD gives it no sha256: nothing says what "
+                                                                  "it should be")
+    assert distfiles.problem(str(Path(stdlib_module.__file__).resolve())) is None
+    outside = tmp_path / "kernels" / "c3ser.py"
+    assert distfiles.problem(str(outside)) is None and distfiles.check().outside >= 0
+
+
+@pytest.mark.slow
+def test_an_edited_file_of_an_installed_dependency_makes_the_run_partial_naming_it(tmp_path: Path) -> None:
+    """The issue's reproducer, point 6, on a dependency every run imports (pluggy, pytest's): a copy of its installed
+    files and dist-info first on the run's path (never this environment's own), one of its files edited. The run is
+    partial naming that file and why; every other file it imported from its environment is as installed."""
+    site = tmp_path / "site"
+    folder = _copy_of("pluggy", site)
+    edited = (folder / "_hooks.py").resolve()
+    edited.write_text(edited.read_text() + "\nEDITED = True  # ten lines of a slow clock would do\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    job = run_job(run_dir, _planted(run_dir), timeout=180,
+                  env={"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    assert job.codes == [1] and [t["outcome"] for t in job.results["tests"]] == ["passed", "passed"], \
+        job.output[-3000:]
+    res = job.results
+    why = (f"not the file pluggy {importlib.metadata.version('pluggy')} installed (its sha256 is not the one its "
+           "RECORD gives)")
+    environment = res["attestation"]["environment_code"]
+    assert environment["unattested"] == [{"file": str(edited), "why": why}], environment
+    assert environment["checked"] > 100  # torch's, numpy's, pytest's files: as installed
+    assert res["verdict"] == "partial" and (
+        f"1 Python files it imported from its environment are not as their distribution installed them: {edited} "
+        f"({why}); reinstall each from its wheel") in res["reason"], res["reason"]
 
 
 @pytest.mark.slow

@@ -291,3 +291,44 @@ def test_the_cache_is_read_only_where_it_is_the_users_alone(cache_home: Path) ->
     where.chmod(0o775)
     bytecode_cache.directory.cache_clear()
     assert bytecode_cache.directory() is None  # a folder others may write to is no cache at all
+
+
+# ---- the cluster commands check the code they run ------------------------------------------------------------------
+def command(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m clustergate ARGS`` as an operator runs it from ``checkout`` (a hang guard: it takes seconds)."""
+    return subprocess.run([sys.executable, "-m", "clustergate", *args], cwd=checkout, capture_output=True, text=True,
+                          env=job_env({"PYTHONPATH": str(checkout)}), timeout=120)
+
+
+def test_merge_and_signoff_refuse_where_the_package_init_ran_forged_bytecode(tmp_path: Path) -> None:
+    """The issue's reproducer, point 5: an unchecked-hash pyc of ``clustergate/__init__.py`` (loaded before the
+    importer, before any of the command's code) beside its committed source. Plain Python runs it; merge and signoff
+    refuse, exit 4, naming the module and the file, and write nothing. The same commands in the clean clone get past
+    the check to their inputs."""
+    checkout = clone(tmp_path)
+    node = tmp_path / "reports" / "run-x" / "nodes" / "gpu-node-07"
+    node.mkdir(parents=True)
+    (node / "results.json").write_bytes((ROOT / "tests" / "data" / "fleet" / "node-run.json").read_bytes())
+    out = tmp_path / "reports" / "run-x"
+    merge = ("merge", str(node), "-o", str(out))
+    signoff = ("signoff", str(out))
+    clean = [command(checkout, *merge), command(checkout, *signoff)]
+    assert all("refused, nothing read or written" not in p.stderr and p.returncode != 4 for p in clean), \
+        [p.stderr for p in clean]
+    for name in ("merge.json", "signoff.json", "merge.html", "signoff.html"):
+        (out / name).unlink(missing_ok=True)
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "reports").rglob("*"))
+
+    marker = tmp_path / "forged-ran"
+    pyc = forge(checkout, "clustergate/__init__.py", "unchecked-hash", marker)
+    assert git_status(checkout) == ""
+    for args in (merge, signoff):
+        proc = command(checkout, *args)
+        assert marker.exists(), proc.stderr  # the forged package ran first, as it would have for an ACCEPT
+        marker.unlink()
+        assert proc.returncode == 4, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"clustergate {args[0]}: refused, nothing read or written: 1 modules of the suite ran code that is not "
+            f"their attested source: clustergate ({pyc}: bytecode not compiled from its source, under a header that "
+            "matches the source); remove the suite's __pycache__ folders and run again"], proc.stderr
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "reports").rglob("*")) == before
