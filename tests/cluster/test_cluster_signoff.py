@@ -14,11 +14,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import page_rows
 import pytest
 import yaml
 from cluster_runs import fabric_results, node_results, write_node
@@ -324,40 +324,8 @@ def test_a_cpu_sign_off_says_it_is_a_dry_run(tmp_path: Path, node_run: Path) -> 
     assert merged.index('id="cg-dry-run"') < merged.index('id="cg-verdict"')
 
 
-class Table(HTMLParser):
-    """The rows of the table under ``<div id=ID>`` of a page: each a list of its cells' texts (the header first)."""
-
-    def __init__(self, div: str) -> None:
-        super().__init__()
-        self.div, self.inside, self.depth = div, False, 0
-        self.rows: list[list[str]] = []
-        self.cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "div":
-            self.depth += self.inside
-            self.inside = self.inside or dict(attrs).get("id") == self.div
-        elif self.inside and tag == "tr":
-            self.rows.append([])
-        elif self.inside and tag in ("td", "th"):
-            self.cell = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "div" and self.inside:
-            self.inside, self.depth = self.depth > 0, max(0, self.depth - 1)
-        elif tag in ("td", "th") and self.cell is not None:
-            self.rows[-1].append("".join(self.cell).strip())
-            self.cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self.cell is not None:
-            self.cell.append(data)
-
-
 def page_table(page: str, div: str) -> list[dict[str, str]]:
-    parser = Table(div)
-    parser.feed(page)
-    head, *rows = parser.rows
+    head, *rows = page_rows.rows(page, "div", "id", div)
     return [dict(zip(head, row, strict=True)) for row in rows]
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import html
 import json
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 
+import page_rows
 from trust_runs import node_run  # noqa: F401  (the fixture)
 
 import clustergate
@@ -23,39 +23,8 @@ from clustergate.trust.suitefiles import suite_root
 from torchrun_job import ROOT
 
 
-class Rows(HTMLParser):
-    """Each row's cell texts of the table whose class names ``cls``."""
-
-    def __init__(self, cls: str) -> None:
-        super().__init__()
-        self.cls, self.depth = cls, 0
-        self.rows: list[list[str]] = []
-        self.cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "table":
-            self.depth += 1 if self.depth or self.cls in (dict(attrs).get("class") or "").split() else 0
-        elif self.depth and tag == "tr":
-            self.rows.append([])
-        elif self.depth and tag in ("td", "th"):
-            self.cell = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "table" and self.depth:
-            self.depth -= 1
-        elif tag in ("td", "th") and self.cell is not None:
-            self.rows[-1].append("".join(self.cell).strip())
-            self.cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self.cell is not None:
-            self.cell.append(data)
-
-
 def rows(page: str, cls: str) -> list[list[str]]:
-    parser = Rows(cls)
-    parser.feed(page)
-    return parser.rows
+    return page_rows.rows(page, "table", "class", cls)
 
 
 def test_the_report_says_what_judged_the_run(node_run: Path) -> None:  # noqa: F811
