@@ -77,6 +77,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_order)  # stable: the order within each kind is kept
 
 
+OWN_TESTS = str(Path(__file__).resolve().parent) + os.sep
+
+
+@pytest.fixture(autouse=True)
+def own_tests_are_not_a_runs_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run driven inside this process (the lifecycle harness, pytester's in-process runs) checks the environment
+    files this process imported against their RECORD (clustergate.trust.distfiles): the helpers of these tests,
+    imported from their folder, are this test session's, not a run's environment, and no real run imports them."""
+    from clustergate.trust import distfiles
+
+    imported = distfiles.imported
+    monkeypatch.setattr(distfiles, "imported",
+                        lambda skip=(): [f for f in imported(skip) if not f.startswith(OWN_TESTS)])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def waited_out_started_early(request: pytest.FixtureRequest,
                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

@@ -178,7 +178,7 @@ def run_identity(results: dict[str, Any]) -> list[tuple[str, str]]:
                      "suite_digest": attested.get("suite_digest"), "run_id": results.get("run_id"),
                      "level": results.get("level"),
                      # A record written before the run said so is known signed by its HMAC alone.
-                     "signed": own.get("keyed", True if keyed.FIELD in results else None)})
+                     "signed": own.get("signed", True if keyed.FIELD in results else None)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,7 +154,7 @@ class Run:
         """What this rank runs: compared across ranks at collection (with its suite files), recorded in results.json."""
         # The thresholds file as a page handed on may name it (relative to the suite's root, never absolute), and
         # whether a site key signs the record: the report's identity block shows what judged the run.
-        self.record.extra["clustergate"] = {**self.version, "keyed": options.key is not None,
+        self.record.extra["clustergate"] = {**self.version, "signed": options.key is not None,
                                             "thresholds": shown_path(profile.source, (suite_root(), Path.cwd()))}
         if weaker := weakenings(profile):  # a site profile that asks less than the shipped one, per criterion
             self.record.extra["looser_than_shipped"] = [w.as_json() for w in weaker]

@@ -35,7 +35,7 @@ def test_the_report_says_what_judged_the_run(node_run: Path) -> None:  # noqa: F
                     "profile": f"cpu (digest {results['clustergate']['thresholds_digest']})",
                     "thresholds": "thresholds.yaml", "suite": results["attestation"]["suite_digest"],
                     "run id": "run-trust", "level": "standard", "site key": "none: the records carry no HMAC"}
-    assert said["suite"].startswith("sha256:") and results["clustergate"]["keyed"] is False
+    assert said["suite"].startswith("sha256:") and results["clustergate"]["signed"] is False
     assert list(said.items()) == model.run_identity(results)  # the sign-off page's block, of the same words
 
 
