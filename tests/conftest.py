@@ -80,16 +80,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 OWN_TESTS = str(Path(__file__).resolve().parent) + os.sep
 
 
+def _session_environment() -> frozenset[str]:
+    from clustergate.trust import distfiles
+
+    return frozenset(f for f in distfiles.imported() if not f.startswith(OWN_TESTS))
+
+
+SESSION_ENVIRONMENT = _session_environment()
+"""The environment files this test session had imported once its conftest loaded (torch, pytest and the rest)."""
+
+
 @pytest.fixture(autouse=True)
 def own_tests_are_not_a_runs_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run driven inside this process (the lifecycle harness, pytester's in-process runs) checks the environment
-    files this process imported against their RECORD (clustergate.trust.distfiles): the helpers of these tests,
-    imported from their folder, are this test session's, not a run's environment, and no real run imports them."""
+    files this process imported against their RECORD (clustergate.trust.distfiles). What this session imported
+    besides its own start (these tests' helpers from their folder, modules other tests made and imported from their
+    temporary folders) is the test session's, not a run's environment: such a run judges the session's start alone.
+    The environment check itself is tested in real runs (tests/trust/test_attestation.py)."""
     from clustergate.trust import distfiles
 
     imported = distfiles.imported
     monkeypatch.setattr(distfiles, "imported",
-                        lambda skip=(): [f for f in imported(skip) if not f.startswith(OWN_TESTS)])
+                        lambda skip=(): [f for f in imported(skip) if f in SESSION_ENVIRONMENT])
 
 
 @pytest.fixture(scope="session", autouse=True)
