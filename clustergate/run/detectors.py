@@ -20,13 +20,15 @@ and says what it means; none changes it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pytest
 
 from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
-from clustergate.run.hang_judge import Finding
+from clustergate.run.hang_judge import Finding, FindingKind, Still
 from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
 from clustergate.run.outside import Outside
 from clustergate.run.peers import Peers
@@ -143,84 +145,137 @@ def _doing(ranks: dict[Any, dict[str, Any]], who: Any, culprits: tuple[int, ...]
     t.py:14': where each of ``culprits`` was, as its beat said (without its name where not ``named``)."""
     parts = []
     for r in culprits:
-        still = ranks.get(r, {}).get("still") or []
-        where = still[2] if len(still) > 2 and still[2] else ranks.get(r, {}).get("main")
+        still = Still.of(ranks.get(r, {}).get("still"))
+        where = still.where if still is not None and still.where else ranks.get(r, {}).get("main")
         if not where:
             continue
-        inside = still[1] if len(still) > 1 else "code"
-        how = STILL.get(still[4]) if len(still) > 4 and inside == "code" else None
+        inside = still.inside if still is not None else "code"
+        how = STILL.get(still.state) if still is not None and inside == "code" else None
         parts.append((f"{who(r, gpu=True)} " if named else "") + f"{'in' if inside == 'collective' else 'at'} {where}"
                      + (f" ({how})" if how and named else f": {how}" if how else ""))
     return "; ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What every message of a finding reads: the finding, the run, and the words made of them once."""
+
+    run: RunView
+    finding: Finding
+    collective: str
+    """'collective 12 (gloo:all_reduce) of the workloads' group'."""
+    evidence: dict[str, Any]
+    ranks: dict[Any, dict[str, Any]]
+    """Every rank's entry of the evidence, by rank."""
+    names: str
+    """The culprits, by name."""
+    others: list[int]
+    """The ranks that joined and are no culprits."""
+    waiting: str
+    """The others by name (this rank where none)."""
+    where: str
+    waited: float
+
+
+def _frozen(s: _Seen) -> str:
+    return (f"{s.run.peers.who(s.run.world.rank, gpu=True)} was frozen for {s.waited:.0f} s during {s.where} (stopped "
+            "by SIGSTOP, or its process could not run): it stopped making progress, so the run stops")
+
+
+def _stuck(s: _Seen) -> str:
+    culprits, others, who = s.finding.culprits, s.others, s.run.peers.who
+    one = len(culprits) == 1
+    if not one and not others:
+        lead = (f"every rank is stuck alike in its own code during {s.where}: none has made progress for "
+                f"{s.waited:.0f} s")
+    else:
+        lead = (f"{s.names} {'is' if one else 'are'} stuck in {'its' if one else 'their'} own code during {s.where}: "
+                f"no progress for {s.waited:.0f} s")
+    doing = _doing(s.ranks, who, culprits, named=not one)
+    waits = _doing(s.ranks, who, others)
+    return lead + (f", {doing}" if doing and one else f" ({doing})" if doing else "") + \
+        (f"; meanwhile {waits}, waiting for {'it' if one else 'them'}" if waits else "")
+
+
+def _hung(s: _Seen) -> str:
+    finding = s.finding
+    gpus = "started on every GPU" if any((s.ranks.get(r, {}).get("groups") or {}).get(finding.group or "", [0, -1])[1]
+                                         >= (finding.seq or 0) > 0 for r in finding.culprits) else "entered"
+    seen = s.evidence.get("collective") or {}
+    size = (f" ({seen['bytes'] / 2**20:.1f} MiB: at most {seen['bound_s']:.0f} s at the profile's slowest "
+            f"bandwidth, {seen['bandwidth_gbps']:g} GB/s, with its slack)" if seen.get("bound_s") else "")
+    return (f"{s.collective}, {gpus} ({s.names}), completed on none within {s.waited:.0f} s during {s.where}{size}: "
+            "the collective hangs (a fabric, NVLink, NVSwitch or fabric manager fault, or ranks that called it with "
+            "different arguments)")
+
+
+def _deadlock(s: _Seen) -> str:
+    doing = _doing(s.ranks, s.run.peers.who, s.finding.culprits)
+    return (f"every rank waits in an operation none of them will complete (a deadlock of the group) during "
+            f"{s.where}: none has made progress for {s.waited:.0f} s" + (f" ({doing})" if doing else ""))
+
+
+def _silent(s: _Seen) -> str:
+    seen = [s.ranks.get(r, {}) for r in s.finding.culprits]
+    how = STATES.get(seen[0].get("process_state"), "stopped, unable to run, or its host unreachable") \
+        if seen and seen[0].get("host") == s.ranks.get(s.run.world.rank, {}).get("host") else \
+        "stopped, unable to run, or its host unreachable"
+    return (f"{s.names} stopped making progress during {s.where}: no sign of life for {s.finding.silent_s:.0f} s "
+            f"({how}), while {s.waiting} waited {s.waited:.0f} s in {s.collective}")
+
+
+def _skipped(s: _Seen) -> str | Ending:
+    run = s.run
+    early = failed_before(run, run.test, run.phase, s.waited,
+                          run.outside.collective_in_main_thread() or s.collective) if run.test and run.phase else None
+    if early is not None:  # the peer said why it left the phase: its failure is the cause
+        return early
+    return (f"{s.names} left {s.where} without joining {s.collective}, which {s.waiting} waited in for "
+            f"{s.waited:.0f} s: it can never complete, so the run stops")
+
+
+def _not_started(s: _Seen) -> str:
+    gpus = "its GPU has" if len(s.finding.culprits) == 1 else "their GPUs have"
+    return (f"{s.names} entered {s.collective} but {gpus} not started it, while {s.waiting} started it and "
+            f"waited {s.waited:.0f} s during {s.where}: the device is busy with earlier work that does not end "
+            "(a kernel that spins)")
+
+
+def _not_entered(s: _Seen) -> str:
+    ranks, who, culprits = s.ranks, s.run.peers.who, s.finding.culprits
+    doing = "; ".join(f"{who(r)} at {ranks[r]['main']}" + (
+        f", still {ranks[r]['alone'][0]} {-ranks[r]['alone'][1]:.0f} s past the bound its workload gave"
+        if ranks[r].get("alone") else "") for r in culprits if ranks.get(r, {}).get("main"))
+    seen = ranks.get(culprits[0], {}) if culprits else {}
+    beside = seen.get("host") == ranks.get(s.run.world.rank, {}).get("host")
+    how = BUSY.get(seen.get("process_state") if beside else None, BUSY[None])
+    during = "" if s.where in s.collective else f" during {s.where}"
+    return (f"{s.names} did not enter {s.collective}, which {s.waiting} waited in for {s.waited:.0f} s{during}: {how}"
+            + (f"; {doing}" if doing else ""))
+
+
+SAID: dict[FindingKind, Callable[[_Seen], str | Ending]] = {
+    FindingKind.FROZEN: _frozen, FindingKind.STUCK: _stuck, FindingKind.HUNG: _hung,
+    FindingKind.DEADLOCK: _deadlock, FindingKind.SILENT: _silent, FindingKind.SKIPPED: _skipped,
+    FindingKind.NOT_STARTED: _not_started, FindingKind.NOT_ENTERED: _not_entered,
+}
+"""The cause of a finding, one message per kind (a kind not here, launcher stopped, is told by ``agent_lost``; one
+that returns an Ending found a cause before it, the peer's own words)."""
+
+
 def no_progress(run: RunView, finding: Finding, collective: str, evidence: dict[str, Any]) -> Ending:
     """A rank stopped making progress (``finding``, from the liveness thread): named with what it did not do, in
     which collective (``collective``: 'collective 12 (gloo:all_reduce) of the workloads' group'), for how long."""
-    who, me = run.peers.who, run.world.rank
-    names = ", ".join(who(r, gpu=True) for r in finding.culprits)
+    who = run.peers.who
     others = [r for r in finding.joined if r not in finding.culprits]
-    waiting = ", ".join(who(r) for r in others) or run.who
-    ranks = {e.get("rank"): e for e in evidence.get("ranks") or [] if isinstance(e, dict)}
-    where, waited = run.where_now(), finding.waited_s
-    if finding.kind == "frozen":
-        cause = (f"{who(me, gpu=True)} was frozen for {waited:.0f} s during {where} (stopped by SIGSTOP, or its "
-                 "process could not run): it stopped making progress, so the run stops")
-    elif finding.kind == "stuck":
-        one = len(finding.culprits) == 1
-        if not one and not others:
-            lead = (f"every rank is stuck alike in its own code during {where}: none has made progress for "
-                    f"{waited:.0f} s")
-        else:
-            lead = (f"{names} {'is' if one else 'are'} stuck in {'its' if one else 'their'} own code during {where}: "
-                    f"no progress for {waited:.0f} s")
-        doing = _doing(ranks, who, finding.culprits, named=not one)
-        waits = _doing(ranks, who, others)
-        cause = lead + (f", {doing}" if doing and one else f" ({doing})" if doing else "") + \
-            (f"; meanwhile {waits}, waiting for {'it' if one else 'them'}" if waits else "")
-    elif finding.kind == "hung":
-        gpus = "started on every GPU" if any((ranks.get(r, {}).get("groups") or {}).get(finding.group or "", [0, -1])[1]
-                                             >= (finding.seq or 0) > 0 for r in finding.culprits) else "entered"
-        seen = evidence.get("collective") or {}
-        size = (f" ({seen['bytes'] / 2**20:.1f} MiB: at most {seen['bound_s']:.0f} s at the profile's slowest "
-                f"bandwidth, {seen['bandwidth_gbps']:g} GB/s, with its slack)" if seen.get("bound_s") else "")
-        cause = (f"{collective}, {gpus} ({names}), completed on none within {waited:.0f} s during {where}{size}: the "
-                 "collective hangs (a fabric, NVLink, NVSwitch or fabric manager fault, or ranks that called it with "
-                 "different arguments)")
-    elif finding.kind == "deadlock":
-        doing = _doing(ranks, who, finding.culprits)
-        cause = (f"every rank waits in an operation none of them will complete (a deadlock of the group) during "
-                 f"{where}: none has made progress for {waited:.0f} s" + (f" ({doing})" if doing else ""))
-    elif finding.kind == "silent":
-        seen = [ranks.get(r, {}) for r in finding.culprits]
-        how = STATES.get(seen[0].get("process_state"), "stopped, unable to run, or its host unreachable") \
-            if seen and seen[0].get("host") == ranks.get(me, {}).get("host") else \
-            "stopped, unable to run, or its host unreachable"
-        cause = (f"{names} stopped making progress during {where}: no sign of life for {finding.silent_s:.0f} s "
-                 f"({how}), while {waiting} waited {waited:.0f} s in {collective}")
-    elif finding.kind == "skipped":
-        early = failed_before(run, run.test, run.phase, waited,
-                              run.outside.collective_in_main_thread() or collective) if run.test and run.phase else None
-        if early is not None:  # the peer said why it left the phase: its failure is the cause
-            return early
-        cause = (f"{names} left {where} without joining {collective}, which {waiting} waited in for {waited:.0f} s: "
-                 "it can never complete, so the run stops")
-    elif finding.kind == "not started":
-        gpus = "its GPU has" if len(finding.culprits) == 1 else "their GPUs have"
-        cause = (f"{names} entered {collective} but {gpus} not started it, while {waiting} started it and "
-                 f"waited {waited:.0f} s during {where}: the device is busy with earlier work that does not end "
-                 "(a kernel that spins)")
-    else:
-        doing = "; ".join(f"{who(r)} at {ranks[r]['main']}" + (
-            f", still {ranks[r]['alone'][0]} {-ranks[r]['alone'][1]:.0f} s past the bound its workload gave"
-            if ranks[r].get("alone") else "") for r in finding.culprits if ranks.get(r, {}).get("main"))
-        seen = ranks.get(finding.culprits[0], {}) if finding.culprits else {}
-        beside = seen.get("host") == ranks.get(me, {}).get("host")
-        how = BUSY.get(seen.get("process_state") if beside else None, BUSY[None])
-        during = "" if where in collective else f" during {where}"
-        cause = (f"{names} did not enter {collective}, which {waiting} waited in for {waited:.0f} s{during}: {how}"
-                 + (f"; {doing}" if doing else ""))
-    return Ending(cause, culprits=finding.culprits, stuck=tuple(r for r in finding.culprits if r != me))
+    seen = _Seen(run, finding, collective, evidence,
+                 ranks={e.get("rank"): e for e in evidence.get("ranks") or [] if isinstance(e, dict)},
+                 names=", ".join(who(r, gpu=True) for r in finding.culprits), others=others,
+                 waiting=", ".join(who(r) for r in others) or run.who, where=run.where_now(), waited=finding.waited_s)
+    cause = SAID.get(finding.kind, _not_entered)(seen)
+    if isinstance(cause, Ending):
+        return cause
+    return Ending(cause, culprits=finding.culprits, stuck=tuple(r for r in finding.culprits if r != run.world.rank))
 
 
 def frozen_measurement(run: RunView, freeze: dict[str, Any]) -> str:

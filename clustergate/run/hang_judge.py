@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from clustergate.run.limits import BLOCKED_S, NO_PROGRESS_S, SILENT_S, STILL_S
 
@@ -42,13 +43,50 @@ class Wait:
     """Its input's bytes, as the recorder's entry gives them (0 where not known)."""
 
 
+class FindingKind(StrEnum):
+    """What a finding says of its culprits; the value is the word results.json's ``hang.kind`` carries."""
+
+    SILENT = "silent"
+    SKIPPED = "skipped"
+    NOT_STARTED = "not started"
+    NOT_ENTERED = "not entered"
+    FROZEN = "frozen"
+    """This rank's own beat thread could not run (the liveness thread finds it of itself)."""
+    STUCK = "stuck"
+    HUNG = "hung"
+    DEADLOCK = "deadlock"
+    LAUNCHER_STOPPED = "launcher stopped"
+
+
+class Still(NamedTuple):
+    """How long a rank's main thread has made no progress, and where: its beat's ``still`` (a list in the store's
+    JSON, in this order)."""
+
+    seconds: float = 0.0
+    inside: str = "code"
+    """code, collective (a torch.distributed call) or control (a control exchange)."""
+    where: str = ""
+    """What it does there: its innermost frame, or the call and where it was called."""
+    nbytes: int = 0
+    """The open collective's bytes (0 where none or not known)."""
+    state: str | None = None
+    """The main thread's own state in /proc (R, S, D), where read."""
+
+    @classmethod
+    def of(cls, said: Any) -> Still | None:
+        """The beat's ``still`` as published (a list, of an older beat perhaps shorter); None where it has none."""
+        if not said or not isinstance(said, (list, tuple)):
+            return None
+        return cls(*said[:len(cls._fields)])
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """A rank that stopped making progress, as the judge found it."""
 
-    kind: str
+    kind: FindingKind
     """silent, skipped, not started, not entered, frozen; stuck, hung, deadlock (``judge_group``); launcher
-    stopped."""
+    stopped. A word given is read as its kind."""
     culprits: tuple[int, ...]
     found_by: int
     group: str | None = None
@@ -61,6 +99,9 @@ class Finding:
     """How long the culprits' beats had not changed."""
     op: str | None = None
     """What the collective is, where the rank that waits in it said so."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FindingKind(self.kind))
 
 
 def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[int, float], *,
@@ -82,26 +123,26 @@ def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[
         out = [r for r in peers if entered(r) >= seq and (not strict or started(r) >= seq)]
         return tuple(sorted([me, *out]))
 
-    def find(kind: str, culprits: list[int], **extra: Any) -> Finding:
+    def find(kind: FindingKind, culprits: list[int], **extra: Any) -> Finding:
         return Finding(kind, tuple(sorted(culprits)), me, group, seq, wait.seconds, extra.pop("joined", joined()),
                        **extra)
 
     silent = [r for r in peers if silent_s.get(r, 0.0) >= SILENT_S]
     if silent:
-        return find("silent", silent, silent_s=min(silent_s[r] for r in silent))
+        return find(FindingKind.SILENT, silent, silent_s=min(silent_s[r] for r in silent))
     same_phase = [r for r in peers if (beats[r].get("test"), beats[r].get("phase")) == (position.test, position.phase)
                   and beats[r].get("stage") == TESTING == position.stage]
     if wait.seconds >= BLOCKED_S and group != control:
         # a peer at the exchange after this phase that never entered this collective: it left the phase without it
         left = [r for r in same_phase if entered(r) < seq and (beats[r].get("wait") or [None])[0] == control]
         if left:
-            return find("skipped", left)
+            return find(FindingKind.SKIPPED, left)
     if wait.seconds >= BLOCKED_S and group == control and position.stage == TESTING:
         # the mirror: this rank is at the exchange, and a peer of this phase waits in a collective it never entered
         for r in same_phase:
             theirs = beats[r].get("wait")
             if theirs and theirs[0] != control and theirs[0] in mine and mine[theirs[0]][0] < int(theirs[1]):
-                return Finding("skipped", (me,), me, theirs[0], int(theirs[1]), float(theirs[2]), (r,),
+                return Finding(FindingKind.SKIPPED, (me,), me, theirs[0], int(theirs[1]), float(theirs[2]), (r,),
                                op=theirs[3] if len(theirs) > 3 else None)
     if wait.seconds < NO_PROGRESS_S or position.stage != TESTING:
         return None
@@ -109,10 +150,10 @@ def judge(me: int, wait: Wait, beats: dict[int, dict[str, Any]], silent_s: dict[
     testing = [r for r in peers if beats[r].get("stage") == TESTING and (beats[r].get("alone") or [None, 0])[1] <= 0]
     unstarted = [r for r in testing if entered(r) >= seq and 0 <= started(r) < seq]
     if unstarted and (mine.get(group) or [0, -1])[1] >= seq:
-        return find("not started", unstarted, joined=joined(strict=True))
+        return find(FindingKind.NOT_STARTED, unstarted, joined=joined(strict=True))
     # a peer that waits in a collective itself waits for another (or for this rank, at the exchange): not stuck
     behind = [r for r in testing if entered(r) < seq and not beats[r].get("wait")]
-    return find("not entered", behind) if behind else None
+    return find(FindingKind.NOT_ENTERED, behind) if behind else None
 
 
 def judge_group(me: int, beats: dict[int, dict[str, Any]], silent_s: dict[int, float], *, ranks: tuple[int, ...],
@@ -133,24 +174,24 @@ def judge_group(me: int, beats: dict[int, dict[str, Any]], silent_s: dict[int, f
     stillest = float("inf")
     for r in live:
         b = beats[r]
-        still = b.get("still")
-        if b.get("stage") != TESTING or b.get("test") != position.test or not still or still[1] == "control" \
+        still = Still.of(b.get("still"))
+        if b.get("stage") != TESTING or b.get("test") != position.test or still is None or still.inside == "control" \
                 or (b.get("alone") or [None, 0])[1] > 0:
             return None
-        waits = still[1] == "collective" or b.get("wait") is not None
-        if float(still[0]) < (bound_s(int(still[3] or 0)) if waits else STILL_S):
+        waits = still.inside == "collective" or b.get("wait") is not None
+        if float(still.seconds) < (bound_s(int(still.nbytes or 0)) if waits else STILL_S):
             return None
-        stillest = min(stillest, float(still[0]))
+        stillest = min(stillest, float(still.seconds))
         if waits:
             waiting[r] = b.get("wait")
     own = [r for r in live if r not in waiting]
 
-    def find(kind: str, culprits: list[int], **extra: Any) -> Finding:
+    def find(kind: FindingKind, culprits: list[int], **extra: Any) -> Finding:
         return Finding(kind, tuple(sorted(culprits)), me, waited_s=stillest,
                        silent_s=min((silent_s[r] for r in silent), default=0.0), **extra)
 
     if own or silent:
-        return find("stuck" if own else "silent", own + silent, joined=tuple(sorted(waiting)))
+        return find(FindingKind.STUCK if own else FindingKind.SILENT, own + silent, joined=tuple(sorted(waiting)))
     opened = {(w[0], int(w[1])) for w in waiting.values() if w}
     if len(opened) == 1 and all(waiting.values()):
         group, seq = opened.pop()
@@ -158,5 +199,5 @@ def judge_group(me: int, beats: dict[int, dict[str, Any]], silent_s: dict[int, f
         entered = [r for r in members if int(beats[r]["groups"][group][0]) >= seq]
         if entered == members == live:
             op = next((w[3] for w in waiting.values() if w and len(w) > 3 and w[3]), None)
-            return find("hung", live, group=group, seq=seq, joined=tuple(live), op=op)
-    return find("deadlock", live, joined=tuple(live))
+            return find(FindingKind.HUNG, live, group=group, seq=seq, joined=tuple(live), op=op)
+    return find(FindingKind.DEADLOCK, live, joined=tuple(live))

@@ -43,7 +43,7 @@ from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
-from clustergate.run.hang_judge import Finding, Position
+from clustergate.run.hang_judge import Finding, FindingKind, Position
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
@@ -794,11 +794,11 @@ class Run:
         The evidence first (every live rank's stack, the collective, who joined it), then the ending, published for
         every other rank before this one ends the run."""
         liveness = self.liveness
-        if finding.kind == "launcher stopped":  # the store may be its agent's: no evidence is asked of anyone
+        if finding.kind == FindingKind.LAUNCHER_STOPPED:  # the store may be its agent's: no evidence is asked of anyone
             culprits = self.node_ranks(self.world.node_rank)
             self.end(detectors.agent_lost(self, launcher_stopped_s=finding.waited_s, store_lost=None,
                                           store_host=self.peers.store_host, culprits=culprits))
-        if finding.kind == "skipped" and finding.culprits == (self.world.rank,) and self.test and self.phase:
+        if finding.kind == FindingKind.SKIPPED and finding.culprits == (self.world.rank,) and self.test and self.phase:
             early = self.peers.waiting_after_failure(Step(self.test, self.phase).tag)
             if early is not None and early.get("rank") == self.world.rank:
                 return  # it failed the phase and said so: the rank blocked in the collective names it, with why

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clustergate.run.flight import Group, Recorder, default_group_name
-from clustergate.run.hang_judge import TESTING, Finding, Position, Wait, judge, judge_group
+from clustergate.run.hang_judge import TESTING, Finding, FindingKind, Position, Still, Wait, judge, judge_group
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
@@ -139,9 +139,8 @@ class Liveness:
         FREEZE_S was frozen)."""
         self._moved: tuple[Any, float] = (None, self.clock())
         """What the main thread's progress looked like, and since when it has looked so."""
-        self._still: list[Any] = [0.0, "code", "", 0, None]
-        """[seconds without progress, where (code, collective, control), what it does there, the open collective's
-        bytes, the main thread's state]: published in the beat."""
+        self._still = Still()
+        """How long without progress and where: published in the beat (a list in the store's JSON)."""
         self.freezes: list[dict[str, Any]] = []
         """This rank's freezes: when ("from", wall clock), how long ("seconds"), in which test and phase."""
         self.longest_late = 0.0
@@ -217,7 +216,7 @@ class Liveness:
         if self._answer():
             return
         if late >= SILENT_S:  # this thread could not run: the whole process was frozen
-            self.on_finding(Finding("frozen", (self.rank,), self.rank, waited_s=late + self.interval_s))
+            self.on_finding(Finding(FindingKind.FROZEN, (self.rank,), self.rank, waited_s=late + self.interval_s))
             return
         if wait is not None and wait.seconds >= self.interval_s and now >= self._next_judge:
             members = self._members(wait.group)
@@ -226,7 +225,7 @@ class Liveness:
             if finding is not None:
                 self.on_finding(finding)
                 return
-        if self._still[0] >= STILL_S and self._still[1] != "control" and here.stage == TESTING \
+        if self._still.seconds >= STILL_S and self._still.inside != "control" and here.stage == TESTING \
                 and now >= self._next_group:
             ranks = tuple(range(self.world_size))
             self._next_group = now + self.interval_s * (math.ceil(len(ranks) / BEATS_READ_PER_BEAT) - 0.5)
@@ -242,8 +241,8 @@ class Liveness:
         moved = (main.moved, tuple((g.name, *g.as_beat()) for g in self._groups))
         if moved != self._moved[0]:
             self._moved = (moved, now)
-        self._still = [round(now - self._moved[1], 1), main.inside, main.where, wait.nbytes if wait else 0,
-                       main.state]
+        self._still = Still(round(now - self._moved[1], 1), main.inside, main.where, wait.nbytes if wait else 0,
+                            main.state)
 
     def _frozen(self, late: float, where: Position, since: float) -> None:
         """A freeze of ``late`` seconds past this thread's interval, from about ``since``, in ``where``."""
@@ -275,7 +274,7 @@ class Liveness:
         since = self._launcher_stopped = self._launcher_stopped or now
         if now - since < AGENT_STOPPED_S:
             return None
-        return Finding("launcher stopped", (), self.rank, waited_s=now - since)
+        return Finding(FindingKind.LAUNCHER_STOPPED, (), self.rank, waited_s=now - since)
 
     def _wait(self, now: float, here: Position) -> Wait | None:
         """The collective this rank has waited in longest (since this thread first saw it open), or None. A wait
@@ -445,7 +444,7 @@ class Liveness:
         for r, pid in beside.items():
             states[r] = process_state(pid)
             fd = last.get(r, {}).get("dump_fd")
-            if finding.kind == "silent" and r in finding.culprits and isinstance(fd, int):
+            if finding.kind == FindingKind.SILENT and r in finding.culprits and isinstance(fd, int):
                 # no thread of it may run Python: faulthandler writes its stacks from C (and it is continued)
                 dumped = stack_of(pid, fd)
                 if dumped:
@@ -455,7 +454,7 @@ class Liveness:
                     os.kill(pid, signal.SIGCONT)
         ranks = list(range(world_size))
         # a silent rank answers only if it was stopped beside this rank and continued
-        expected = [r for r in ranks if finding.kind != "silent" or r not in finding.culprits or r in beside]
+        expected = [r for r in ranks if finding.kind != FindingKind.SILENT or r not in finding.culprits or r in beside]
         deadline = self.clock() + EVIDENCE_S
         while True:
             for r in expected:
@@ -477,7 +476,7 @@ class Liveness:
                              "still": b.get("still"), "alone": b.get("alone"),
                              "groups": b.get("groups"), "process_state": states.get(r, state),
                              "stack": stacks.get(r)})
-        return {"kind": finding.kind, "culprits": list(finding.culprits), "found_by": finding.found_by,
+        return {"kind": finding.kind.value, "culprits": list(finding.culprits), "found_by": finding.found_by,
                 "collective": None if finding.group is None else {
                     "group": self.label(finding.group), "group_name": finding.group, "seq": finding.seq,
                     "op": (detail or {}).get("op") or finding.op, "joined": list(finding.joined),
