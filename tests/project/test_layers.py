@@ -1,5 +1,6 @@
 """clustergate's rooms import one way: import-linter's contracts (pyproject.toml, [tool.importlinter]) hold, and
-they bite: a planted import that runs back up a floor, and a planted circle inside a room, each break one."""
+they bite: a planted import that runs back up a floor, a planted circle inside a room, and a workload that imports
+clustergate or pytest, each break one."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(LINT is None, reason="import-linter is not insta
 def test_the_rooms_import_one_way_and_no_room_holds_a_circle() -> None:
     proc = lint(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Contracts: 2 kept, 0 broken." in proc.stdout, proc.stdout
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize(("planted", "broken"), [
@@ -36,12 +37,17 @@ def test_the_rooms_import_one_way_and_no_room_holds_a_circle() -> None:
     (("criteria/sources.py", "from clustergate.run import limits  # noqa\n"), "each importing only the rooms below"),
     # report/html imports report/markup: markup importing html closes a circle
     (("report/markup.py", "from clustergate.report import html  # noqa\n"), "no circle among the modules"),
+    # a workload runs as plain Python under any launcher: neither the suite nor pytest
+    (("../workloads/clocks.py", "import pytest  # noqa\n"), "the workloads import neither"),
+    (("../workloads/gpu/matmul.py", "from clustergate.common import numbers  # noqa\n"),
+     "the workloads import neither"),
 ])
 def test_an_upward_import_or_a_circle_breaks_a_contract(tmp_path: Path, planted: tuple[str, str], broken: str) -> None:
     copy = tmp_path / "checkout"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    shutil.copytree(ROOT / "clustergate", copy / "clustergate", ignore=shutil.ignore_patterns("__pycache__"))
+    for room in ("clustergate", "workloads"):
+        shutil.copytree(ROOT / room, copy / room, ignore=shutil.ignore_patterns("__pycache__"))
     path, line = planted
     with open(copy / "clustergate" / path, "a") as f:
         f.write(line)
