@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.common import inputfile
+from clustergate.common import files, inputfile
 from clustergate.common.exit_codes import Exit
 from clustergate.common.terminal import error_text, main_guarded
 from clustergate.criteria.profile_choice import choose_profile
@@ -179,8 +179,8 @@ def _write(directory: Path, report: dict[str, Any]) -> Path:
         raise CannotRun(f"--report-dir {directory}: {why}")
     path = directory / REPORT_NAME
     try:
-        reportdir.write_atomic(path, json.dumps(report, indent=1) + "\n")
-    except reportdir.NotAFile as exc:
+        files.write_atomic(path, json.dumps(report, indent=1) + "\n")
+    except files.NotAFile as exc:
         raise Unusable(f"--report-dir {directory}: {exc}") from None
     except OSError as exc:
         raise CannotRun(f"--report-dir {directory}: cannot write {path.name} ({error_text(exc)})") from None
@@ -227,7 +227,7 @@ def _main(args: argparse.Namespace, t0: float, started: str) -> int:
             _write(Path(args.report_dir), report)
         if args.state and kernel_mark is not None:
             try:
-                reportdir.write_atomic(Path(args.state), json.dumps(kernel_mark) + "\n")
+                files.write_atomic(Path(args.state), json.dumps(kernel_mark) + "\n")
             except OSError as exc:
                 raise Unusable(f"--state {args.state}: cannot be written ({error_text(exc)})") from None
     except Unusable as exc:

@@ -41,10 +41,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate.common.files import atomic_file
 from clustergate.common.terminal import error_text
 from clustergate.criteria.thresholds import ThresholdsError, load, shipped_thresholds
 from clustergate.record import actions
-from clustergate.record.reportdir import atomic_file
 from clustergate.secrets.redact import Scrubber, scrub_output
 from workloads.node.name import problem as name_problem
 

@@ -20,8 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
+from clustergate.common.files import NotAFile, refuse_not_a_directory, refuse_not_a_file, write_atomic
 from clustergate.common.suggest import argparse_hint
-from clustergate.record.reportdir import NotAFile, move_aside, refuse_not_a_directory, refuse_not_a_file, write_atomic
+from clustergate.record.reportdir import move_aside
 
 
 class OutputError(ValueError):
@@ -29,7 +30,7 @@ class OutputError(ValueError):
 
 
 def write_text(path: Path, text: str) -> None:
-    """``text`` into ``path``, whole or not at all, never through a link (``reportdir.write_atomic``)."""
+    """``text`` into ``path``, whole or not at all, never through a link (``clustergate.common.files.write_atomic``)."""
     write_atomic(path, text)
 
 

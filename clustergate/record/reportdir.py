@@ -14,11 +14,10 @@
   instead, made with O_EXCL and naming pid and host; one whose pid is gone on this host is stale.
 - ``move_aside``: the outputs of an earlier run go to ``earlier/<time>/``, so no report of another run
   can be read as this run's.
-- ``write_atomic``: a file written whole or not at all, through a private temporary file of a random
-  name (``tempfile.mkstemp``) renamed over it: a link planted under any name is never written through.
-- ``not_a_file``: what a name is where a writer must not replace it: a directory, a FIFO, a device, a socket
-  (``NotAFile``, refused before anything is written). A rename replaces whatever has the name, and root may
-  replace anything: ``-o /dev/null`` would swap the device for a regular file.
+
+A file is written whole, never in place of what is not a regular file, by ``clustergate.common.files``; what /proc
+says of a process is read by ``clustergate.common.procfs``; the lock file where flock does not work is
+``clustergate.common.ownerfile``'s.
 
 Files and folders a run makes get the user's umask (report.html and junit.xml, which pytest writes,
 do too); the lock file is always 0600.
@@ -30,24 +29,24 @@ import atexit
 import contextlib
 import errno
 import fcntl
-import functools
 import json
 import os
 import pwd
 import re
-import secrets
 import shutil
 import socket
 import stat
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
 
 from clustergate.common import inputfile
+from clustergate.common.files import NotAFile, not_a_file, not_files, refuse_not_a_directory, write_atomic
+from clustergate.common.ownerfile import OwnerFile
+from clustergate.common.procfs import command_line, holders, pid_alive
 from clustergate.secrets.redact import Scrubber
 
 OUTPUTS = ("results.json", "report.html", "junit.xml", "progress.jsonl", "metrics.prom", "report-rerendered.html",
@@ -74,60 +73,6 @@ Flock = Callable[[int, int], None]
 def _err(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno or 0)
     return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
-
-
-KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def not_a_file(path: Path) -> str | None:
-    """What ``path`` is where it exists and is not a regular file ("a FIFO (named pipe)", "a character device",
-    ...), else None: absent, a regular file, or a symbolic link (a writer replaces a link's name, never what it
-    points to). The name itself is looked at (``lstat``), never followed."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return None  # absent, or its directory cannot be read: the write says so itself
-    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-        return None
-    return next((kind for test, kind in KINDS if test(mode)), "not a regular file")
-
-
-class NotAFile(OSError):
-    """An output name that exists as something no writer of clustergate replaces (``not_a_file``): its message
-    names it, and it reads as that message alone (no errno in front)."""
-
-    def __init__(self, path: Path, kind: str, wanted: str = "a regular file") -> None:
-        self.kind = kind
-        rule = ("writes an output only as a new or a regular file and leaves this one as it is; name a file"
-                if wanted == "a regular file" else
-                "writes its outputs only into a directory (made where none is) and leaves this one as it is; name one")
-        super().__init__(errno.EEXIST, f"{path} is {kind}, not {wanted}: clustergate {rule}", str(path))
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def refuse_not_a_file(path: Path) -> None:
-    """NotAFile where ``path`` exists and is not a regular file or a link (``not_a_file``)."""
-    kind = not_a_file(path)
-    if kind is not None:
-        raise NotAFile(path, kind)
-
-
-def refuse_not_a_directory(path: Path) -> None:
-    """NotAFile where ``path`` exists and is neither a directory nor a link (a directory an output goes into)."""
-    kind = not_a_file(path)
-    if kind not in (None, "a directory"):
-        raise NotAFile(path, kind, "a directory")
-    if kind is None and path.exists() and not path.is_dir():  # a regular file, or a link to one
-        raise NotAFile(path, "a file", "a directory")
-
-
-def not_files(path: Path, names: tuple[str, ...]) -> list[NotAFile]:
-    """A refusal (NotAFile) for each of ``names`` in the directory ``path`` that is there as something other than
-    a regular file or a link (an output or lock name a writer would replace)."""
-    return [NotAFile(path / name, kind) for name in names if (kind := not_a_file(path / name)) is not None]
 
 
 def links(path: Path, names: tuple[str, ...] = NOT_LINKS) -> list[str]:
@@ -174,58 +119,6 @@ def problem(path: Path) -> str | None:
     return None
 
 
-def umask() -> int:
-    """This process's umask, read without changing it (os.umask sets it: a race with other threads)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """A file to write that becomes ``path`` whole when the block ends, or not at all (an exception in the
-    block, or a failed write, leaves the previous file). ``mode`` is "w" (UTF-8 text) or "wb".
-
-    The temporary file has a random name (``mkstemp``: O_EXCL, 0600), so a link planted under a
-    predictable name such as ``results.json.tmp`` is never written through; ``os.replace`` then swaps
-    the name itself, a link there included, never what a link points to. The file gets the user's umask.
-    A ``path`` that is a directory, a FIFO, a device or a socket is never replaced (NotAFile, nothing written).
-    """
-    refuse_not_a_file(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:  # named by the file asked for, not by a temporary name the user never gave
-        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
-            yield f
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~umask())
-        refuse_not_a_file(path)  # again: made while the file was written
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if exc.filename is not None:
-            raise
-        # A write or flush that failed (a full disk, a quota) names no file: name the one asked for.
-        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (``atomic_file``)."""
-    with atomic_file(path) as f:
-        f.write(text)
-
-
 def _holder_line() -> str:
     return (f"pid {os.getpid()} on {socket.gethostname()}, started "
             f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}\n")
@@ -236,97 +129,6 @@ def _user(uid: int) -> str:
         return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
-
-
-@functools.cache
-def _boot_time() -> float:
-    """When this host booted (seconds since the epoch): read once, it does not change."""
-    return next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                if line.startswith("btime "))
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks after boot (/proc's stat, field 22); None where /proc cannot
-    say."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # counted after the name
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch, against /proc's whole-second boot time: the same
-    figure at every call, so a pid's start can be compared for equality); else None."""
-    ticks = start_ticks(pid)
-    if ticks is None:
-        return None
-    try:
-        return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration):
-        return None
-
-
-def pid_alive(pid: int, since: float) -> bool:
-    """Whether ``pid`` on this host still runs the process that wrote a lock at ``since`` (a pid
-    reused by a process started later is not it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, as another user's process
-    started = process_start(pid)
-    return started is None or started <= since + 2.0  # /proc's boot time is rounded to the second
-
-
-def remove_stale(path: Path, ino: int) -> None:
-    """Remove the stale lock file ``path`` (inode ``ino`` when it was judged stale), unless another process has
-    replaced it meanwhile: of two that judged it stale, one moves it aside; a lock made after it was read goes
-    back (a hard link never replaces a newer one)."""
-    aside = path.with_name(f"{path.name}.stale-{secrets.token_hex(6)}")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    with contextlib.suppress(OSError):
-        if os.lstat(aside).st_ino != ino:
-            os.link(aside, path)
-    with contextlib.suppress(OSError):
-        os.unlink(aside)
-
-
-def holders(path: Path) -> list[int]:
-    """The processes of this host that hold a flock on the file ``path`` (its descriptor's ``lock:`` line in /proc),
-    as far as this user may read them; the kernel's own table (/proc/locks) names only the process that took the
-    lock, which may be gone while a child it forked keeps it."""
-    try:
-        wanted = os.stat(path)
-    except OSError:
-        return []
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                with contextlib.suppress(OSError):
-                    st = os.stat(f"/proc/{entry}/fd/{fd}")
-                    if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino) and \
-                            "FLOCK" in Path(f"/proc/{entry}/fdinfo/{fd}").read_text():
-                        found.append(int(entry))
-                        break
-    return sorted(found)
-
-
-def command_line(pid: int, limit: int | None = 120) -> str:
-    """A process's command line as one line (cut to ``limit`` characters; None: whole), or its name; "?" where it is
-    gone."""
-    try:
-        text = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        text = text or Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-    return text if limit is None or len(text) <= limit else text[:limit - 1] + "~"
 
 
 _HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
@@ -340,7 +142,7 @@ def _leave_locks() -> None:
         if lock._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(lock._fd)
-        lock._fd = lock._owner_ino = None
+        lock._fd = lock._owner.ino = None
     _HELD.clear()
 
 
@@ -356,7 +158,7 @@ class RunLock:
         self.owner_path = path / OWNER_NAME
         self._flock = flock
         self._fd: int | None = None
-        self._owner_ino: int | None = None
+        self._owner = OwnerFile(self.owner_path)
         self.no_flock: str | None = None
         """Why flock could not be used (the lock file holds the directory instead), or None."""
         self.took_over: str | None = None
@@ -366,7 +168,7 @@ class RunLock:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None or self._owner_ino is not None
+        return self._fd is not None or self._owner.held
 
     def acquire(self) -> str | None:
         """None once held; else the rest of a sentence after "--report-dir DIR": another run holds it
@@ -438,20 +240,12 @@ class RunLock:
                f"({self.no_flock})")
         for _ in range(5):
             try:
-                fd = os.open(self.owner_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600)
-            except FileExistsError:
-                pass
+                made = self._owner.take(_holder_line())
             except OSError as exc:
                 return f"cannot be held: flock does not work there ({self.no_flock}) and {self.owner_path} " \
                        f"cannot be made ({_err(exc)})"
-            else:
-                try:
-                    os.write(fd, _holder_line().encode())
-                    self._owner_ino = os.fstat(fd).st_ino
-                    _HELD.add(self)
-                finally:
-                    os.close(fd)
+            if made:
+                _HELD.add(self)
                 # No kernel drops this one: a run that ends before pytest unconfigures (an unknown option)
                 # removes it at exit. Only a killed run leaves it, for the next run to find stale.
                 atexit.register(self.release)
@@ -478,12 +272,7 @@ class RunLock:
 
     def _read_owner(self) -> tuple[str, int, bool, bool]:
         """(holder, inode, alive, on this host) of the lock file another run made."""
-        fd = os.open(self.owner_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            text = os.read(fd, 512).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
+        text, st = self._owner.holder()
         m = re.match(r"pid (\d+) on (\S+),", text)
         if m is None:  # being written just now, or not ours: never taken for stale
             return text or "a holder that has not written its name yet", st.st_ino, True, True
@@ -492,18 +281,14 @@ class RunLock:
 
     def _remove_stale(self, ino: int) -> None:
         """Remove the lock file of a run that is gone, unless another run has replaced it meanwhile."""
-        remove_stale(self.owner_path, ino)
+        self._owner.remove_stale(ino)
 
     def release(self) -> None:
         _HELD.discard(self)
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock
             self._fd = None
-        if self._owner_ino is not None:
-            with contextlib.suppress(OSError):
-                if os.lstat(self.owner_path).st_ino == self._owner_ino:
-                    os.unlink(self.owner_path)
-            self._owner_ino = None
+        self._owner.release()
 
 
 def move_aside(path: Path, names: tuple[str, ...] = OUTPUTS, directories: tuple[str, ...] = ()) -> dict[Path, Path]:

@@ -17,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clustergate.common.files import write_atomic
 from clustergate.record import actions
 from clustergate.record.judge import warnings
 from clustergate.record.outcomes import PhaseVerdict
-from clustergate.record.reportdir import write_atomic
 from clustergate.record.verdict import Verdict, decide
 from clustergate.secrets import redact as redact_mod
 from clustergate.secrets.redact import redact
@@ -215,6 +215,6 @@ def signed(data: dict[str, Any], key: bytes, host: str) -> dict[str, Any]:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write atomically: readers never see half a file (a failed write leaves the previous one). Through
-    a temporary file of a random name (``reportdir.write_atomic``): a link planted as results.json.tmp,
+    a temporary file of a random name (``clustergate.common.files.write_atomic``): a link planted as results.json.tmp,
     or as results.json itself, is never written through."""
     write_atomic(path, encode(data))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clustergate.common.exit_codes import Exit
-from clustergate.record.reportdir import write_atomic
+from clustergate.common.files import write_atomic
 from clustergate.record.verdict import word_of
 
 CLASSNAME = "clustergate"

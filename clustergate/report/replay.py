@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from clustergate.record.reportdir import refuse_not_a_file
+from clustergate.common.files import refuse_not_a_file
 from clustergate.report import hooks
 from clustergate.report.hooks import REPLAYED
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clustergate.record.reportdir import command_line, process_start
+from clustergate.common.procfs import command_line, process_start
 from clustergate.run.interrupts import STACK_SIGNAL
 from clustergate.run.keeper import alive, stat
 from clustergate.run.limits import CHILDREN_GRACE_S

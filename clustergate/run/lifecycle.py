@@ -28,6 +28,7 @@ import pytest
 
 import clustergate
 from clustergate.common.exit_codes import Exit
+from clustergate.common.files import write_atomic
 from clustergate.common.parts import gpu_part
 from clustergate.common.places import shown_path
 from clustergate.criteria.against_shipped import weakenings
@@ -35,7 +36,7 @@ from clustergate.criteria.baseline import DEFAULT_TOLERANCE, compare
 from clustergate.criteria.thresholds import Profile
 from clustergate.record.judge import Where
 from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict, expect, merge
-from clustergate.record.reportdir import scrub_file, write_atomic
+from clustergate.record.reportdir import scrub_file
 from clustergate.record.results import RunRecord, nodes_from_identities, signed
 from clustergate.record.verdict import missing_tests
 from clustergate.report import junit, openmetrics

@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 
-from clustergate.record.reportdir import start_ticks
+from clustergate.common.procfs import start_ticks
 
 _MARKS: list[tuple[str, float]] = []
 

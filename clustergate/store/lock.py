@@ -3,7 +3,8 @@
 SQLite's own locks are POSIX advisory locks, which a network file system may not carry between hosts
 (an NFS mount with ``nolock`` keeps them local; SQLite's documentation warns that locking over NFS is
 unreliable), and its WAL mode needs memory shared between the processes, which hosts do not share. So
-every access to the store holds ``STORE.lock``, a file made with ``O_CREAT | O_EXCL``: NFS v3 and later
+every access to the store holds ``STORE.lock``, a file made with ``O_CREAT | O_EXCL``
+(``clustergate.common.ownerfile``, the run lock's own where flock does not work): NFS v3 and later
 create a file exclusively on the server, so of two hosts that try at once exactly one makes it. The
 holder writes its pid, host, boot id and pid namespace into it and removes it when done.
 
@@ -16,7 +17,6 @@ write holds the lock for milliseconds, so a lock that outlives the timeout is a 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import random
@@ -27,7 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
-from clustergate.record.reportdir import pid_alive, remove_stale
+from clustergate.common.ownerfile import OwnerFile
+from clustergate.common.procfs import pid_alive
 
 SUFFIX = ".lock"
 LINE = re.compile(r"pid (\d+) on (\S+) boot (\S+) pidns (\S+) since (\S+)")
@@ -85,13 +86,13 @@ class StoreLock:
         self.store = store
         self.path = store.with_name(store.name + SUFFIX)
         self.timeout_s = timeout_s
-        self._ino: int | None = None
+        self._file = OwnerFile(self.path, 0o644)
         self.took_over: str | None = None
         """The holder of a stale lock this process replaced, or None."""
 
     @property
     def held(self) -> bool:
-        return self._ino is not None
+        return self._file.held
 
     def acquire(self) -> None:
         """Hold the lock; StoreBusy after ``timeout_s``, StoreError when it cannot be made at all."""
@@ -99,8 +100,12 @@ class StoreLock:
         delay = 0.005
         while True:
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except FileExistsError:
+                made = self._file.take(holder_line())
+            except OSError as exc:
+                kind = LockNotWritable if exc.errno in NOT_WRITABLE else StoreError
+                raise kind(f"{self.store}: cannot make its lock file {self.path} ({_err(exc)}); the store's "
+                           "directory must be writable by whoever records into it") from None
+            if not made:
                 holder = self._check_holder()
                 if holder is None:
                     continue  # stale, removed, or released just now: try again at once
@@ -112,21 +117,12 @@ class StoreLock:
                 time.sleep(delay * random.uniform(0.5, 1.5))  # unequal waits: waiters do not retry in step
                 delay = min(delay * 2, 0.25)
                 continue
-            except OSError as exc:
-                kind = LockNotWritable if exc.errno in NOT_WRITABLE else StoreError
-                raise kind(f"{self.store}: cannot make its lock file {self.path} ({_err(exc)}); the store's "
-                           "directory must be writable by whoever records into it") from None
-            try:
-                os.write(fd, holder_line().encode())
-                self._ino = os.fstat(fd).st_ino
-            finally:
-                os.close(fd)
             return
 
     def _check_holder(self) -> str | None:
         """Who holds the lock, or None when it is gone or was stale (then removed)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            text, st = self._file.holder()
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -134,11 +130,6 @@ class StoreLock:
                 raise StoreError(f"{self.store}: its lock file {self.path} is a symbolic link; remove it "
                                  "(clustergate makes its lock itself and follows no link there)") from None
             raise StoreError(f"{self.store}: its lock file {self.path} cannot be read ({_err(exc)})") from None
-        try:
-            st = os.fstat(fd)
-            text = os.read(fd, 512).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
         m = LINE.fullmatch(text)
         if m is None:  # being written just now, or not ours: never taken for stale
             return text or "a holder that has not written its name yet"
@@ -152,15 +143,10 @@ class StoreLock:
 
     def _remove_stale(self, ino: int) -> None:
         """Remove a stale lock unless another process has replaced it meanwhile."""
-        remove_stale(self.path, ino)
+        self._file.remove_stale(ino)
 
     def release(self) -> None:
-        if self._ino is None:
-            return
-        with contextlib.suppress(OSError):
-            if os.lstat(self.path).st_ino == self._ino:
-                os.unlink(self.path)
-        self._ino = None
+        self._file.release()
 
     def __enter__(self) -> StoreLock:
         self.acquire()

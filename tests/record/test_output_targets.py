@@ -21,6 +21,7 @@ import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 from health_node import GpuNode
 
+from clustergate.common import files
 from clustergate.record import reportdir
 
 from torchrun_job import ROOT, job_env
@@ -143,7 +144,7 @@ def test_health_refuses_a_fifo_as_its_report(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("make", "what"), TARGETS)
 def test_the_one_writer_replaces_a_file_or_a_link_and_nothing_else(tmp_path: Path, make: str, what: str) -> None:
-    """reportdir.write_atomic, under every output of the suite (results.json, merge's and sign-off's files, the
+    """files.write_atomic, under every output of the suite (results.json, merge's and sign-off's files, the
     evidence bundles, health's report): a regular file and a link's name are replaced (a link's target never
     written), a FIFO or a device is refused as it is, the temporary file gone."""
     victim = tmp_path / "victim"
@@ -151,12 +152,12 @@ def test_the_one_writer_replaces_a_file_or_a_link_and_nothing_else(tmp_path: Pat
     (tmp_path / "link").symlink_to(victim)
     (tmp_path / "file").write_text("old")
     for name in ("link", "file"):
-        reportdir.write_atomic(tmp_path / name, "new")
+        files.write_atomic(tmp_path / name, "new")
         assert (tmp_path / name).read_text() == "new" and not (tmp_path / name).is_symlink()
     assert victim.read_text() == "keep me"
     target = (fifo if make == "fifo" else device)(tmp_path / "target")
-    with pytest.raises(reportdir.NotAFile) as refusal:
-        reportdir.write_atomic(target, "new")
+    with pytest.raises(files.NotAFile) as refusal:
+        files.write_atomic(target, "new")
     assert str(refusal.value).startswith(f"{target} is {what}, not a regular file")
     assert stat.S_IFMT(os.lstat(target).st_mode) in (stat.S_IFIFO, stat.S_IFCHR)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link", "target", "victim"]
@@ -172,7 +173,7 @@ def test_a_report_dir_holding_a_fifo_under_an_output_name_is_refused_before_the_
     assert why == (f"{planted} is a FIFO (named pipe) there, not a regular file; clustergate never replaces one "
                    "under an output's name: remove it, or choose another --report-dir"), why
     assert reportdir.stale_note(report, "it is a FIFO") is None  # no earlier run's record
-    with pytest.raises(reportdir.NotAFile):
+    with pytest.raises(files.NotAFile):
         reportdir.move_aside(report)
     assert stat.S_ISFIFO(os.lstat(planted).st_mode) and not (report / "earlier").exists()
     device_dir = device(tmp_path / "device-dir")
