@@ -61,11 +61,11 @@ from clustergate.run.limits import (
     exit_status,
     slowest_bandwidth_gbps,
 )
-from clustergate.run.memory import Memory
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
 from clustergate.run.plugins import foreign
 from clustergate.run.progress import Progress
+from clustergate.run.store_session import Memory
 from clustergate.run.testlimit import TimeLimit, choose
 from clustergate.run.world import World
 from clustergate.secrets.redact import Scrubber

@@ -15,7 +15,7 @@ from fleet_data import later, real_run
 from clustergate.run import durations
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, readings, reference, site
 from clustergate.run.limits import LIMIT_FLOOR_S, LIMIT_MULTIPLE, SITE_READINGS_TO_SET, SITE_RUNS, TEST_LIMIT_S
-from clustergate.run.memory import Memory
+from clustergate.run.store_session import Memory
 from clustergate.run.testlimit import SOURCES, choose, measured_limit, refine
 from clustergate.store import Store
 from clustergate.trust.manifest import shipped

@@ -130,7 +130,7 @@ def test_a_run_with_a_store_judges_drift_into_the_verdict_every_rank_applies(sto
     from clustergate.criteria.thresholds import load, shipped_thresholds
     from clustergate.record.judge import Judged
     from clustergate.record.outcomes import PhaseVerdict
-    from clustergate.run.memory import Memory
+    from clustergate.run.store_session import Memory
     from clustergate.store import store_problem as problem
 
     profile = load(shipped_thresholds()).profile("cpu")
