@@ -99,7 +99,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster import binding, judged_by, remember
+from clustergate.cluster import binding, judged_by, store_record
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
@@ -447,14 +447,14 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
     output.mkdir(parents=True, exist_ok=True)
     set_aside("clustergate merge", output, OUTPUTS, DIRECTORIES)
     add_evidence(cluster, judged.runs, output, site.path)
-    cluster["warnings"] += remember.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
+    cluster["warnings"] += store_record.record_inputs(store, [Path(r.directory) / "results.json" for r in judged.runs
                                                           if r.directory and r.verdict not in excluded_mod.NO_RESULT])
     text, cluster = as_written(cluster, key)  # every output below shows what results.json says
     # The verdict and the lists first: a report that cannot be drawn must not cost the results.
     write_text(output / "results.json", text)
     write_lists(output, cluster)
     write_text(output / "metrics.prom", openmetrics.render(cluster))
-    if (said := remember.record_output(store, output / "results.json")) is not None:
+    if (said := store_record.record_output(store, output / "results.json")) is not None:
         print(f"clustergate merge: {said}", file=sys.stderr)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import clustergate
-from clustergate.cluster import binding, judged_by, remember, signoff_criteria
+from clustergate.cluster import binding, judged_by, signoff_criteria, store_record
 from clustergate.cluster.merge import (
     add_key_option,
     add_thresholds_option,
@@ -383,7 +383,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
                               "hosts": fabric.hosts if fabric else [], "rounds": fabric.rounds if fabric else None,
                               "tests": counts, "error": fres.get("error")}},
     }
-    warnings += remember.record_inputs(store, [run_dir / "results.json",
+    warnings += store_record.record_inputs(store, [run_dir / "results.json",
                                                *([fabric_path] if fabric and fres.get("verdict") != "running" else [])])
     text, out = as_written(out, key)  # every output below shows what signoff.json says
     # Every input read and judged: only now is an earlier sign-off moved aside (a refused command line changes
@@ -393,7 +393,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     write_lists(run_dir, out, prefix="signoff-", accepted=out["verdict"] == "accept",
                 excluded_line=lambda e: f"{e['host']}\t{e['phase']}: {'; '.join(e['reasons'])}")
     write_text(run_dir / "signoff-metrics.prom", openmetrics.render(out))
-    if (said := remember.record_output(store, run_dir / "signoff.json")) is not None:
+    if (said := store_record.record_output(store, run_dir / "signoff.json")) is not None:
         print(f"clustergate signoff: {said}", file=sys.stderr)
     from clustergate.report.merge_html import node_reports
     from clustergate.report.signoff_html import signoff_page
