@@ -26,7 +26,7 @@ from typing import Any
 
 from clustergate.common import inputfile
 from clustergate.common.exit_codes import TABLE, Exit
-from clustergate.run import outcome
+from clustergate.run import command_note
 
 PROG = "clustergate run"
 RUN_INI = Path(__file__).resolve().parent.parent / "run.ini"
@@ -292,9 +292,9 @@ def main(argv: list[str], launcher: Callable[[list[str]], Launched] = launch) ->
     # torchrun sets OMP_NUM_THREADS=1 for several ranks where it is unset, in a four-line warning before every run;
     # the same value set here says nothing (a value the caller set is kept).
     threads = {"OMP_NUM_THREADS": "1"} if nproc > 1 and "OMP_NUM_THREADS" not in os.environ else {}
-    with environment({**RUN_ENV, **threads, outcome.OUTCOME_ENV: str(told_path)}):
+    with environment({**RUN_ENV, **threads, command_note.OUTCOME_ENV: str(told_path)}):
         launched = launcher(torchrun_args(nproc, rest, log_dir))
-    told = outcome.read(told_path)
+    told = command_note.read(told_path)
     status = status_of(launched, told)
     path, results = results_of(told)
     if results is None and launched.first not in (None, 0):  # no record, and another rank stopped first: keep theirs

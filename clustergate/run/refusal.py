@@ -23,7 +23,7 @@ import sys
 from collections.abc import Collection
 from typing import NoReturn
 
-from clustergate.run import errorfile, outcome
+from clustergate.run import command_note, errorfile
 from clustergate.run.limits import AGENT_STOP_S
 
 
@@ -40,7 +40,7 @@ def tell(text: str, status: int, *, missing: Collection[int] = ()) -> None:
 
     text = Scrubber.from_environment()(text)  # the terminal and torchrun's summary are outputs like any other
     place = errorfile.Place.from_env()
-    outcome.tell(status=int(status), error=text.removeprefix("ERROR: "), any_rank=True)
+    command_note.tell(status=int(status), error=text.removeprefix("ERROR: "), any_rank=True)
     if place.first_of_job(missing):
         # First, on the terminal: under plain torchrun its summary says the line again as the root cause, but last,
         # at the end of a 34-72-line report of torchrun's own; a first-day user reads the top.

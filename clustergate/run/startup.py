@@ -26,7 +26,7 @@ from clustergate.criteria.profile_choice import choose_profile
 from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load
 from clustergate.record import reportdir
 from clustergate.record.results import RunRecord, write_json
-from clustergate.run import control, outcome, plugins, startclock
+from clustergate.run import command_note, control, plugins, startclock
 from clustergate.run.control import Step, within
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
@@ -172,7 +172,7 @@ def record_refusal(config: pytest.Config, options: Options, profile: Profile, er
     path = Path(options.report_dir) if options.report_dir else default_report_dir(Path.cwd())
     if reportdir.problem(path) is not None or hold(config, path) is not None:
         return  # nowhere to write: the error says it all
-    outcome.tell(report_dir=path)
+    command_note.tell(report_dir=path)
     record = RunRecord(profile=profile.name, level=options.level, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                        sign_off=profile.sign_off, selection=options.selection())
     record.fail(error)
@@ -258,7 +258,7 @@ def prepare_report_dir(config: pytest.Config, world: World, root: Path) -> Path:
     try:
         path = _prepare(config, world, root)
         follow_baseline(config)
-        outcome.tell(report_dir=path)
+        command_note.tell(report_dir=path)
         return path
     except control.ControlLost as exc:  # a rank died during start-up: one clear line, not a traceback
         raise CouldNotRun(f"the run could not start: {exc}") from None

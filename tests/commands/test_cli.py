@@ -19,7 +19,7 @@ import clustergate
 from clustergate import cli
 from clustergate.common.exit_codes import Exit
 from clustergate.criteria.thresholds import shipped_thresholds
-from clustergate.run import command, outcome
+from clustergate.run import command, command_note
 
 from torchrun_job import ROOT, job_env
 
@@ -169,7 +169,7 @@ def _ran(tmp_path: Path, launched: command.Launched, told: dict | None = None, r
         if results is not None:
             report.mkdir()
             (report / "results.json").write_text(json.dumps(results))
-        told_path = Path(os.environ[outcome.OUTCOME_ENV])
+        told_path = Path(os.environ[command_note.OUTCOME_ENV])
         told_path.write_text(json.dumps({**({"report_dir": str(report)} if results is not None else {}),
                                          **(told or {})}))
         if rank_said is not None:
@@ -231,7 +231,7 @@ def test_run_gives_the_callers_environment_back(tmp_path: Path, monkeypatch: pyt
 
     command.main(["--nproc-per-node", "2"], launcher=launcher)
     assert seen["during"] == "1" and "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
-    assert outcome.OUTCOME_ENV not in os.environ
+    assert command_note.OUTCOME_ENV not in os.environ
 
 
 def test_run_keeps_the_ranks_output_where_another_rank_stopped_a_run_without_a_record(
