@@ -102,7 +102,7 @@ def _plain(data: Any) -> Any:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-class Recorder:
+class FlightRecorder:
     """This process's collectives, read on every beat (a few microseconds: the recorder's per-group status alone);
     the recorder's entries are read only to learn which group a status belongs to, and what a collective was."""
 

@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.run.flight import Group, Recorder, default_group_name
+from clustergate.run.flight import FlightRecorder, Group, default_group_name
 from clustergate.run.hang_judge import TESTING, Finding, FindingKind, Position, Still, Wait, judge, judge_group
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
@@ -116,7 +116,7 @@ class Liveness:
     """The control group's name (the plugin's exchanges)."""
     default: str | None = None
     """The workloads' group's name (default: the default process group's)."""
-    recorder: Recorder = field(default_factory=Recorder)
+    recorder: FlightRecorder = field(default_factory=FlightRecorder)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     interval_s: float = BEAT_S
@@ -278,7 +278,7 @@ class Liveness:
 
     def _wait(self, now: float, here: Position) -> Wait | None:
         """The collective this rank has waited in longest (since this thread first saw it open), or None. A wait
-        that lasts a beat is checked once against the recorder's entries (``Recorder.open_collective``): what it
+        that lasts a beat is checked once against the recorder's entries (``FlightRecorder.open_collective``): what it
         waits in, and whether it is a collective at all."""
         self._groups = self.recorder.groups()
         groups = {g.name: g for g in self._groups}

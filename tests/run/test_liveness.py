@@ -27,7 +27,7 @@ from waited_out_runs import alive
 
 from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run import interrupts
-from clustergate.run.flight import Group, Recorder
+from clustergate.run.flight import FlightRecorder, Group
 from clustergate.run.hang_judge import Finding, Position, Wait, judge, judge_group
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import (
@@ -311,7 +311,7 @@ def test_the_flight_recorder_says_what_each_group_entered_and_completed(gloo_wor
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t, group=pg)
-    recorder = Recorder()
+    recorder = FlightRecorder()
     deadline = time.monotonic() + 5
     while True:  # gloo records a completion from its own thread, a moment after the call returned
         [group] = [g for g in recorder.groups() if g.name == pg.group_name]
