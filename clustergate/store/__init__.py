@@ -1,18 +1,5 @@
-"""The results store: what clustergate remembers of a cluster over its life.
-
-Every run's results.json, every merge's cluster results.json and every signoff.json can be recorded into
-one SQLite file (``--store PATH``, else ``$CLUSTERGATE_STORE``; without either nothing is stored and
-nothing changes). A stored run keeps its document whole and one indexed row per part and metric (run,
-host, GPU index, serial and UUID, metric, value, unit, criterion, verdict); a merge and a sign-off keep
-what they decided of each host. From it come each part's history (``clustergate history``) and the first
-accepted figure each GPU or node is held to when drift is judged (``clustergate.store.drift``).
-
-- ``db``: ``Store`` (record, history, decisions, first accepted figures);
-- ``lock``: the lock every access holds, safe on a file system many hosts share;
-- ``schema``: the tables and their migrations;
-- ``rows``: what is stored of a document (pure);
-- ``drift``: figures that fell below their own first accepted figure (pure, given a store);
-- ``history_cli`` and ``record_cli``: the ``history`` and ``record`` commands (``command``: what they share).
+"""The results store: what clustergate remembers of a cluster over its life (one SQLite file, ``--store``).
+It never changes a verdict: a store that cannot be used costs the record or the drift judgement, never the run.
 """
 
 from __future__ import annotations
