@@ -125,7 +125,7 @@ def test_the_results_section(store: Store) -> None:
 
 
 def test_a_run_with_a_store_judges_drift_into_the_verdict_every_rank_applies(store: Store, tmp_path: Path) -> None:
-    """The run's side (clustergate.run.memory, on rank 0): the first figures read once, then each call
+    """The run's side (clustergate.run.store_session, on rank 0): the first figures read once, then each call
     phase's verdict judged; drift_severity fail fails the test, naming the rank of the drifted GPU."""
     from clustergate.criteria.thresholds import load, shipped_thresholds
     from clustergate.record.judge import Judged
