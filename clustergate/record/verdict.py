@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clustergate.common.exit_codes import Exit
+from clustergate.common.results_view import ResultsView, TestRecord
 from clustergate.criteria.criterion import Criterion, Figure
 from clustergate.criteria.thresholds import Profile
 from clustergate.trust import completeness
@@ -46,10 +47,11 @@ REFUSED = {Exit.USAGE: "REFUSED (usage)", Exit.COULD_NOT_RUN: "COULD NOT RUN"}
 def word_of(results: Mapping[str, Any], status: int | None = None) -> str:
     """The word the terminal, the reports and the commands say for a results document's verdict, and for the run's
     exit ``status`` where it is known (a refusal or a run that could not run says so, not REJECT)."""
-    verdict = str(results.get("verdict"))
+    view = ResultsView.of(results)
+    verdict = str(view.verdict)
     if verdict != "accept" and status in REFUSED:
         return REFUSED[Exit(status)]
-    if verdict == "reject" and results.get("interrupted") is True:
+    if verdict == "reject" and view.interrupted:
         return INTERRUPTED
     return WORDS.get(verdict, "REJECT")
 
@@ -104,7 +106,7 @@ def missing_tests(selected: int | None, deselected: int, ran: int) -> str | None
     return None
 
 
-def _metric_contradiction(test: Mapping[str, Any], metric: Mapping[str, Any]) -> str | None:
+def _metric_contradiction(test: TestRecord, metric: Mapping[str, Any]) -> str | None:
     """Where a stored metric's ``passed`` (or its test's outcome) is not what its own figures and criterion
     give, judged again by the criterion's rule; None when they agree."""
     criterion = Criterion.from_json(metric.get("criterion"))
@@ -112,29 +114,29 @@ def _metric_contradiction(test: Mapping[str, Any], metric: Mapping[str, Any]) ->
     per_rank = metric.get("per_rank") or [{"value": metric["value"], "node_rank": 0}]
     figures = [Figure(float(p["value"]), unit, int(p.get("node_rank", 0))) for p in per_rank]
     failures = [f for f, _ in criterion.weigh(figures, str(metric.get("scope", "gpu"))) if f]
-    name = f"{test.get('nodeid')}: {metric.get('name')}"
+    name = f"{test.nodeid}: {metric.get('name')}"
     if failures and metric.get("passed", True):
         return f"{name} is stored as passed, but its figures miss its criterion ({failures[0][0]})"
-    if not metric.get("passed", True) and test.get("outcome") == "passed":
+    if not metric.get("passed", True) and test.outcome == "passed":
         return f"{name} is stored as failed, but its test is stored as passed"
     return None
 
 
-def _part_problem(test: Mapping[str, Any], metric: Mapping[str, Any], results: Mapping[str, Any]) -> str | None:
+def _part_problem(test: TestRecord, metric: Mapping[str, Any], results: ResultsView) -> str | None:
     """Where a passed test's metric lacks a figure (or has one too many) for the parts its scope implies: one
     per rank (gpu), one per node (node), one for the job (world)."""
-    name = f"{test.get('nodeid')}: {metric.get('name')}"
+    name = f"{test.nodeid}: {metric.get('name')}"
     per_rank = metric.get("per_rank")
     if not isinstance(per_rank, list) or not per_rank:
         return f"{name} has no per-rank figures: which part measured it is unknown"
-    nodes = [n for n in results.get("nodes") or [] if isinstance(n, Mapping)]
+    nodes = results.nodes
     scope = metric.get("scope")
     if scope == "gpu":
         host_of = {r: n.get("host") for n in nodes for r in n.get("ranks") or []}
         ranks = sorted(int(p.get("rank", -1)) for p in per_rank)
-        if ranks != list(range(int(results.get("world_size") or 0))):
+        if ranks != list(range(int(results.world_size or 0))):
             return (f"{name} has figures of ranks {_ranges(ranks)}, not one of each of the "
-                    f"{results.get('world_size')} ranks: a per-GPU figure is missing or given twice")
+                    f"{results.world_size} ranks: a per-GPU figure is missing or given twice")
         wrong = [p for p in per_rank if host_of and host_of.get(p.get("rank")) != p.get("host")]
         if wrong:
             return f"{name}: rank {wrong[0].get('rank')}'s figure names host {wrong[0].get('host')!r}, not its node's"
@@ -151,28 +153,28 @@ def _ranges(values: Sequence[int]) -> str:
     return ", ".join(map(str, values[:12])) + (" ..." if len(values) > 12 else "") if values else "none"
 
 
-def _test_problem(test: Mapping[str, Any], results: Mapping[str, Any], manifest: Manifest) -> str | None:
+def _test_problem(test: TestRecord, results: ResultsView, manifest: Manifest) -> str | None:
     """The first way one test's record contradicts itself or the suite's manifest, or None."""
-    nodeid, outcome = test.get("nodeid"), test.get("outcome")
+    nodeid, outcome = test.nodeid, test.outcome
     if outcome not in ("passed", "failed", "skipped", "error", "interrupted"):
         return f"{nodeid}: no outcome recorded ({outcome!r})"
-    metrics = [m for m in test.get("metrics") or [] if isinstance(m, Mapping)]
+    metrics = test.metrics
     if outcome == "skipped":
         if metrics:
             return f"{nodeid} is stored as skipped, but carries {len(metrics)} metrics: a skipped test measured nothing"
-        if not str(test.get("message") or "").strip():
+        if not test.message.strip():
             return f"{nodeid} is stored as skipped without a reason: a skip always says why"
-    if outcome in ("passed", "skipped") and (test.get("failed_ranks") or test.get("problems")):
-        what = "failed ranks" if test.get("failed_ranks") else "problems"
+    if outcome in ("passed", "skipped") and (test.failed_ranks or test.problems):
+        what = "failed ranks" if test.failed_ranks else "problems"
         return f"{nodeid} is stored as {outcome}, but records {what}: something failed in it"
     if outcome == "skipped":
         return None
     for metric in metrics:
         if problem := _metric_contradiction(test, metric):
             return problem
-    if outcome != "passed" or "call" not in (test.get("phases") or ["call"]):
+    if outcome != "passed" or "call" not in (test.phases or ["call"]):
         return None  # a body that never ran measured nothing: the completeness rule says so (partial)
-    declared = manifest.get(completeness.manifest_id(str(nodeid), results.get("selection") or {}, manifest) or "")
+    declared = manifest.get(completeness.manifest_id(nodeid, results.selection, manifest) or "")
     if declared is not None:
         recorded = {str(m.get("name")): m for m in metrics}
         absent = [name for name in declared.metrics if name not in recorded]
@@ -193,15 +195,16 @@ def contradiction(results: Mapping[str, Any], manifest: Manifest | None = None) 
     metric's ``passed``, a test without an outcome or given twice, a passed test without a declared metric or a
     part's figure, a skipped test with figures, more or fewer tests than were selected), or None."""
     manifest = manifest or suite_manifest.shipped()
-    tests = [t for t in results.get("tests") or [] if isinstance(t, Mapping)]
-    twice = [nodeid for nodeid, n in Counter(str(t.get("nodeid")) for t in tests).items() if n > 1]
+    view = ResultsView.of(results)
+    tests = view.tests
+    counted = Counter(t.nodeid for t in tests)
+    twice = [nodeid for nodeid, n in counted.items() if n > 1]
     if twice:
-        return f"{twice[0]} is recorded {Counter(str(t.get('nodeid')) for t in tests)[twice[0]]} times: a run " \
-               "records each test once"
+        return f"{twice[0]} is recorded {counted[twice[0]]} times: a run records each test once"
     for test in tests:
-        if problem := _test_problem(test, results, manifest):
+        if problem := _test_problem(test, view, manifest):
             return problem
-    selection = results.get("selection") or {}
+    selection = view.selection
     if isinstance(selection.get("selected"), int):
         return missing_tests(selection["selected"], int(selection.get("deselected") or 0), len(tests))
     return None
@@ -214,11 +217,12 @@ def of_record(results: Mapping[str, Any], *, need: str | None = None, level: str
     rejected, saying where; one that ran less than a complete run (of kind ``need``, at ``level`` or more, its
     skips earned under ``profile``: ``clustergate.trust.completeness.partial``) is partial."""
     manifest = manifest or suite_manifest.shipped()
-    error = results.get("error")
-    if error is None and results.get("verdict") == "running":
+    view = ResultsView.of(results)
+    error = view.error
+    if error is None and view.verdict == "running":
         error = "the run did not finish: its results.json still says running"
     if error is None:
         error = contradiction(results, manifest)
-    outcomes = [str(t.get("outcome")) for t in results.get("tests") or []]
-    return decide(outcomes, error=error, finished=True, sign_off=bool(results.get("sign_off", True)),
+    outcomes = [str(t.outcome) for t in view.tests]
+    return decide(outcomes, error=error, finished=True, sign_off=view.sign_off,
                   partial=completeness.partial(results, manifest, need, level, profile))

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from clustergate.common.results_view import ResultsView, TestRecord
 from clustergate.criteria.thresholds import Profile
 from clustergate.trust import attestation, skip_facts
 from clustergate.trust import manifest as suite_manifest
@@ -81,15 +82,14 @@ def narrowed_by(selection: Mapping[str, Any]) -> str:
     return ", ".join(said)
 
 
-def _hollow(tests: Sequence[Mapping[str, Any]]) -> list[str]:
+def _hollow(tests: Sequence[TestRecord]) -> list[str]:
     """Why some recorded tests did not really run: passed or failed without a call phase (their body never
     ran: --setup-only, --setup-plan), or a record that does not say which phases ran."""
-    unknown = [str(t.get("nodeid")) for t in tests if not isinstance(t.get("phases"), list)]
+    unknown = [t.nodeid for t in tests if t.phases is None]
     if unknown:
         return [f"{len(unknown)} recorded tests do not say which phases ran ({_named(unknown)}): written by an older "
                 "clustergate, or edited; run it again"]
-    bodiless = [str(t.get("nodeid")) for t in tests
-                if t.get("outcome") in ("passed", "failed") and "call" not in t["phases"]]
+    bodiless = [t.nodeid for t in tests if t.outcome in ("passed", "failed") and "call" not in (t.phases or ())]
     if bodiless:
         return [f"{len(bodiless)} tests never ran their body, only their fixtures ({_named(bodiless)}): "
                 "nothing was measured there (--setup-only or --setup-plan?)"]
@@ -110,19 +110,13 @@ def _level_problem(level: Any, required: str, manifest: Manifest) -> str | None:
     return f"it ran at level {level}, the site requires {required} or more{what}"
 
 
-def _selection(results: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The record's ``selection`` ({} where it has none, or not a mapping)."""
-    selection = results.get("selection")
-    return selection if isinstance(selection, Mapping) else {}
-
-
-def _skipped(results: Mapping[str, Any], manifest: Manifest) -> list[tuple[Mapping[str, Any], Any]]:
+def _skipped(results: Mapping[str, Any], manifest: Manifest) -> list[tuple[TestRecord, Any]]:
     """Every skipped test of the suite in ``results``, with its manifest entry."""
-    selection = _selection(results)
+    view = ResultsView.of(results)
     out = []
-    for test in results.get("tests") or []:
-        if isinstance(test, Mapping) and test.get("outcome") == "skipped":
-            known = manifest.get(manifest_id(str(test.get("nodeid")), selection, manifest) or "")
+    for test in view.tests:
+        if test.outcome == "skipped":
+            known = manifest.get(manifest_id(test.nodeid, view.selection, manifest) or "")
             if known is not None:  # a test that is not the suite's counts for nothing anyway
                 out.append((test, known))
     return out
@@ -131,32 +125,32 @@ def _skipped(results: Mapping[str, Any], manifest: Manifest) -> list[tuple[Mappi
 def _dcgm_problem(results: Mapping[str, Any], manifest: Manifest) -> str | None:
     """DCGM's skips must agree on the level asked for; one that says it was not asked for at all while a DCGM test
     ran contradicts the record."""
-    facts = [t.get("skip_fact") for t, _ in _skipped(results, manifest)]
+    facts = [t.skip_fact for t, _ in _skipped(results, manifest)]
     asked = {f.get("requested") for f in facts if isinstance(f, Mapping) and f.get("fact") == "dcgm_not_requested"}
     if len(asked) > 1:
         return f"its DCGM skips disagree on the --dcgm-diag level asked for ({sorted(map(str, asked))})"
     if None in asked:
-        selection = _selection(results)
-        for test in results.get("tests") or []:
-            known = manifest.get(manifest_id(str(test.get("nodeid")), selection, manifest) or "")
-            if (known is not None and test.get("outcome") in ("passed", "failed")
+        view = ResultsView.of(results)
+        for test in view.tests:
+            known = manifest.get(manifest_id(test.nodeid, view.selection, manifest) or "")
+            if (known is not None and test.outcome in ("passed", "failed")
                     and any(r.fact == "dcgm_not_requested" for r in known.skips)):
-                return f"DCGM skips say it was not asked for, yet {_short(str(test.get('nodeid')))} ran"
+                return f"DCGM skips say it was not asked for, yet {_short(test.nodeid)} ran"
     return None
 
 
 def unearned(results: Mapping[str, Any], manifest: Manifest, profile: Profile | None = None) -> list[str]:
     """Why some skips of ``results`` are not earned ([] when every one is): no fact recorded, a fact the manifest
     does not allow for the test under the run's profile kind and level, or one the record contradicts."""
-    kind, level = skip_facts.profile_kind(results, profile), str(results.get("level"))
+    kind, level = skip_facts.profile_kind(results, profile), str(ResultsView.of(results).level)
     bad = []
     for test, known in _skipped(results, manifest):
-        fact = test.get("skip_fact")
+        fact = test.skip_fact
         why = skip_facts.problem(fact, results, profile)
         if why is None and not known.earns(str(fact["fact"]), kind, level):
             why = f"the manifest does not let it skip on {fact['fact']} under a {kind} profile at level {level}"
         if why is not None:
-            bad.append(f"{_short(str(test.get('nodeid')))} ({why})")
+            bad.append(f"{_short(test.nodeid)} ({why})")
     reasons = []
     if bad:
         more = f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
@@ -172,16 +166,16 @@ def fleet_problems(records: Mapping[str, Mapping[str, Any]], manifest: Manifest)
     one. A node that lacks what its fleet has is missing it."""
     ran: dict[str, set[str]] = {}
     for host, results in records.items():
-        selection = _selection(results)
-        for test in results.get("tests") or []:
-            if test.get("outcome") in ("passed", "failed") and "call" in (test.get("phases") or []):
-                ran.setdefault(manifest_id(str(test.get("nodeid")), selection, manifest) or "", set()).add(host)
+        view = ResultsView.of(results)
+        for test in view.tests:
+            if test.outcome in ("passed", "failed") and "call" in (test.phases or []):
+                ran.setdefault(manifest_id(test.nodeid, view.selection, manifest) or "", set()).add(host)
     with_ib = {host for host, results in records.items() if skip_facts.ib_hosts(results)}
     out: dict[str, list[str]] = {}
     for host, results in records.items():
         bad = []
         for test, known in _skipped(results, manifest):
-            fact = (test.get("skip_fact") or {}).get("fact") if isinstance(test.get("skip_fact"), Mapping) else None
+            fact = test.skip_fact.get("fact") if isinstance(test.skip_fact, Mapping) else None
             others = sorted((ran.get(known.nodeid, set()) if fact == "unsupported" else
                              with_ib if fact == "no_infiniband" else set()) - {host})
             if others:
@@ -204,10 +198,10 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
     calibrate). ``level``: the least level the run must have run at (merge's ``--level``). ``profile``: the
     profile the reader holds the run to (merge and sign-off), against which the skips on the profile's settings
     are checked."""
-    tests = [t for t in results.get("tests") or [] if isinstance(t, Mapping)]
-    selection = _selection(results)
-    present = {i for i in (manifest_id(str(t.get("nodeid")), selection, manifest) for t in tests) if i}
-    nodes = len(results.get("nodes") or [])
+    view = ResultsView.of(results)
+    tests, selection = view.tests, view.selection
+    present = {i for i in (manifest_id(t.nodeid, selection, manifest) for t in tests) if i}
+    nodes = len(results.get("nodes") or [])  # every entry counts, as the record lists them
     missing = {kind: _missing(kind, present, manifest) for kind in RUN_NAMES}
     if need is None:
         # A fabric run needs two nodes: on one, the fabric tests are there only to skip.
@@ -228,7 +222,7 @@ def partial(results: Mapping[str, Any], manifest: Manifest, need: str | None = N
     reasons += _hollow(tests)
     reasons += unearned(results, manifest, profile)
     reasons += attestation.problems(results)  # the code ran was the shipped suite, with the suite's plugins alone
-    if level is not None and (problem := _level_problem(results.get("level"), level, manifest)):
+    if level is not None and (problem := _level_problem(view.level, level, manifest)):
         reasons.append(problem)
     return reasons
 
