@@ -58,16 +58,16 @@ for part in $PARTS; do
   case $part in
     quick)
       say "quick: cold x2 (node 1 compiles, node 2 loads), warm x3"
-      timeout 200 $QT --cold 2 --warm 3 --out "$S/quick" -- python3 -m clustergate run --level quick \
+      timeout 170 $QT --cold 2 --warm 3 --out "$S/quick" -- python3 -m clustergate run --level quick \
         --shared-dir "$S/shared-quick" >"$S/quick.txt" 2>&1
       say "quick: exit $?"; pack ;;
     standard)
       say "standard: cold x1 (node 1 compiles), warm x1"
-      timeout 330 $QT --cold 1 --warm 1 --out "$S/standard" -- python3 -m clustergate run --level standard \
+      timeout 300 $QT --cold 1 --warm 1 --out "$S/standard" -- python3 -m clustergate run --level standard \
         --shared-dir "$S/shared-standard" >"$S/standard.txt" 2>&1
       say "standard: exit $?"; pack
       say "standard, node 2's first run of the GPT test (empty caches, the shared kernels)"
-      timeout 60 $QT --cold 1 --warm 0 --out "$S/standard-gpt-node2" -- python3 -m clustergate run --level standard \
+      timeout 50 $QT --cold 1 --warm 0 --out "$S/standard-gpt-node2" -- python3 -m clustergate run --level standard \
         -k test_gpt_throughput --shared-dir "$S/shared-standard" >"$S/standard-gpt-node2.txt" 2>&1
       say "standard gpt node 2: exit $?"; pack ;;
   esac
