@@ -24,7 +24,7 @@ mkdir -p "$S"
 LOG=$S/fleet.log
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - START ))" "$*" | tee -a "$LOG"; }
-pack() { tar czf "$OUT/fleet.tgz" -C "$OUT" --exclude='inductor-cache-*' --exclude='shared*' fleet 2>/dev/null; }
+pack() { tar czf "$OUT/fleet.tgz" -C "$OUT" --exclude='inductor-cache-*' --exclude='shared*' --exclude='*.html' fleet 2>/dev/null; }
 
 SITE=$(mktemp -d "${TMPDIR:-/tmp}/fleet-site.XXXXXX") || exit 2
 RUNDIR=$(mktemp -d "${TMPDIR:-/tmp}/fleet-run.XXXXXX") || exit 2
