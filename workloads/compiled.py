@@ -81,7 +81,8 @@ class Kernels:
     refused: bool = False
     saved: bool = False
     """This node wrote ``artifact`` after compiling."""
-    key: dict[str, str] = field(default_factory=dict)
+    compiled_for: dict[str, str] = field(default_factory=dict)
+    """The key (GPU, torch, Triton, CUDA, suite digest, shape); not named ``key``: the record redacts such fields."""
     cache_hits: int = 0
     cache_misses: int = 0
     """torch's FX graph and AOTAutograd cache lookups during the run: a load that did not serve shows misses."""
@@ -138,7 +139,7 @@ def _counts() -> tuple[int, int]:
 
 def load(directory: str | os.PathLike[str] | None, k: dict[str, str]) -> Kernels:
     """Before compiling: load the artifact for ``k`` from ``directory`` where every check holds, and say so."""
-    got = Kernels(key=k)
+    got = Kernels(compiled_for=k)
     got.cache_hits, got.cache_misses = (-x for x in _counts())  # the run's own lookups, from here on
     if directory is None:
         got.note = "no shared directory named (--shared-dir): every node compiles its own kernels"
@@ -181,7 +182,7 @@ def finish(got: Kernels, writer: bool) -> Kernels:
         return got
     data = saved[0]
     blob = Path(got.artifact)
-    meta = {"key": got.key, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+    meta = {"key": got.compiled_for, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
             "saved_by": socket.gethostname(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         blob.parent.mkdir(parents=True, exist_ok=True)

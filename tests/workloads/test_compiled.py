@@ -37,8 +37,8 @@ print(json.dumps(compiled.finish(got, writer=True).as_details()))
 
 def node(tmp: Path, name: str, shared: Path, digest: str) -> dict:
     caches = tmp / f"caches-{name}"  # empty: a node's first run
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "TRITON_CACHE_DIR": str(caches / "triton"), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", NODE, str(shared), digest], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,7 +53,8 @@ def test_a_second_node_loads_what_the_first_compiled_and_a_stale_artifact_is_ref
     assert first["cache_misses"] > 0 and "no artifact for this key yet" in first["note"]
     blob = Path(first["artifact"])
     sidecar = json.loads(blob.with_suffix(".json").read_text())
-    assert sidecar["sha256"] == hashlib.sha256(blob.read_bytes()).hexdigest() and sidecar["key"] == first["key"]
+    assert sidecar["sha256"] == hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert sidecar["key"] == first["compiled_for"]
 
     second = node(tmp_path, "2", shared, DIGEST_A)  # empty caches of its own: only the shared artifact can serve
     assert (second["source"], second["artifact"], second["saved"]) == ("loaded", str(blob), False), second
@@ -80,7 +81,8 @@ def _plant(shared: Path, data: bytes, key: dict[str, str], sha: str | None = Non
     return blob
 
 
-def test_damaged_foreign_or_open_artifacts_are_refused_unloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_damaged_foreign_or_open_artifacts_are_refused_unloaded(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     loaded: list[bytes] = []
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda b: loaded.append(b) or "info")  # records it
     k = compiled.key(CPU, DIGEST_A, "t")
@@ -89,7 +91,8 @@ def test_damaged_foreign_or_open_artifacts_are_refused_unloaded(tmp_path: Path, 
     assert (got.source, got.refused) == ("compiled", True) and "sha256 is not its sidecar's" in got.note
 
     other_gpu = {**k, "gpu": "NVIDIA H100 80GB HBM3 (sm 9.0)"}  # made on another GPU model, put under this key's name
-    blob.with_suffix(".json").write_text(json.dumps({"key": other_gpu, "sha256": hashlib.sha256(b"kernels").hexdigest()}))
+    sha = hashlib.sha256(b"kernels").hexdigest()
+    blob.with_suffix(".json").write_text(json.dumps({"key": other_gpu, "sha256": sha}))
     got = compiled.load(tmp_path, k)
     assert got.refused and "another key: gpu 'NVIDIA H100 80GB HBM3 (sm 9.0)'" in got.note
 
