@@ -184,6 +184,7 @@ def finish(got: Kernels, writer: bool) -> Kernels:
     blob = Path(got.artifact)
     meta = {"key": got.compiled_for, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
             "saved_by": socket.gethostname(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp: Path | None = None
     try:
         blob.parent.mkdir(parents=True, exist_ok=True)
         for target, content in ((blob, data), (blob.with_suffix(".json"), json.dumps(meta, indent=1).encode())):
@@ -193,8 +194,9 @@ def finish(got: Kernels, writer: bool) -> Kernels:
                 f.write(content)
             os.replace(tmp, target)  # whole or not at all: a reader never sees half a file
         got.saved = True
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        got.note += f"; could not save {blob}: {exc.strerror}"
+    except OSError as exc:  # a directory this node cannot write: it keeps what it compiled, and says so
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        got.note += f"; could not save {blob}: {exc.strerror or exc}"
     return got

@@ -117,6 +117,18 @@ def test_a_link_or_bytes_torch_cannot_load_are_refused(tmp_path: Path) -> None:
     assert got.refused and "not a regular file" in got.note
 
 
+def test_a_directory_that_cannot_be_written_is_said_not_raised(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"kernels", None))
+    (tmp_path / "file").write_text("")  # a file where the directory would be: no one can make it
+    got = compiled.finish(compiled.load(tmp_path / "file", compiled.key(CPU, DIGEST_A, "t")), writer=True)
+    assert (got.source, got.saved) == ("compiled", False) and "could not save" in got.note
+    ok = compiled.finish(compiled.load(tmp_path / "dir", compiled.key(CPU, DIGEST_A, "t")), writer=True)
+    assert ok.saved and Path(ok.artifact).read_bytes() == b"kernels"
+    assert compiled.finish(compiled.load(tmp_path / "other", compiled.key(CPU, DIGEST_A, "t")), writer=False).saved \
+        is False and not (tmp_path / "other").exists()  # only the writer rank saves
+
+
 def test_the_key_names_gpu_torch_triton_cuda_and_suite(tmp_path: Path) -> None:
     k = compiled.key(CPU, DIGEST_A, "gpt-x")
     assert set(k) == {"gpu", "torch", "triton", "cuda", "suite_digest", "what"} and k["torch"] == torch.__version__
