@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from clustergate.run.recorder import Recorder
+from clustergate.trust import attestation
+from workloads.compiled import Share
 from workloads.result import Result
 from workloads.training import checkpoint, gpt, sampler, scaling
 
@@ -24,9 +26,12 @@ def _peak(cg: Recorder) -> float | None:
 
 
 @pytest.mark.metrics("train_tokens_per_s_per_gpu", "train_mfu", "train_local_tokens_per_s_per_gpu")
-def test_gpt_throughput(cg: Recorder) -> None:
-    """GPT-2 124M (seq 1024, bf16, compiled) under DDP on every GPU: tokens/s, MFU, stragglers."""
-    cg.record_result(gpt.run(gpt.Config.for_level(cg.level, cg.device, peak_tflops=_peak(cg))))
+def test_gpt_throughput(cg: Recorder, shared_dir: str | None) -> None:
+    """GPT-2 124M (seq 1024, bf16, compiled) under DDP on every GPU: tokens/s, MFU, stragglers. The kernels are
+    compiled once for the fleet: loaded from the shared directory where a node compiled them for this key
+    (workloads.compiled), the details' ``kernels`` say which."""
+    share = Share(shared_dir, attestation.suite_digest())
+    cg.record_result(gpt.run(gpt.Config.for_level(cg.level, cg.device, peak_tflops=_peak(cg)), share=share))
 
 
 ORIGINAL_NAMES = {"train_tokens_per_s_per_gpu": "train_original_tokens_per_s_per_gpu",

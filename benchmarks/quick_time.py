@@ -12,7 +12,9 @@ into pytest's (its setup, call and teardown) and the rest (the plugin: every ran
 the report's row). The end is split at the session's last event (written once the final barrier is passed).
 
 ``run`` runs the command ``--cold`` times with an empty compile cache each (a fresh ``TORCHINDUCTOR_CACHE_DIR``:
-torch.compile's and Triton's kernels), then ``--warm`` times keeping the cache of the run before, each with
+torch.compile's and Triton's kernels; with ``--shared-dir`` in the command, the first cold run is a fleet's first
+node, which compiles and saves its kernels there, and the next ones the nodes after it, which load them:
+workloads.compiled), then ``--warm`` times keeping the cache of the run before, each with
 ``--report-dir OUT/NAME`` added, and prints each breakdown and a summary (per segment and per test: min, median,
 max). Everything, the command's output included, stays under ``--out`` (``quick_time.json``: every figure).
 """
@@ -90,6 +92,10 @@ def breakdown(report_dir: Path, t0: float, t1: float) -> dict[str, Any]:
         del t["began"]
     out["per_test"] = tests
     out["startup"] = startup_steps(evs)
+    out["kernels"] = {t.get("nodeid", "").split("::", 1)[-1]: {k: t["details"]["kernels"].get(k) for k in
+                                                               ("source", "artifact", "note", "saved")}
+                      for t in results.get("tests", [])
+                      if isinstance(t.get("details"), dict) and isinstance(t["details"].get("kernels"), dict)}
     return out
 
 
@@ -122,6 +128,8 @@ def text(b: dict[str, Any], top: int = 12) -> str:
              *([("  start-up, rank 0, from its launcher's start: "
                  + ", ".join(f"{st['step']} {st['at']:.2f} (+{st['took']:.2f})" for st in b["startup"]))]
                if b.get("startup") else []),
+             *(f"  kernels of {name}: {k['source']}{' (saved)' if k.get('saved') else ''}; {k.get('note') or ''}"
+               for name, k in (b.get("kernels") or {}).items()),
              "    wall  pytest  plugin  outcome  test"]
     longest = sorted(b["per_test"], key=lambda t: -t["wall_s"])
     for t in longest[:top]:

@@ -259,8 +259,11 @@ class Run:
             except OSError as exc:
                 self.end(Ending(f"could not write {path} on {self.who}: {exc}"))
         startclock.mark("session")
+        startup = startclock.steps()
+        with self._lock:  # the start's breakdown in the record too: every record says what its start cost
+            self.record.extra["startup"] = startup
         self._event("session_start", profile=self.profile.name, level=self.level, world_size=self.world.world_size,
-                    startup=startclock.steps())
+                    startup=startup)
         self.write_results()
         if self.memory is not None:
             # Once, before any test: the others wait at the collection exchange meanwhile (STORE_WAIT_S, both reads).

@@ -20,6 +20,10 @@ def test_shipped_acceptance_run_matches_the_schema(node_run: Path) -> None:  # n
     assert (node_run / "report.html").stat().st_size > 10_000
     # the run's longest wait in a collective of a test, far under the bound past which a live peer is named stuck
     assert data["liveness"]["longest_wait_s"] < data["liveness"]["bound_s"] / 3, data["liveness"]
+    # the start's breakdown is in the record itself: from the launcher's start, in order, to the session
+    steps = [s["step"] for s in data["startup"]]
+    assert steps[:3] == ["launcher", "rank process", "imports"] and steps[-1] == "session", data["startup"]
+    assert [s["at"] for s in data["startup"]] == sorted(s["at"] for s in data["startup"])
 
 
 @pytest.mark.slow  # a torchrun job (shared by the report tests)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from workloads import compiled
 from workloads.clocks import ClockSampler
 from workloads.common import (
     check_level,
@@ -219,9 +220,21 @@ def token_batches(cfg: Config, count: int,
     return out
 
 
-def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
-    """Train ``cfg`` under DDP over ``group`` (default: the whole job); check the loss and replicas."""
+def _kernels(cfg: Config, share: compiled.Share | None) -> compiled.Kernels:
+    """Before the compile: this shape's kernels loaded from ``share`` where the fleet has them (workloads.compiled)."""
+    if cfg.compile == "off":
+        return compiled.Kernels(source="off", note="compile off: eager")
+    what = f"gpt-{cfg.preset}-{cfg.compile}-b{cfg.batch_size}-s{cfg.seq_len}-{'bf16' if cfg.bf16 else 'fp32'}"
     device = torch.device(cfg.device)
+    return compiled.load(share.directory if share else None, compiled.key(device, share.suite_digest if share else "",
+                                                                          what))
+
+
+def run(cfg: Config, group: dist.ProcessGroup | None = None, share: compiled.Share | None = None) -> Result:
+    """Train ``cfg`` under DDP over ``group`` (default: the whole job); check the loss and replicas. ``share``: where
+    the first node's compiled kernels are kept for the others (``workloads.compiled``)."""
+    device = torch.device(cfg.device)
+    kernels = _kernels(cfg, share)
     world = dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
     if device.type == "cuda":
@@ -235,6 +248,7 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
         note = f"torch.compile({mode}) failed, eager on every rank" + (f"; here: {message}" if message else "")
         mode = "off"
         code, message, built = _probe(cfg, mode, first)
+        kernels = compiled.Kernels(source="off", note=note)
     if (worst := reduce_int(code, "max", group)) != OK:
         hint = ("lower batch_size or seq_len" if worst == OUT_OF_MEMORY else "see the failing rank's message")
         raise WorkloadError(f"GPT step ({cfg.preset}, batch {cfg.batch_size} x seq {cfg.seq_len}, compile "
@@ -271,12 +285,15 @@ def run(cfg: Config, group: dist.ProcessGroup | None = None) -> Result:
     peak, source = cfg.peak_tflops, "profile peak_bf16_tflops"
     if peak is None:
         peak, source = measured_peak_tflops(device), f"measured {'bf16' if device.type == 'cuda' else 'fp32'} matmul"
+    if kernels.source != "off":  # the group's first rank saves what it compiled, for the nodes after it
+        kernels = compiled.finish(kernels, writer=dist.get_rank(group) == 0)
     n_params = matmul_params(model)
     fpt = flops_per_token(n_params, cfg.n_layer, cfg.d_model, cfg.seq_len)
     tps, local_tps = tokens / sync_s["median_s"], tokens / local_s["median_s"]
     local_median = statistics.median(tokens / r[1] for r in per_rank)
     details = {
-        "config": dataclasses.asdict(cfg), "compile_used": mode, "compile_note": note, "world_size": world,
+        "config": dataclasses.asdict(cfg), "compile_used": mode, "compile_note": note,
+        "kernels": kernels.as_details(), "world_size": world,
         "params": sum(p.numel() for p in model.parameters()), "params_for_flops": n_params,
         "flops_per_token": fpt, "tokens_per_step_per_rank": tokens, "first_step_s": first_step_s,
         "step_s": sync_s, "local_step_s": local_s, "loss_first": float(loss[0]), "loss_last": float(loss[-1]),
