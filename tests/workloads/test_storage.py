@@ -87,17 +87,6 @@ def test_local_scratch_is_the_setting_then_tmpdir_then_tmp(monkeypatch: pytest.M
 # ---- fio for real --------------------------------------------------------------------------------------------
 
 @needs_fio
-def test_fio_measures_a_tier_and_leaves_nothing(tmp_path: Path) -> None:
-    got = storage.measure(quick(tmp_path), "node-a")
-    assert got["steps"]["write"]["write_bytes_per_s"] > 0 and got["steps"]["read"]["read_bytes_per_s"] > 0
-    assert got["steps"]["randread"]["read_iops"] > 0
-    assert got["path"] == str(tmp_path) and got["mount"]["source"] and got["host"] == "node-a"
-    assert got["io"] == "direct" or got["io"].startswith("buffered: O_DIRECT refused")
-    assert "--verify=crc32c" in got["command"] and "--ramp_time=10ms" in got["command"]
-    assert list(tmp_path.iterdir()) == []
-
-
-@needs_fio
 def test_a_corrupted_block_fails_the_read_back_for_real(tmp_path: Path) -> None:
     """The write steps, one block overwritten on disk, then the read step: fio's crc32c check catches it."""
     cfg = quick(tmp_path)
@@ -109,6 +98,15 @@ def test_a_corrupted_block_fails_the_read_back_for_real(tmp_path: Path) -> None:
         storage.run_fio(cfg, str(tmp_path), False, "node-a", ("read",))
     assert str(info.value).startswith(f"the local tier at {tmp_path} on host node-a read back other data than fio "
                                       "wrote (crc32c verify")
+
+
+@needs_fio
+def test_fio_refusing_its_job_is_named_with_where(tmp_path: Path) -> None:
+    """fio that cannot run its job file (here: a read of files never written, in a directory that is not there)."""
+    cfg = quick(tmp_path)
+    with pytest.raises(WorkloadError) as info:
+        storage.run_fio(cfg, str(tmp_path / "gone"), False, "node-a", ("read",))
+    assert str(info.value).startswith(f"fio on the local tier at {tmp_path / 'gone'} on host node-a exited 1")
 
 
 def test_fio_missing_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,14 +146,19 @@ def test_a_full_tier_is_named_before_fio_runs(tmp_path: Path) -> None:
 
 
 @needs_fio
-def test_run_records_the_nodes_figures(tmp_path: Path, gloo_world: None) -> None:
+def test_run_measures_a_tier_with_fio_records_the_nodes_figures_and_leaves_nothing(tmp_path: Path,
+                                                                                    gloo_world: None) -> None:
     result = storage.run(quick(tmp_path, "shared"))
     assert [(m.name, m.unit, m.scope) for m in result.metrics] == [
         ("storage_shared_write_gibps", "GiB/s", "node"), ("storage_shared_read_gibps", "GiB/s", "node"),
         ("storage_shared_randread_iops", "IOPS", "node")]
     assert all(m.value > 0 for m in result.metrics)
     [node] = result.details["per_node"]
-    assert node["host"] == socket.gethostname() and node["tier"] == "shared" and list(tmp_path.iterdir()) == []
+    assert node["host"] == socket.gethostname() and node["tier"] == "shared" and node["path"] == str(tmp_path)
+    assert node["mount"]["source"] and (node["io"] == "direct" or node["io"].startswith("buffered: O_DIRECT refused"))
+    assert "--verify=crc32c" in node["command"] and "--ramp_time=10ms" in node["command"]
+    assert result.metric("storage_shared_read_gibps").value * storage.GIB == node["steps"]["read"]["read_bytes_per_s"]
+    assert list(tmp_path.iterdir()) == []  # fio's directory is gone
 
 
 def test_nvme_devices_are_namespaces_not_paths_or_partitions(tmp_path: Path) -> None:

@@ -210,7 +210,11 @@ def run_fio(cfg: Config, workdir: str, direct: bool, host: str, steps: tuple[str
     except subprocess.TimeoutExpired:
         raise WorkloadError(f"fio on the {cfg.tier} tier at {workdir} on host {host} did not finish in "
                             f"{limit:.0f} s: the storage is stuck or far slower than 20 MB/s") from None
-    figures = step_figures(parse(proc.stdout))
+    try:
+        figures = step_figures(parse(proc.stdout))
+    except WorkloadError as exc:  # fio refused before it ran (an option, a file it cannot open): say where
+        raise WorkloadError(f"fio on the {cfg.tier} tier at {workdir} on host {host} exited {proc.returncode}: {exc}; "
+                            f"it said: {proc.stderr.strip()[-300:] or 'nothing'}") from None
     if (problem := failure(figures, proc.stderr, cfg, workdir, host)) is not None:
         raise WorkloadError(problem)
     if proc.returncode != 0:
