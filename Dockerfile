@@ -22,11 +22,12 @@ RUN python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels --constrai
 FROM ${BASE}
 LABEL org.opencontainers.image.title="clustergate" \
       org.opencontainers.image.description="GPU cluster acceptance suite: pytest under torchrun on every rank"
-# numactl: torchrun --numa-binding binds each rank to its GPU's NUMA node (launch/node.sh). Its version is the
-# base image's Ubuntu release's: a pinned Debian version would stop the build at that release's next update.
+# numactl: torchrun --numa-binding binds each rank to its GPU's NUMA node (launch/node.sh); fio: the storage
+# tiers' tests (acceptance/test_storage.py) skip without it. Their versions are the base image's Ubuntu release's:
+# a pinned Debian version would stop the build at that release's next update.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends numactl \
+    && apt-get install -y --no-install-recommends numactl fio \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=wheels /wheels /tmp/wheels
 COPY constraints.txt /tmp/constraints.txt

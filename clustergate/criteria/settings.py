@@ -92,6 +92,8 @@ SETTINGS: dict[str, Setting] = {
                                                  "calls must reach by the host's clock (a GPU shared with another job "
                                                  "falls short)", fraction),
     "shared_dir": Setting((str,), "a directory every node mounts (checkpoints, the shared-filesystem test)"),
+    "local_scratch_dir": Setting((str,), "the node's local scratch directory fio measures (default $TMPDIR, else "
+                                         "/tmp)"),
     "gpu_serial_readable": Setting((bool,), "false for a GPU model whose serial NVML cannot read (it answers a "
                                             "placeholder such as [N/A]): merge and sign-off then know each GPU by its "
                                             "UUID alone; otherwise a placeholder serial leaves its node unbound "

@@ -102,6 +102,10 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                                "back what was written",
                                "check the mount on every node (the same path, the same file system) and its "
                                "throughput with the storage's own tools"),
+    "local_storage": Category("the node's local scratch is slow, did not give back what was written, or the node "
+                              "has fewer NVMe devices than its profile",
+                              "check the drives (nvme list, smartctl -a, dmesg) and the scratch's RAID or mount; "
+                              "replace a drive that is missing or stays slow"),
     "job_shape": Category("the job does not have the ranks, nodes or GPUs the profile expects",
                           "check the launch (nodes, --nproc-per-node, CUDA_VISIBLE_DEVICES) against the profile's "
                           "gpus_per_node"),
@@ -180,6 +184,7 @@ _RESPONSES: dict[str, tuple[str, ...]] = {
     "training": ("retest", "config"),
     "gpu_processes": ("config",),
     "shared_storage": ("config",),
+    "local_storage": ("retest", "vendor"),
     "job_shape": ("config",),
     "correctness": ("isolate", "vendor"),
     **{name: ("config",) for name in FIGURE_CATEGORIES if name.startswith("config_")},
@@ -208,7 +213,10 @@ METRIC_CATEGORY: dict[str, str] = {
     **_family("host_link", "h2d_bandwidth_gbps", "d2h_bandwidth_gbps", "h2d_bandwidth_all_gpus_gbps",
               "d2h_bandwidth_all_gpus_gbps"),
     **_family("memtest", "memtest_errors", "memtest_coverage"),
-    **_family("shared_storage", "shared_fs_write_gbps", "shared_fs_read_gbps"),
+    **_family("shared_storage", "shared_fs_write_gbps", "shared_fs_read_gbps", "storage_shared_write_gibps",
+              "storage_shared_read_gibps", "storage_shared_randread_iops"),
+    **_family("local_storage", "storage_local_write_gibps", "storage_local_read_gibps", "storage_local_randread_iops",
+              "nvme_device_count"),
     **_family("training", "scaling_efficiency"),
     # acceptance/test_errors_after.py's own parts (the counters' metrics come from workloads' tables); an XID
     # part records its code's own category, which is read first
@@ -260,6 +268,9 @@ TEST_CATEGORY: dict[str, str] = {
     "test_node.py::test_infiniband_ports_active": "ib_link_down",
     "test_node.py::test_shared_directory_is_shared": "shared_storage",
     "test_node.py::test_hosts_resolve_and_rendezvous_store_reachable": "config_network",
+    "test_storage.py::test_local_scratch_fio": "local_storage",
+    "test_storage.py::test_shared_dir_fio": "shared_storage",
+    "test_storage.py::test_nvme_count": "local_storage",
     "test_node_config.py::test_fabric_manager": "config_fabric_manager",
     "test_node_config.py::test_gpudirect_rdma_available": "config_gpudirect",
     "test_node_config.py::test_nccl_uses_gdr": "config_gpudirect",

@@ -38,6 +38,7 @@ FACTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "unsupported": ("the node does not offer it (NVML says not supported, a counter the kernel does not expose, "
                     "DCGM absent or silent, no GPU NUMA locality, no fp8 units)", ()),
     "no_infiniband": ("the node has no InfiniBand or RoCE port", ()),
+    "tool_missing": ("a program the test runs is not installed on the node (fio)", ("tool",)),
 }
 """Every fact a skip may rest on: what it says, and the parameters it records."""
 
@@ -171,7 +172,8 @@ def _no_infiniband(f: Mapping[str, Any], results: Mapping[str, Any], profile: Pr
 CHECKS = {"no_gpu": _no_gpu, "one_node": _one_node, "one_rank": _one_rank, "one_rank_per_node": _one_rank_per_node,
           "one_gpu_per_node": _one_gpu_per_node, "below_level": _below_level, "not_required": _not_required,
           "no_shared_dir": _no_shared_dir, "package_missing": _package_missing, "dcgm_not_requested": _dcgm,
-          "unsupported": _none, "no_infiniband": _no_infiniband}
+          "unsupported": _none, "no_infiniband": _no_infiniband,
+          "tool_missing": _none}
 
 
 def problem(f: Any, results: Mapping[str, Any], profile: Profile | None = None) -> str | None:

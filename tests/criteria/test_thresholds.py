@@ -28,7 +28,7 @@ MEASURED_ON_TWO_GPUS = {"intranode_allreduce_busbw_gbps", "intranode_allgather_b
                         "intranode_allreduce_latency_us", "h2d_bandwidth_all_gpus_gbps", "d2h_bandwidth_all_gpus_gbps"}
 SIGN_OFF = ("h100-sxm-80gb", "h200", "h100-sxm-80gb-1gpu", "h100-sxm-80gb-2gpu", "h100-sxm-80gb-4gpu", "h200-1gpu",
             "h200-2gpu", "h200-4gpu")
-PERFORMANCE_UNITS = {"GB/s", "TB/s", "TFLOPS", "tokens/s", "us"}
+PERFORMANCE_UNITS = {"GB/s", "TB/s", "TFLOPS", "tokens/s", "us", "GiB/s", "IOPS"}
 PERFORMANCE_FRACTIONS = {"train_mfu", "train_original_mfu", "scaling_efficiency"}
 RECORDED_ONLY = {
     "shared_fs_write_gbps": "shared storage is the site's: it adds its own min",

@@ -1,0 +1,55 @@
+"""The node's storage tiers as sites accept them: fio on the local scratch and on the shared directory (sequential
+read and write GiB/s, 4 KiB random-read IOPS, a crc32c-verified read-back), and the count of local NVMe devices.
+
+One rank per node runs fio (workloads/node/storage.py); every figure is the node's, its record naming the host,
+the tier, the path and the device under it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clustergate.run.recorder import Recorder
+from workloads.node import storage
+from workloads.result import Metric, Result
+
+
+def _fio_or_skip(cg: Recorder) -> None:
+    cg.skip_unless_everywhere(storage.fio_program() is not None, storage.MISSING, fact="tool_missing", tool="fio")
+
+
+@pytest.mark.metrics("storage_local_write_gibps", "storage_local_read_gibps", "storage_local_randread_iops")
+def test_local_scratch_fio(cg: Recorder) -> None:
+    """fio on the node's local scratch (settings.local_scratch_dir, else $TMPDIR, else /tmp)."""
+    _fio_or_skip(cg)
+    directory, chosen_by = storage.local_scratch(cg.setting("local_scratch_dir", None))
+    result = storage.run(storage.Config.for_level(cg.level, cg.device, "local", directory))
+    cg.record_result(Result(metrics=result.metrics, details={**result.details, "chosen_by": chosen_by}))
+
+
+@pytest.mark.metrics("storage_shared_write_gibps", "storage_shared_read_gibps", "storage_shared_randread_iops")
+def test_shared_dir_fio(cg: Recorder, shared_dir: str | None) -> None:
+    """fio on the shared directory (the report path the launchers name), every node at once."""
+    everyone = cg.all_ranks(shared_dir)
+    if all(d is None for d in everyone):
+        cg.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
+                "launch/ set it to the report directory) or settings.shared_dir in the profile", fact="no_shared_dir")
+    if len(set(everyone)) > 1:
+        pytest.fail(f"ranks name different shared directories: {sorted(set(map(str, everyone)))}; name the same "
+                    "directory everywhere", pytrace=False)
+    _fio_or_skip(cg)
+    cg.record_result(storage.run(storage.Config.for_level(cg.level, cg.device, "shared", everyone[0])))
+
+
+@pytest.mark.metrics("nvme_device_count")
+def test_nvme_count(cg: Recorder) -> None:
+    """The node's local NVMe devices (namespaces in /sys/block), judged where the profile gives a count."""
+    me = cg.identities[cg.rank]
+    mine = storage.nvme_devices() if me["local_rank"] == 0 else None
+    nodes = {i["node_rank"]: (i["host"], found) for i, found in zip(cg.identities, cg.all_ranks(mine), strict=True)
+             if found is not None}
+    _, found = nodes[me["node_rank"]]
+    cg.record_result(Result(
+        metrics=(Metric("nvme_device_count", len(found["namespaces"]), "devices", "node",
+                        "NVMe namespaces in /sys/block (azurehpc-health-checks' check_nvme_count)"),),
+        details={"nvme": [{"node": n, "host": host, **f} for n, (host, f) in sorted(nodes.items())]}))
