@@ -64,11 +64,14 @@ def test_firmware_below_the_profiles_minimum_fails() -> None:
     assert checks[0].status == "fail" and "below the profile's minimum 96.00.A5.00.1A" in checks[0].message
 
 
-def test_inforom_nvml_cannot_read_is_unsupported_not_passed() -> None:
+def test_what_nvml_cannot_read_is_said_and_nothing_readable_is_unsupported() -> None:
     gpu = FakeNvml()
     gpu.unsupported.add("nvmlDeviceGetInforomImageVersion")
     check = firmware.gpu_checks([_snap("gpu-a", 0, gpu)], {})[0]
-    assert check.status == "unsupported" and check.message.startswith("NVML cannot read inforom: not supported")
+    assert check.status == "ok" and "(NVML cannot read inforom: not supported" in check.message
+    gpu.unsupported |= {"nvmlDeviceGetVbiosVersion", "nvmlDeviceGetInforomVersion"}
+    check = firmware.gpu_checks([_snap("gpu-a", 0, gpu)], {})[0]
+    assert check.status == "unsupported" and check.message.startswith("NVML cannot read vbios: not supported")
 
 
 def _sysfs(root: Path, hcas: dict[str, tuple[str, str | None]]) -> Path:

@@ -101,10 +101,11 @@ def gpu_checks(snaps: list[dict[str, Any]], minimums: dict[str, str | None]) -> 
         if problems:
             checks.append(Check("fail", f"{host} {_gpu_part(snap)}: {'; '.join(problems)}: flash the node's GPUs to "
                                         "one firmware (nvidia-smi -q shows each GPU's VBIOS and InfoROM)", seen))
-        elif unsupported:
+        elif not seen:
             checks.append(Check("unsupported", f"NVML cannot read {'; '.join(unsupported)}", seen))
-        else:
-            checks.append(Check(OK, ", ".join(f"{k} {v}" for k, v in seen.items()), seen))
+        else:  # what NVML reads is judged; what it cannot (an InfoROM object a VM hides) is said beside it
+            also = f" (NVML cannot read {'; '.join(unsupported)})" if unsupported else ""
+            checks.append(Check(OK, ", ".join(f"{k} {v}" for k, v in seen.items()) + also, seen))
     return checks
 
 
