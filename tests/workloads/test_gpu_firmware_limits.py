@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 from fake_pynvml import FakeNvml
+from test_gpu_inventory import FakeCg
 
+from acceptance import test_gpu_firmware, test_gpu_limits
 from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.record.judge import Record, Where, judge
+from clustergate.run.recorder import fact_of
 from workloads import clocks
 from workloads.gpu import firmware, limits
 from workloads.gpu import inventory as inv
@@ -189,3 +192,64 @@ def test_margin_nvml_lacks_is_named_and_the_clocks_still_sampled() -> None:
 def test_margin_unwatched_on_a_gpu_fails() -> None:
     with pytest.raises(limits.WorkloadError, match="could not be watched"):
         limits.margin_result(_run({"status": "NVML unavailable: ImportError"}))
+
+
+# ---- the acceptance tests' GPU paths, with a stand-in for the cg fixture (test_gpu_inventory.FakeCg) ----------
+
+class GpuCg(FakeCg):
+    """A rank of a GPU profile (device cuda:N, no CUDA needed: nothing here touches it), every rank's value alike."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(rank, world, {"gpus_per_node": world}, device=f"cuda:{rank}")
+
+    def skip_unless_everywhere(self, ok: bool, reason: str, *, fact: str | None, **params: Any) -> None:
+        if not ok:
+            self.skip(reason, fact=fact, **params)
+
+
+def _limits_test(monkeypatch: pytest.MonkeyPatch, snaps: list[dict[str, Any]], rank: int, test: Any) -> GpuCg:
+    monkeypatch.setattr(test_gpu_limits, "snapshots", lambda cg: snaps)
+    cg = GpuCg(rank, len(snaps))
+    test(cg)
+    return cg
+
+
+def test_power_limit_tests_record_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = [FakeNvml() for _ in range(2)]
+    gpus[1].state["power_limit_mw"] = 600000
+    snaps = [_snap("h0", i, g) for i, g in enumerate(gpus)]
+    cg = _limits_test(monkeypatch, snaps, 1, test_gpu_limits.test_power_limit_default)
+    assert [(m.name, m.value) for m in cg.metrics] == [(limits.DEFAULT_FRACTION_METRIC, 600 / 700)]
+    assert cg.details["per_rank"][1]["power_limits"]["power_limit_default_w"] == 700.0
+
+
+def test_power_limit_nvml_lacks_skips_on_every_rank_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = [FakeNvml() for _ in range(2)]
+    gpus[1].unsupported.add("nvmlDeviceGetPowerManagementDefaultLimit")
+    snaps = [_snap("h0", i, g) for i, g in enumerate(gpus)]
+    for rank in (0, 1):
+        with pytest.raises(pytest.skip.Exception, match="on 1/2 ranks .first rank 1 on h0.: power_limit_default_w: "
+                                                        "not supported") as skipped:
+            _limits_test(monkeypatch, snaps, rank, test_gpu_limits.test_power_limit_default)
+        assert fact_of(skipped.value) == {"fact": "unsupported"}
+    _limits_test(monkeypatch, snaps, 1, test_gpu_limits.test_power_limit_alike)  # the enforced limit still reads
+
+
+def test_margin_test_skips_naming_the_call_where_nvml_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeNvml()
+    gpu.unsupported.add("nvmlDeviceGetMarginTemperature")
+    monkeypatch.setattr(test_gpu_limits.burn_in, "last_run", lambda device: _run(_sampled(gpu)))
+    with pytest.raises(pytest.skip.Exception, match="margin temperature not supported") as skipped:
+        test_gpu_limits.test_thermal_margin_under_load(GpuCg(0, 1))
+    assert fact_of(skipped.value) == {"fact": "unsupported"}
+
+
+def test_firmware_test_fails_the_odd_gpus_rank_and_keeps_the_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    snaps = _node("h0", gpus=2, g1={"nvmlDeviceGetVbiosVersion": "96.00.A5.00.1A"})
+    monkeypatch.setattr(test_gpu_firmware, "snapshots", lambda cg: snaps)
+    test_gpu_firmware.test_gpu_firmware_alike(GpuCg(0, 2))  # rank 0's GPU is not the odd one
+    cg = GpuCg(1, 2)
+    with pytest.raises(pytest.fail.Exception, match="gpu_firmware: h0 gpu 1 .serial 1652923017301.: vbios "
+                                                     "96.00.A5.00.1A, the node's other GPUs 96.00.74.00.0D"):
+        test_gpu_firmware.test_gpu_firmware_alike(cg)
+    assert cg.details[firmware.DETAILS_KEY]["h0"]["vbios"] == ["96.00.74.00.0D", "96.00.A5.00.1A"]
