@@ -106,6 +106,7 @@ def test_hca_firmware_alike_and_minimum(tmp_path: Path) -> None:
     assert low.status == "fail"
     assert "mlx5_0 firmware 28.39.1002 is below the profile's minimum 28.40.1000" in low.message
     assert firmware.read_hcas(tmp_path / "none") == []
+    assert firmware.hca_check("gpu-a", [], None).status == "unsupported"
 
 
 def _judged(name: str, values: list[float]) -> Any:

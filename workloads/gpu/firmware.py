@@ -110,7 +110,10 @@ def gpu_checks(snaps: list[dict[str, Any]], minimums: dict[str, str | None]) -> 
 
 
 def hca_check(host: str, hcas: list[dict[str, Any]], minimum: str | None) -> Check:
-    """A node's HCAs: one firmware version per board id, at or above the profile's minimum."""
+    """A node's HCAs: one firmware version per board id, at or above the profile's minimum (unsupported where the
+    node has none: nothing to judge, never a pass)."""
+    if not hcas:
+        return Check("unsupported", f"{host}: no HCA under /sys/class/infiniband")
     unreadable = [h["hca"] for h in hcas if h.get("fw_ver") is None]
     readable = [h for h in hcas if h.get("fw_ver") is not None]
     problems = []
