@@ -58,6 +58,9 @@ class ClockSampler:
         self.device, self.period_s = device, period_s
         self.samples: list[dict[str, float]] = []
         self.status = "sampled"
+        self.margin_status = "sampled"
+        """Whether NVML's margin temperature (degrees to the nearest slowdown threshold) is read with each sample:
+        a driver before 570, or a VM, does not offer it, which says so here and leaves the other readings be."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -80,17 +83,34 @@ class ClockSampler:
             nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         while not self._stop.is_set():
             try:
-                self.samples.append({
+                sample = {
                     "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, 1),
                     "mem_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, 2),
                     "reasons": int(reasons(handle)),
                     "power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
                     "temperature_c": nvml.nvmlDeviceGetTemperature(handle, 0),
-                })
+                }
             except nvml.NVMLError as exc:
                 self.status = f"NVML error while sampling: {type(exc).__name__}: {exc}"
                 return
+            if self.margin_status == "sampled":
+                self._margin(nvml, handle, sample)
+            self.samples.append(sample)
             self._stop.wait(self.period_s)
+
+    def _margin(self, nvml: Any, handle: Any, sample: dict[str, float]) -> None:
+        """The margin temperature into ``sample``, or why it cannot be read into ``margin_status`` (then never
+        asked again: a missing reading is the same on every call)."""
+        fn = getattr(nvml, "nvmlDeviceGetMarginTemperature", None)
+        if fn is None:
+            self.margin_status = "not supported: this nvidia-ml-py has no nvmlDeviceGetMarginTemperature"
+            return
+        try:
+            value = fn(handle)
+        except nvml.NVMLError as exc:
+            self.margin_status = f"not supported: nvmlDeviceGetMarginTemperature: {type(exc).__name__}: {exc}"
+            return
+        sample["margin_temperature_c"] = float(getattr(value, "marginTemperature", value))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -98,7 +118,10 @@ class ClockSampler:
             self._thread.join(timeout=5)
 
     def summary(self) -> dict[str, Any]:
-        return summarize_clock_samples(self.samples, self.status)
+        out = summarize_clock_samples(self.samples, self.status)
+        if out.get("samples") and "margin_temperature_c" not in out:
+            out["margin_temperature_status"] = self.margin_status
+        return out
 
 
 def summarize_clock_samples(samples: list[dict[str, float]], status: str = "sampled") -> dict[str, Any]:
@@ -106,8 +129,10 @@ def summarize_clock_samples(samples: list[dict[str, float]], status: str = "samp
     if not samples:
         return {"status": status if status != "sampled" else "no samples (run shorter than one period)"}
     out: dict[str, Any] = {"status": status, "samples": len(samples)}
-    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c"):
-        values = [s[key] for s in samples]
+    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c", "margin_temperature_c"):
+        values = [s[key] for s in samples if key in s]
+        if not values:  # the margin where NVML does not offer it (ClockSampler says why)
+            continue
         out[key] = {"min": min(values), "median": statistics.median(values), "max": max(values)}
     seen: dict[str, float] = {}
     for bit, name in CLOCK_EVENT_REASONS.items():

@@ -99,7 +99,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster import binding, judged_by, store_record
+from clustergate.cluster import binding, firmware_fleet, judged_by, store_record
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
@@ -292,6 +292,9 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     fleet = fleet_mod.collect(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
     fleet_mod.judge_shapes(runs)
+    versions = {r.host: firmware_fleet.node_versions(r.results) for r in runs if r.verdict != "unbound"}
+    for host, reasons in firmware_fleet.findings(versions).items():  # a node off the fleet's firmware: excluded
+        next(r for r in runs if r.host == host).reasons += reasons
     return Judged(runs, fleet, outliers, warnings, window, chosen, source)
 
 

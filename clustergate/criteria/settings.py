@@ -74,6 +74,11 @@ SETTINGS: dict[str, Setting] = {
                                "0: none expected, as on a PCIe card or one GPU passed through to a VM)", at_least(0)),
     "mig_mode": Setting((str,), "required MIG mode: 'disabled' or 'enabled'"),
     "min_driver_version": Setting((str,), "lowest acceptable NVIDIA driver version, e.g. '550.54'"),
+    "min_vbios_version": Setting((str,), "lowest acceptable GPU VBIOS, e.g. '96.00.A5.00.1A' (parts compared as "
+                                         "hexadecimal numbers; workloads/gpu/firmware.py)"),
+    "min_inforom_version": Setting((str,), "lowest acceptable InfoROM image version, e.g. 'G520.0282.02.02'"),
+    "min_hca_firmware_version": Setting((str,), "lowest acceptable HCA firmware (/sys/class/infiniband/*/fw_ver), "
+                                                "e.g. '28.39.1002'"),
     "pcie_generation": Setting((int,), "PCIe link generation every GPU must train at", at_least(1)),
     "pcie_width": Setting((int,), "PCIe link width every GPU must train at", at_least(1)),
     "collective_judge_bytes": Setting((int,), "message size (bytes) at which collective busbw is judged",

@@ -117,6 +117,13 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                            "nvidia-smi -mig 0 (or 1, as the profile says), then reset the GPU"),
     "config_node": Category("the node is built differently from the others (CPUs, NUMA, PCIe layout, affinity)",
                             "bring it in line with the others: the report shows each difference"),
+    "config_firmware": Category("a GPU's VBIOS or InfoROM, or an HCA's firmware, differs from its node's other parts "
+                                "(or, at merge, from the fleet's), or is below the profile's minimum",
+                                "flash the part to the version the report names (nvidia-smi -q; mlxfwmanager), then "
+                                "run the node again"),
+    "config_power_limit": Category("a GPU's enforced power limit is below its default or below its peers'",
+                                   "reset it (nvidia-smi -i GPU -pl DEFAULT, or the site's power policy) and run "
+                                   "again; a limit that will not stay: a vendor ticket"),
     "config_network": Category("a host name does not resolve or the rendezvous store cannot be reached",
                                "fix name resolution and the firewall between the nodes for the rendezvous port"),
     "config_nccl_transport": Category("NCCL carried traffic between nodes over another transport than the profile "
@@ -208,7 +215,9 @@ METRIC_CATEGORY: dict[str, str] = {
     "gpu_foreign_processes": "gpu_processes",
     **_family("gpu_compute", "matmul_bf16_tflops", "matmul_fp16_tflops", "matmul_tf32_tflops", "matmul_fp8_tflops",
               "matmul_bf16_sustained_tflops"),
-    **_family("thermal_power", "sustained_power_w", "sustained_power_fraction", "sustained_sm_clock_mhz"),
+    **_family("thermal_power", "sustained_power_w", "sustained_power_fraction", "sustained_sm_clock_mhz",
+              "thermal_margin_min_c"),
+    **_family("config_power_limit", "power_limit_w", "power_limit_default_fraction"),
     "hbm_bandwidth_tbps": "gpu_memory_bandwidth",
     **_family("host_link", "h2d_bandwidth_gbps", "d2h_bandwidth_gbps", "h2d_bandwidth_all_gpus_gbps",
               "d2h_bandwidth_all_gpus_gbps"),
@@ -251,6 +260,11 @@ TEST_CATEGORY: dict[str, str] = {
     "test_gpu_inventory.py::test_mig_mode": "config_mig",
     "test_gpu_inventory.py::test_software_versions_identical": "config_versions",
     "test_gpu_inventory.py::test_driver_version_minimum": "config_versions",
+    "test_gpu_firmware.py::test_gpu_firmware_alike": "config_firmware",
+    "test_gpu_firmware.py::test_hca_firmware_alike": "config_firmware",
+    "test_gpu_limits.py::test_thermal_margin_under_load": "thermal_power",
+    "test_gpu_limits.py::test_power_limit_alike": "config_power_limit",
+    "test_gpu_limits.py::test_power_limit_default": "config_power_limit",
     "test_gpu_memory.py::test_gpu_memory_patterns": "memtest",
     "test_gpu_compute.py::test_matmul_tflops": "gpu_compute",
     "test_gpu_compute.py::test_sustained_matmul": "thermal_power",  # its own failure is a slowdown reason

@@ -45,13 +45,15 @@ class FakeNvml:
         "nvmlDeviceGetSerial": "1652923017345", "nvmlDeviceGetIndex": 3,
         "nvmlDeviceGetPciInfo": SimpleNamespace(busId=b"00000000:18:00.0"),
         "nvmlDeviceGetVbiosVersion": "96.00.74.00.0D", "nvmlDeviceGetBoardPartNumber": "692-2G520-0200-000",
-        "nvmlDeviceGetInforomImageVersion": "G520.0200.00.05", "nvmlSystemGetDriverVersion": "550.54.15",
+        "nvmlDeviceGetInforomImageVersion": "G520.0200.00.05", "nvmlDeviceGetInforomVersion": "1.1",
+        "nvmlSystemGetDriverVersion": "550.54.15",
         "nvmlSystemGetCudaDriverVersion": 12040,
     }
     STATE: dict[str, Any] = {
         "memory_total": 85520809984, "ecc_mode": (1, 1), "clock_reasons": 0x1, "mig_mode": (0, 0),
         "pcie": {"gen": 1, "width": 16, "gen_max": 5, "width_max": 16, "gpu_gen_max": 5},  # at idle: Gen1, full width
         "temperature": 31, "slowdown_temperature": 92, "power_mw": 71000, "power_limit_mw": 700000,
+        "power_default_mw": 700000, "power_constraints_mw": (200000, 700000), "margin_temperature": 50,
         "clocks": {1: 345, 2: 2619}, "max_clocks": {1: 1980, 2: 2619}, "links_down": [],
         "compute": {}, "graphics": {}, "remap_failure": 0,
     }
@@ -138,6 +140,16 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return int(self._state("nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw"))
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        return int(self._state("nvmlDeviceGetPowerManagementDefaultLimit", "power_default_mw"))
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
+        return list(self._state("nvmlDeviceGetPowerManagementLimitConstraints", "power_constraints_mw"))
+
+    def nvmlDeviceGetMarginTemperature(self, handle: Any) -> int:
+        """As nvidia-ml-py 13 answers: degrees C to the nearest slowdown threshold."""
+        return int(self._state("nvmlDeviceGetMarginTemperature", "margin_temperature"))
 
     def nvmlDeviceGetClockInfo(self, handle: Any, kind: int) -> int:
         return int(self._state("nvmlDeviceGetClockInfo", "clocks")[kind])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from complete_runs import NODE_TESTS
 from trust_runs import node_run, recorded  # noqa: F401  (node_run: the fixture)
 
 from clustergate.record.verdict import of_record
@@ -31,13 +32,13 @@ def test_the_complete_run_is_complete_and_every_narrowing_is_partial(node_run: P
     narrowed["selection"]["k"] = "not gpu_compute"
     reasons = partial(narrowed, shipped)
     [reason] = reasons
-    assert reason.startswith("11 of the 92 tests of a complete node run did not run (-k 'not gpu_compute'): "
+    assert reason.startswith(f"11 of the {NODE_TESTS} tests of a complete node run did not run (-k 'not gpu_compute'): "
                              "test_sustained_matmul, test_power_under_load, test_matmul_tflops[bf16]")
     assert of_record(narrowed).verdict == "partial"
     deselected = _without(recorded(node_run), "test_checkpoint_round_trip")
     deselected["selection"]["deselect"] = ["acceptance/test_training.py::test_checkpoint_round_trip"]
-    assert partial(deselected, shipped) == ["1 of the 92 tests of a complete node run did not run (--deselect (1)): "
-                                            "test_checkpoint_round_trip"]
+    assert partial(deselected, shipped) == [
+        f"1 of the {NODE_TESTS} tests of a complete node run did not run (--deselect (1)): test_checkpoint_round_trip"]
 
 
 def test_a_call_phase_that_never_ran_is_partial(node_run: Path) -> None:  # noqa: F811
@@ -56,7 +57,7 @@ def test_a_node_run_is_not_a_fabric_run_nor_one_node_a_fabric(node_run: Path) ->
     fabric_only = _without(recorded(node_run), *[t.nodeid.split("::")[1] for t in manifest.shipped().of_run("node")])
     assert [t["nodeid"] for t in fabric_only["tests"]] == [t.nodeid for t in manifest.shipped().of_run("fabric")]
     assert partial(fabric_only, manifest.shipped(), need="node")[0].startswith(
-        "92 of the 92 tests of a complete node run did not run")
+        f"{NODE_TESTS} of the {NODE_TESTS} tests of a complete node run did not run")
 
 
 def test_a_run_below_the_required_level_ran_less(node_run: Path) -> None:  # noqa: F811
@@ -78,4 +79,5 @@ def test_a_run_that_runs_no_test_body_is_partial(tmp_path: Path, mode: str) -> N
     assert mode.lstrip("-") in res["selection"]["modes"]
     assert "2 tests never ran their body, only their fixtures (test_world_matches_profile, " \
            "test_allreduce_is_exact)" in res["reason"]
-    assert "90 of the 92 tests of a complete node run did not run (-k 'test_world'" in res["reason"]
+    assert f"{NODE_TESTS - 2} of the {NODE_TESTS} tests of a complete node run did not run (-k 'test_world'" \
+        in res["reason"]

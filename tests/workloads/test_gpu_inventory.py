@@ -54,6 +54,9 @@ def fake_nvml(*, fail: dict[str, int] | None = None, links: int = 18, down: tupl
         "nvmlDeviceGetMaxPcieLinkWidth": 16, "nvmlDeviceGetGpuMaxPcieLinkGeneration": 5,
         "nvmlDeviceGetMigMode": [0, 0], "nvmlDeviceGetTemperature": 35, "nvmlDeviceGetTemperatureThreshold": 90,
         "nvmlDeviceGetPowerUsage": 71500, "nvmlDeviceGetEnforcedPowerLimit": 700000,
+        "nvmlDeviceGetPowerManagementDefaultLimit": 700000,
+        "nvmlDeviceGetPowerManagementLimitConstraints": [200000, 700000],
+        "nvmlDeviceGetInforomImageVersion": "G520.0282.02.02", "nvmlDeviceGetInforomVersion": b"1.1",
         "nvmlDeviceGetClockInfo": lambda h, kind: {1: 1980, 2: 2619}[kind],
         "nvmlDeviceGetMaxClockInfo": lambda h, kind: {1: 1980, 2: 2619}[kind],
     }

@@ -47,9 +47,12 @@ class _Reader:
         self.unsupported: dict[str, str] = {}
         self.errors: dict[str, str] = {}
 
-    def read(self, fields: str | tuple[str, ...], fn: Callable[..., Any], *args: Any,
+    def read(self, fields: str | tuple[str, ...], fn: Callable[..., Any] | None, *args: Any,
              convert: Callable[[Any], Any] = lambda v: v) -> None:
         names = (fields,) if isinstance(fields, str) else fields
+        if fn is None:  # an nvidia-ml-py older than the call: NVML cannot be asked
+            self.unsupported.update({name: f"{NOT_SUPPORTED} (this nvidia-ml-py lacks the call)" for name in names})
+            return
         try:
             raw = fn(*args)
         except self.nvml.NVMLError as exc:
@@ -73,6 +76,10 @@ def read_identity(r: _Reader, h: Any) -> None:
     r.read("index", nvml.nvmlDeviceGetIndex, h, convert=int)
     r.read("pci_bus_id", lambda: nvml.nvmlDeviceGetPciInfo(h).busId, convert=_text)
     r.read("vbios_version", nvml.nvmlDeviceGetVbiosVersion, h, convert=_text)
+    # The InfoROM's image version (G520.0282.02.02) and its OEM object's: what nvidia-smi -q shows as the InfoROM.
+    r.read("inforom_image_version", getattr(nvml, "nvmlDeviceGetInforomImageVersion", None), h, convert=_text)
+    r.read("inforom_oem_version", getattr(nvml, "nvmlDeviceGetInforomVersion", None), h, 0,  # NVML_INFOROM_OEM
+           convert=_text)
 
 
 def read_gpu(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
@@ -101,6 +108,10 @@ def read_gpu(nvml: Any, handle: Any) -> tuple[dict[str, Any], dict[str, str], di
     r.read("temperature_slowdown_c", nvml.nvmlDeviceGetTemperatureThreshold, h, 1, convert=int)
     r.read("power_w", nvml.nvmlDeviceGetPowerUsage, h, convert=lambda mw: mw / 1000)
     r.read("power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit, h, convert=lambda mw: mw / 1000)
+    r.read("power_limit_default_w", getattr(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", None), h,
+           convert=lambda mw: mw / 1000)
+    r.read(("power_limit_min_w", "power_limit_max_w"), getattr(nvml, "nvmlDeviceGetPowerManagementLimitConstraints",
+                                                                None), h, convert=lambda v: (v[0] / 1000, v[1] / 1000))
     r.read("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, h, 1, convert=int)  # NVML_CLOCK_SM
     r.read("mem_clock_mhz", nvml.nvmlDeviceGetClockInfo, h, 2, convert=int)  # NVML_CLOCK_MEM
     r.read("sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, h, 1, convert=int)
