@@ -51,17 +51,6 @@ def _cuda_index(bus_id: str) -> str | None:
     return None
 
 
-def _gpudirect(tool: perftest.Tool, gdr: dict[str, Any]) -> str | None:
-    """Why this perftest cannot read GPU memory on this node; None when it can try."""
-    if not tool.cuda:
-        return (f"{tool.path} (perftest {tool.version}) was built without CUDA: its --help lists no --use_cuda "
-                "(build perftest with ./configure CUDA_H_PATH=/usr/local/cuda/include/cuda.h)")
-    if not gdr["loaded"] and not tool.cuda_dmabuf:
-        return (f"no peer-memory module loaded ({' or '.join(discovery.GPUDIRECT_MODULES)} in {gdr['source']}) "
-                f"and {tool.path} offers no --use_cuda_dmabuf")
-    return None
-
-
 def _one_port(tool: perftest.Tool, lat: perftest.Tool | None, root: Path, port: dict[str, Any], host: str,
               gpus: dict[str, str], gdr: dict[str, Any], choice: roce.Choice) -> dict[str, Any]:
     dev, num = port["device"], port["port"]
@@ -71,7 +60,7 @@ def _one_port(tool: perftest.Tool, lat: perftest.Tool | None, root: Path, port: 
                            "rate": port["rate"], **near, "memory": "host", "gpudirect_problem": None}
     run = None
     if near["gpu"] is not None:
-        problem = _gpudirect(tool, gdr)
+        problem = perftest.gpudirect_problem(tool, gdr)
         cuda = near["gpu_bus_id"] if tool.cuda_bus_id else _cuda_index(near["gpu_bus_id"])
         if problem is None and cuda is None:
             problem = f"no CUDA device of this process is at {near['gpu_bus_id']}"

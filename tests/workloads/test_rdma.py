@@ -52,6 +52,32 @@ def test_command_lines_follow_the_nhc_check() -> None:
     assert "-x" not in perftest.lat_args("mlx5_0", 1, gid_index=None)  # InfiniBand: perftest uses no GID
 
 
+def test_a_gpudirect_path_perftest_cannot_take_is_named(tmp_path: Path) -> None:
+    cuda = perftest.Tool(path="/opt/perftest/ib_write_bw", version="6.22", cuda=True, cuda_bus_id=True,
+                         cuda_dmabuf=False)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "modules").write_text("nvidia 1 0 - Live 0x0\n")
+    unloaded = discovery.read_gpudirect(tmp_path)
+    assert perftest.gpudirect_problem(cuda, unloaded) == (
+        "no peer-memory module loaded (nvidia_peermem or nv_peer_mem in /proc/modules) and "
+        "/opt/perftest/ib_write_bw offers no --use_cuda_dmabuf")
+    assert perftest.gpudirect_problem(cuda, {"loaded": True, "modules": ["nvidia_peermem"]}) is None
+    dmabuf = perftest.Tool(path="ib_write_bw", version="6.22", cuda=True, cuda_bus_id=True, cuda_dmabuf=True)
+    assert perftest.gpudirect_problem(dmabuf, unloaded) is None  # the dma-buf path needs no module
+
+
+@needs_perftest
+def test_debians_perftest_has_no_cuda_and_so_no_gpudirect() -> None:
+    """Debian's build has no CUDA: its --help lists no --use_cuda, so a GPU node with it has no GPUDirect test."""
+    tool = perftest.Tool.find(perftest.BW_TOOL)
+    assert tool is not None
+    if tool.cuda:
+        pytest.skip(f"{tool.path} is built with CUDA (not Debian's)")
+    assert perftest.gpudirect_problem(tool, {"loaded": True}).endswith(  # type: ignore[union-attr]
+        "was built without CUDA: its --help lists no --use_cuda (build perftest with ./configure "
+        "CUDA_H_PATH=/usr/local/cuda/include/cuda.h)")
+
+
 @needs_perftest
 def test_real_ib_write_bw_finds_no_hca_here() -> None:
     """This machine has no HCA: Debian's perftest itself says so, and gives no figure."""

@@ -24,6 +24,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from workloads.node.discovery import GPUDIRECT_MODULES
 
 BW_TOOL = "ib_write_bw"
 LAT_TOOL = "ib_write_lat"
@@ -201,6 +204,18 @@ REGISTRATION_FAILURES = ("Couldn't allocate MR", "Failed to create MR", "OFED st
                          "Unsupported memory type", "DMA-BUF is not supported on this GPU", "Couldn't init GPU context",
                          "No such device ID", "cuDeviceGetByPCIBusId failed")
 """Words perftest prints when it cannot register or reach GPU memory (perftest_resources.c, cuda_memory.c)."""
+
+
+def gpudirect_problem(tool: Tool, gdr: dict[str, Any]) -> str | None:
+    """Why ``tool`` cannot read GPU memory on a node whose GPUDirect modules are ``gdr``
+    (``workloads.node.discovery.read_gpudirect``); None when it can try (a peer-memory module, or dma-buf)."""
+    if not tool.cuda:
+        return (f"{tool.path} (perftest {tool.version}) was built without CUDA: its --help lists no --use_cuda "
+                "(build perftest with ./configure CUDA_H_PATH=/usr/local/cuda/include/cuda.h)")
+    if not gdr["loaded"] and not tool.cuda_dmabuf:
+        return (f"no peer-memory module loaded ({' or '.join(GPUDIRECT_MODULES)} in {gdr['source']}) "
+                f"and {tool.path} offers no --use_cuda_dmabuf")
+    return None
 
 
 def gpu_memory_refused(run: Loopback) -> bool:
