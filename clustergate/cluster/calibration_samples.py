@@ -235,8 +235,10 @@ def _mig(run: Run) -> dict[int, str]:
 
 
 def _ib_nodes(run: Run) -> dict[int, tuple[int, float | None]]:
-    """{node's lowest rank: (ACTIVE InfiniBand or RoCE ports, their lowest rate)} from test_nodes_built_alike's
-    discovery (what test_infiniband_ports_active counts: link layer InfiniBand or Ethernet, state ACTIVE)."""
+    """{node's lowest rank: (ACTIVE InfiniBand or RoCE ports at the node's fastest rate, that rate)} from
+    test_nodes_built_alike's discovery (what test_infiniband_ports_active counts: link layer InfiniBand or Ethernet,
+    state ACTIVE). The rails are the fastest ports: a slower storage or management NIC (often RoCE) would lower the
+    rate every rail is held to, so it is left out."""
     first = {n.get("node_rank"): min(n.get("ranks") or [0]) for n in run.results["nodes"]}
     out: dict[int, tuple[int, float | None]] = {}
     for test in _tests(run, "test_nodes_built_alike"):
@@ -246,7 +248,9 @@ def _ib_nodes(run: Run) -> dict[int, tuple[int, float | None]]:
                 continue
             active = [p for p in ports if p.get("state") == "ACTIVE" and p.get("link_layer") in FABRIC_KINDS]
             rates = [p["rate_gbps"] for p in active if isinstance(p.get("rate_gbps"), (int, float))]
-            out[first.get(node.get("node_rank"), 0)] = (len(active), min(rates) if rates else None)
+            top = max(rates) if rates else None
+            rails = [p for p in active if top is None or p.get("rate_gbps") == top]
+            out[first.get(node.get("node_rank"), 0)] = (len(rails), top)
     return out
 
 

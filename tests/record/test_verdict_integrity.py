@@ -177,7 +177,7 @@ FORGERIES: dict[str, tuple[Forgery, str]] = {
     "profile-not-in-thresholds": (_profile_not_in_thresholds, "which "),
     # Every manifest test once, each in full (a record is checked in full, not only what is present):
     "test-duplicated": (_duplicated, "test_hbm_bandwidth is recorded 2 times"),
-    "test-deleted": (_deleted, "1 of the 89 tests of a complete node run did not run"),
+    "test-deleted": (_deleted, "1 of the 91 tests of a complete node run did not run"),
     "relabelled-skipped": (_relabelled_skipped, "is stored as skipped, but carries 1 metrics"),
     "skipped-without-reason": (_skipped_without_reason, "is stored as skipped without a reason"),
     "declared-metric-removed": (_declared_metric_removed, "stored as passed without its declared metrics train_mfu"),

@@ -31,12 +31,12 @@ def test_the_complete_run_is_complete_and_every_narrowing_is_partial(node_run: P
     narrowed["selection"]["k"] = "not gpu_compute"
     reasons = partial(narrowed, shipped)
     [reason] = reasons
-    assert reason.startswith("11 of the 89 tests of a complete node run did not run (-k 'not gpu_compute'): "
+    assert reason.startswith("11 of the 91 tests of a complete node run did not run (-k 'not gpu_compute'): "
                              "test_sustained_matmul, test_power_under_load, test_matmul_tflops[bf16]")
     assert of_record(narrowed).verdict == "partial"
     deselected = _without(recorded(node_run), "test_checkpoint_round_trip")
     deselected["selection"]["deselect"] = ["acceptance/test_training.py::test_checkpoint_round_trip"]
-    assert partial(deselected, shipped) == ["1 of the 89 tests of a complete node run did not run (--deselect (1)): "
+    assert partial(deselected, shipped) == ["1 of the 91 tests of a complete node run did not run (--deselect (1)): "
                                             "test_checkpoint_round_trip"]
 
 
@@ -56,7 +56,7 @@ def test_a_node_run_is_not_a_fabric_run_nor_one_node_a_fabric(node_run: Path) ->
     fabric_only = _without(recorded(node_run), *[t.nodeid.split("::")[1] for t in manifest.shipped().of_run("node")])
     assert [t["nodeid"] for t in fabric_only["tests"]] == [t.nodeid for t in manifest.shipped().of_run("fabric")]
     assert partial(fabric_only, manifest.shipped(), need="node")[0].startswith(
-        "89 of the 89 tests of a complete node run did not run")
+        "91 of the 91 tests of a complete node run did not run")
 
 
 def test_a_run_below_the_required_level_ran_less(node_run: Path) -> None:  # noqa: F811
@@ -78,4 +78,4 @@ def test_a_run_that_runs_no_test_body_is_partial(tmp_path: Path, mode: str) -> N
     assert mode.lstrip("-") in res["selection"]["modes"]
     assert "2 tests never ran their body, only their fixtures (test_world_matches_profile, " \
            "test_allreduce_is_exact)" in res["reason"]
-    assert "87 of the 89 tests of a complete node run did not run (-k 'test_world'" in res["reason"]
+    assert "89 of the 91 tests of a complete node run did not run (-k 'test_world'" in res["reason"]
