@@ -150,7 +150,8 @@ def test_cpu_affinity_local_to_gpu(cg: Recorder) -> None:
 
 
 def test_infiniband_ports_active(cg: Recorder) -> None:
-    """Each node has the profile's number of InfiniBand ports ACTIVE at the profile's rate."""
+    """Each node has the profile's number of InfiniBand or RoCE ports ACTIVE at the profile's rate (the fabric's kind
+    recorded per node; test_rdma.py checks each RoCE port's GID)."""
     required = cg.setting("ib_ports_per_node", None) or 0
     rate = cg.setting("ib_rate_gbps", None)
     if not required:
@@ -164,12 +165,12 @@ def test_infiniband_ports_active(cg: Recorder) -> None:
         if ports is None:
             continue
         who = _node_label(ident)
-        per_node[who] = {"ports": ports, "gpudirect_rdma": gdr}
+        per_node[who] = {"fabric": node_checks.fabric_kind(ports), "ports": ports, "gpudirect_rdma": gdr}
         if p := node_checks.ib_problem(ports, required, rate):
             problems.append(f"{who}: {p}")
     cg.record_result(Result(metrics=(), details={"infiniband": per_node}))
     if problems:
-        pytest.fail("InfiniBand ports missing or slow:\n  " + "\n  ".join(problems), pytrace=False)
+        pytest.fail("InfiniBand or RoCE ports missing or slow:\n  " + "\n  ".join(problems), pytrace=False)
 
 
 @pytest.mark.metrics("shared_fs_write_gbps", "shared_fs_read_gbps")

@@ -74,6 +74,14 @@ CATEGORIES: dict[str, Category] = {
                                   "check the cable and the peer port (switch); replace the cable if it repeats"),
     "ib_discards": Category("InfiniBand packets discarded on transmit (congestion or a link going down)",
                             "check the switch port and the fabric's congestion control; check the link's state"),
+    "rdma_bandwidth": Category("an HCA port's RDMA write bandwidth (perftest ib_write_bw) below its criterion, or "
+                               "no figure from perftest",
+                               "check the port's link (mlxlink -d DEV -p PORT -m), the HCA's and the GPU's PCIe links "
+                               "(lspci -vv: speed and width), ACS on the GPU-HCA path and the GPU-NIC distance "
+                               "(nvidia-smi topo -m); run ib_write_bw in loopback by hand"),
+    "roce_gid": Category("a RoCE port has no usable RoCEv2 GID at the index NCCL uses (all zero, missing, RoCE v1)",
+                         "give the port's network interface its address (ip addr; the GID follows it), check "
+                         "show_gids and NCCL_IB_GID_INDEX / NCCL_IB_ADDR_FAMILY / NCCL_IB_ROCE_VERSION_NUM"),
     # Configuration (the profile's expect: section)
     "config_versions": Category("driver, CUDA or NCCL outside the profile's range",
                                 "install the versions the profile names (or widen expect: if the site allows)"),

@@ -22,6 +22,7 @@ from clustergate.record import resultsfile
 from clustergate.record.verdict import contradiction
 from clustergate.trust import completeness
 from clustergate.trust import manifest as suite_manifest
+from workloads.node.checks import FABRIC_KINDS
 
 HEALTH_TESTS = ("test_gpu_inventory.py",)
 """Test files whose failures mark a GPU unhealthy (ECC, row remapping, clocks, links, a process of another
@@ -234,8 +235,10 @@ def _mig(run: Run) -> dict[int, str]:
 
 
 def _ib_nodes(run: Run) -> dict[int, tuple[int, float | None]]:
-    """{node's lowest rank: (ACTIVE InfiniBand ports, their lowest rate)} from test_nodes_built_alike's
-    discovery (what test_infiniband_ports_active counts: link layer InfiniBand, state ACTIVE)."""
+    """{node's lowest rank: (ACTIVE InfiniBand or RoCE ports at the node's fastest rate, that rate)} from
+    test_nodes_built_alike's discovery (what test_infiniband_ports_active counts: link layer InfiniBand or Ethernet,
+    state ACTIVE). The rails are the fastest ports: a slower storage or management NIC (often RoCE) would lower the
+    rate every rail is held to, so it is left out."""
     first = {n.get("node_rank"): min(n.get("ranks") or [0]) for n in run.results["nodes"]}
     out: dict[int, tuple[int, float | None]] = {}
     for test in _tests(run, "test_nodes_built_alike"):
@@ -243,9 +246,11 @@ def _ib_nodes(run: Run) -> dict[int, tuple[int, float | None]]:
             ports = node.get("infiniband")
             if not isinstance(ports, list):
                 continue
-            active = [p for p in ports if p.get("state") == "ACTIVE" and p.get("link_layer") == "InfiniBand"]
+            active = [p for p in ports if p.get("state") == "ACTIVE" and p.get("link_layer") in FABRIC_KINDS]
             rates = [p["rate_gbps"] for p in active if isinstance(p.get("rate_gbps"), (int, float))]
-            out[first.get(node.get("node_rank"), 0)] = (len(active), min(rates) if rates else None)
+            top = max(rates) if rates else None
+            rails = [p for p in active if top is None or p.get("rate_gbps") == top]
+            out[first.get(node.get("node_rank"), 0)] = (len(rails), top)
     return out
 
 
@@ -273,7 +278,7 @@ SHAPE: tuple[tuple[str, str, str, Callable[[Run], dict[int, Any]], Better], ...]
     ("pcie_width", "gpu", "test_pcie_link details.pcie_link[].value.pcie_width_current (under load)",
      lambda r: _pcie(r, "pcie_width_current"), lambda a, b: a > b),
     ("mig_mode", "gpu", "test_mig_mode details.mig_mode[].value.current", _mig, lambda a, b: False),
-    ("ib_ports_per_node", "node", "test_nodes_built_alike details.discovery[].infiniband (ACTIVE, InfiniBand)",
+    ("ib_ports_per_node", "node", "test_nodes_built_alike details.discovery[].infiniband (ACTIVE, InfiniBand or RoCE)",
      lambda r: {k: v[0] for k, v in _ib_nodes(r).items()}, lambda a, b: a > b),
     ("ib_rate_gbps", "node", "test_nodes_built_alike details.discovery[].infiniband[].rate_gbps (ACTIVE ports)",
      lambda r: {k: v[1] for k, v in _ib_nodes(r).items() if v[1] is not None}, lambda a, b: a > b),

@@ -85,9 +85,9 @@ SETTINGS: dict[str, Setting] = {
                                       at_least(1)),
     "collective_max_bytes": Setting((int,), "largest message size (bytes) swept at --level standard", at_least(1)),
     "required_transport": Setting((str,), "NCCL transport cross-node traffic must use: 'NET/IB' or 'any'"),
-    "ib_ports_per_node": Setting((int,), "active InfiniBand ports every node must have (0: none required)",
+    "ib_ports_per_node": Setting((int,), "active InfiniBand or RoCE ports every node must have (0: none required)",
                                  at_least(0)),
-    "ib_rate_gbps": Setting(NUMBER, "link rate (Gb/s) every required InfiniBand port must run at", positive),
+    "ib_rate_gbps": Setting(NUMBER, "link rate (Gb/s) every required InfiniBand or RoCE port must run at", positive),
     "collective_dtype": Setting((str,), "element type of the collective sweeps: 'fp32' (nccl-tests' default) "
                                         "or 'bf16'"),
     "nccl_algo": Setting((str,), "NCCL_ALGO while the bandwidth sweeps' communicators are created: 'Ring' for "

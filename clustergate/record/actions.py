@@ -177,6 +177,8 @@ _RESPONSES: dict[str, tuple[str, ...]] = {
     "ib_link_errors": ("isolate", "vendor"),
     "ib_receive_errors": ("isolate", "vendor"),
     "ib_discards": ("retest", "config"),
+    "rdma_bandwidth": ("retest", "vendor"),
+    "roce_gid": ("config",),
     # workloads.faults: configuration, DCGM
     **{name: ("config",) for name in faults.CATEGORIES if name.startswith("config_")},
     "dcgm": ("retest", "vendor"),
@@ -232,6 +234,7 @@ METRIC_CATEGORY: dict[str, str] = {
     "xid_critical_events": "unknown_xid", "xid_other_events": "application",
     "memory_repair_pending": "row_remap_pending", "pcie_replays_per_min": "pcie_replay",
     "nvlink_crc_errors_per_s": "nvlink_crc", "ib_port_state_changes": "ib_link_down",
+    **_family("rdma_bandwidth", "rdma_write_bw_gbps", "rdma_write_lat_us"),
 }
 """Metric -> category, where the name alone does not say (see ``category_of_metric`` for the rest)."""
 METRIC_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -305,6 +308,8 @@ TEST_CATEGORY: dict[str, str] = {
     "test_errors_after.py::test_pcie_aer_errors_during_run": "aer_fatal",
     "test_errors_after.py::test_infiniband_errors_during_run": "ib_link_errors",
     "test_dcgm.py::test_dcgm_diagnostic": "dcgm",
+    "test_rdma.py::test_rdma_write_per_hca": "rdma_bandwidth",
+    "test_rdma.py::test_roce_gid_at_nccl_index": "roce_gid",
 }
 """``FILE::FUNCTION`` of each acceptance test -> the category of a failure that names no part or metric.
 ``test_node_config.py``'s per-key tests take their key's category from clustergate.criteria.expect."""

@@ -39,6 +39,7 @@ FACTS: dict[str, tuple[str, tuple[str, ...]]] = {
                     "DCGM absent or silent, no GPU NUMA locality, no fp8 units)", ()),
     "no_infiniband": ("the node has no InfiniBand or RoCE port", ()),
     "tool_missing": ("a program the test runs is not installed on the node (fio)", ("tool",)),
+    "no_roce": ("the node has no ACTIVE RoCE port (link layer Ethernet): no RoCE GID to check", ()),
 }
 """Every fact a skip may rest on: what it says, and the parameters it records."""
 
@@ -169,11 +170,18 @@ def _no_infiniband(f: Mapping[str, Any], results: Mapping[str, Any], profile: Pr
     return f"the record's discovery lists InfiniBand ports on {', '.join(hosts)}" if hosts else None
 
 
+def _no_roce(f: Mapping[str, Any], results: Mapping[str, Any], profile: Profile | None) -> str | None:
+    hosts = sorted({str(d.get("host")) for d in results.get("discovery") or [] if isinstance(d, Mapping)
+                    and any(isinstance(p, Mapping) and p.get("link_layer") == "Ethernet" and p.get("state") == "ACTIVE"
+                            for p in d.get("infiniband") or [])})
+    return f"the record's discovery lists ACTIVE RoCE ports on {', '.join(hosts)}" if hosts else None
+
+
 CHECKS = {"no_gpu": _no_gpu, "one_node": _one_node, "one_rank": _one_rank, "one_rank_per_node": _one_rank_per_node,
           "one_gpu_per_node": _one_gpu_per_node, "below_level": _below_level, "not_required": _not_required,
           "no_shared_dir": _no_shared_dir, "package_missing": _package_missing, "dcgm_not_requested": _dcgm,
           "unsupported": _none, "no_infiniband": _no_infiniband,
-          "tool_missing": _none}
+          "tool_missing": _none, "no_roce": _no_roce}
 
 
 def problem(f: Any, results: Mapping[str, Any], profile: Profile | None = None) -> str | None:

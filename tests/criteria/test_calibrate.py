@@ -397,7 +397,9 @@ def test_infiniband_ports_the_nodes_have_are_carried(tmp_path: Path, base: Path)
     ports = [{"device": f"mlx5_{i}", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate": "400 Gb/sec",
               "rate_gbps": 400.0, "link_layer": "InfiniBand"} for i in range(4)]
     ports.append({"device": "mlx5_bond_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate": "100 Gb/sec",
-                  "rate_gbps": 100.0, "link_layer": "Ethernet"})  # RoCE: not counted, as the IB test does not
+                  "rate_gbps": 100.0, "link_layer": "Ethernet"})  # a slower RoCE NIC: not a rail
+    ports.append({"device": "mlx5_5", "port": 1, "state": "DOWN", "phys_state": "Disabled", "rate": "400 Gb/sec",
+                  "rate_gbps": 400.0, "link_layer": "Ethernet"})  # not ACTIVE: not counted
     node = {"nodeid": "acceptance/test_node.py::test_nodes_built_alike", "outcome": "passed", "duration_s": 0.1,
             "failed_ranks": [], "message": "", "metrics": [],
             "details": {"discovery": [{"host": "a", "node_rank": 0, "infiniband": ports}]}}

@@ -28,7 +28,7 @@ MEASURED_ON_TWO_GPUS = {"intranode_allreduce_busbw_gbps", "intranode_allgather_b
                         "intranode_allreduce_latency_us", "h2d_bandwidth_all_gpus_gbps", "d2h_bandwidth_all_gpus_gbps"}
 SIGN_OFF = ("h100-sxm-80gb", "h200", "h100-sxm-80gb-1gpu", "h100-sxm-80gb-2gpu", "h100-sxm-80gb-4gpu", "h200-1gpu",
             "h200-2gpu", "h200-4gpu")
-PERFORMANCE_UNITS = {"GB/s", "TB/s", "TFLOPS", "tokens/s", "us", "GiB/s", "IOPS"}
+PERFORMANCE_UNITS = {"GB/s", "Gb/s", "TB/s", "TFLOPS", "tokens/s", "us", "GiB/s", "IOPS"}
 PERFORMANCE_FRACTIONS = {"train_mfu", "train_original_mfu", "scaling_efficiency"}
 RECORDED_ONLY = {
     "shared_fs_write_gbps": "shared storage is the site's: it adds its own min",
@@ -38,6 +38,7 @@ RECORDED_ONLY = {
     "zero3_tokens_per_s_per_gpu": "a figure of the fine-tuning stack (DeepSpeed)",
     "train_original_tokens_per_s_per_gpu": "the original benchmark's eager settings at --level extended, to compare",
     "train_original_mfu": "as its tokens/s; its ceiling only catches a measurement error",
+    "rdma_write_lat_us": "no published per-HCA write latency criterion found (perftest ib_write_lat): recorded",
 }
 NO_PEERS = {"scaling_efficiency": "one figure of the whole fabric job: nothing to compare it with"}
 

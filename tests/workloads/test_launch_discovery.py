@@ -61,15 +61,20 @@ def test_infiniband_ports(node: dict) -> None:
     assert ports[("mlx5_bond_0", 1)]["link_layer"] == "Ethernet"
 
 
-def test_ib_problem_counts_active_infiniband_ports_at_rate(node: dict) -> None:
+def test_ib_problem_counts_active_infiniband_and_roce_ports_at_rate(node: dict) -> None:
     ports = node["infiniband"]
-    assert node_checks.ib_problem(ports, 3, None) is None  # three ACTIVE InfiniBand ports; RoCE not counted
+    assert node_checks.ib_problem(ports, 4, None) is None  # three ACTIVE InfiniBand ports and the RoCE bond
     assert node_checks.ib_problem(ports, 2, 400) is None
+    assert node_checks.fabric_kind(ports) == "InfiniBand+RoCE"
+    assert node_checks.ib_problem(ports, 5, None) is not None
     problem = node_checks.ib_problem(ports, 4, 400)
     assert problem is not None
-    assert problem.startswith("2 InfiniBand ports ACTIVE at >= 400 Gb/s, the profile requires 4")
+    assert problem.startswith("2 InfiniBand or RoCE ports ACTIVE at >= 400 Gb/s, the profile requires 4")
     assert "mlx5_3/1 DOWN" in problem and "mlx5_2/1 ACTIVE 200 Gb/sec" in problem
+    assert "mlx5_bond_0/1 ACTIVE 200 Gb/sec (4X HDR) RoCE" in problem  # the fabric's kind, not the link layer
     assert "no ports under /sys/class/infiniband" in node_checks.ib_problem([], 1, None)
+    assert node_checks.fabric_kind([p for p in ports if p["link_layer"] == "InfiniBand"]) == "InfiniBand"
+    assert node_checks.fabric_kind([p for p in ports if p["state"] != "ACTIVE"]) is None
 
 
 def test_gpudirect_rdma_module(node: dict, tmp_path: Path) -> None:

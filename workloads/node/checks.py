@@ -26,19 +26,32 @@ def binding_problem(affinity: set[int], local_cpus: str | None, online: set[int]
             f"{format_cpulist(local)}")
 
 
-def ib_problem(ports: list[dict[str, Any]], required: int, rate_gbps: float | None) -> str | None:
-    """Why a node's InfiniBand ports fall short of ``required`` ACTIVE ones at ``rate_gbps``; None if not.
+FABRIC_KINDS = {"InfiniBand": "InfiniBand", "Ethernet": "RoCE"}
+"""The link layers whose ports carry RDMA, and the fabric each makes: an Ethernet link layer port is RoCE."""
 
-    Only link layer InfiniBand counts: a RoCE (Ethernet) port of a storage or management NIC does not.
+
+def fabric_kind(ports: list[dict[str, Any]]) -> str | None:
+    """'InfiniBand', 'RoCE' or 'InfiniBand+RoCE': the fabrics of a node's ACTIVE ports; None without any."""
+    kinds = sorted({FABRIC_KINDS[p["link_layer"]] for p in ports
+                    if p["state"] == "ACTIVE" and p["link_layer"] in FABRIC_KINDS})
+    return "+".join(kinds) or None
+
+
+def ib_problem(ports: list[dict[str, Any]], required: int, rate_gbps: float | None) -> str | None:
+    """Why a node's RDMA ports fall short of ``required`` ACTIVE ones at ``rate_gbps``; None if not.
+
+    InfiniBand and RoCE (link layer Ethernet) ports count alike; ``rate_gbps`` keeps a slower storage or
+    management NIC from counting.
     """
-    good = [p for p in ports if p["state"] == "ACTIVE" and p["link_layer"] == "InfiniBand"
+    good = [p for p in ports if p["state"] == "ACTIVE" and p["link_layer"] in FABRIC_KINDS
             and (rate_gbps is None or (p["rate_gbps"] or 0) >= rate_gbps)]
     if len(good) >= required:
         return None
-    seen = "; ".join(f"{p['device']}/{p['port']} {p['state']} {p['rate'] or '?'} {p['link_layer']}"
+    seen = "; ".join(f"{p['device']}/{p['port']} {p['state']} {p['rate'] or '?'} "
+                     f"{FABRIC_KINDS.get(p['link_layer'], p['link_layer'])}"
                      for p in ports) or "no ports under /sys/class/infiniband (is the driver loaded?)"
     want = f" at >= {rate_gbps:g} Gb/s" if rate_gbps else ""
-    return f"{len(good)} InfiniBand ports ACTIVE{want}, the profile requires {required}: {seen}"
+    return f"{len(good)} InfiniBand or RoCE ports ACTIVE{want}, the profile requires {required}: {seen}"
 
 
 def disagreement(what: str, values: dict[str, Any]) -> str | None:
