@@ -116,6 +116,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
     by_name: dict[str, list[Record]] = {}
     for r in keep_one_per_scope(records):
         by_name.setdefault(r.name, []).append(r)
+    nodes = len({r.where.node_rank for r in records})  # the job's node count: a by_nodes table's row
     judged: list[Judged] = []
     for name, recs in by_name.items():
         first = recs[0]
@@ -127,7 +128,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
                 per_rank=[{**asdict(r.where), "value": r.value, "passed": False} for r in recs],
             ))
             continue
-        c = profile.metrics[name]
+        c = profile.metrics[name].for_nodes(nodes)
         failures: list[str] = []
         warnings: list[str] = []
         per_rank: list[dict[str, Any]] = []
