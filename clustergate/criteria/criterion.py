@@ -203,8 +203,8 @@ def _table(own: Mapping[str, Any], raw: Any, where: str) -> tuple[tuple[int, Cri
     rows = []
     for count, row in raw.items():
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise CriterionError(f"{where}.{count}", f"a node count must be a whole number >= 1, got {count!r}"
-                                                     f"{' (quoted in YAML: write it bare)' if isinstance(count, str) else ''}")
+            quoted = " (quoted in YAML: write it bare)" if isinstance(count, str) and count.isdigit() else ""
+            raise CriterionError(f"{where}.{count}", f"a node count must be a whole number >= 1, got {count!r}{quoted}")
         if not isinstance(row, Mapping) or TABLE_KEY in row:
             raise CriterionError(f"{where}.{count}", f"must be a mapping of criterion keys (no {TABLE_KEY} inside), "
                                                      f"got {row!r}")
@@ -245,7 +245,8 @@ class Criterion:
             raise CriterionError(f"{where}.{unknown[0]}", f"unknown key; a criterion takes {', '.join(KEYS)}")
         if TABLE_KEY in raw:
             own = {k: v for k, v in raw.items() if k != TABLE_KEY}
-            return dataclasses.replace(cls.parse(own, where), by_nodes=_table(own, raw[TABLE_KEY], f"{where}.{TABLE_KEY}"))
+            table = _table(own, raw[TABLE_KEY], f"{where}.{TABLE_KEY}")
+            return dataclasses.replace(cls.parse(own, where), by_nodes=table)
         bounds = tuple(kind(_number(f"{where}.{key}", raw[key])) for key, kind in BOUNDS.items() if key in raw)
         for bound in bounds:
             if problem := bound.check():

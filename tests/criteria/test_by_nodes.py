@@ -13,22 +13,10 @@ from clustergate.record.judge import Record, Where, judge
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FILE = """
-schema: 1
-fallback_profile: generic
-cpu_profile: cpu
-profiles:
-  base:
-    match: ["H100"]
-    settings: {gpus_per_node: 8}
-    metrics:
-      allreduce_busbw_gbps:
-        min: 350
-        unit: GB/s
-        source: spec
-        by_nodes: TABLE
-  generic: {sign_off: false, metrics: {}}
-  cpu: {settings: {gpus_per_node: 0}}
+FILE = """{schema: 1, fallback_profile: generic, cpu_profile: cpu, profiles: {
+  base: {match: [H100], settings: {gpus_per_node: 8},
+         metrics: {allreduce_busbw_gbps: {min: 350, unit: GB/s, source: spec, by_nodes: TABLE}}},
+  generic: {sign_off: false, metrics: {}}, cpu: {settings: {gpus_per_node: 0}}}}
 """
 GOOD = "{2: {min: 380, source: {kind: published, note: 'two nodes'}}, 8: {min: 300}}"
 
