@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from clustergate.cluster.judged_by import problem
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.thresholds import ThresholdsError, load
 from clustergate.record.judge import Record, Where, judge
+from clustergate.record.rejudge import rejudge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,3 +86,30 @@ def test_the_shipped_8_gpu_profiles_judge_the_job_wide_all_reduce_by_node_count(
         assert c.for_nodes(2).source.kind == "published" and "nccl-tests/issues/319" in c.for_nodes(2).source_text()
         assert all(row.source is not None for _, row in c.by_nodes)
     assert Criterion.of(min=1).for_nodes(64) == Criterion.of(min=1)  # no table: the criterion itself
+
+
+def test_a_re_judged_record_takes_the_row_of_its_own_node_count(tmp_path: Path) -> None:
+    """A world figure is kept once (the lowest rank's): the record's own node list says how many nodes the job had."""
+    _, t = _load(tmp_path, GOOD)
+    metric = {"name": "allreduce_busbw_gbps", "value": 360.0, "unit": "GB/s", "scope": "world",
+              "per_rank": [{"rank": 0, "host": "n0", "node_rank": 0, "value": 360.0}]}
+    results = {"nodes": [{"host": "n0", "node_rank": 0}, {"host": "n1", "node_rank": 1}],
+               "tests": [{"nodeid": "acceptance/test_interconnect.py::x", "outcome": "passed", "message": "",
+                          "metrics": [metric]}]}
+    (test,) = rejudge(results, t.profile("base"))["tests"]
+    assert test["outcome"] == "failed" and test["metrics"][0]["criterion"]["by_nodes_row"] == 2
+    assert "expected >= 380" in test["message"]
+
+
+def test_merge_holds_a_record_to_the_row_of_its_own_node_count(tmp_path: Path) -> None:
+    """The criterion a run stored is its node count's row; merge and sign-off compare it with that row, not the
+    whole table (else every 8-GPU run across nodes would read as an edited file)."""
+    _, t = _load(tmp_path, GOOD)
+    profile = t.profile("base")
+    stored = profile.metrics["allreduce_busbw_gbps"].for_nodes(2).as_json()
+    results = {"verdict": "accept", "profile": "base", "clustergate": {"thresholds_digest": profile.run_digest},
+               "nodes": [{"host": "n0"}, {"host": "n1"}],
+               "tests": [{"nodeid": "x", "metrics": [{"name": "allreduce_busbw_gbps", "criterion": stored}]}]}
+    assert problem(results, t) is None
+    results["nodes"] = results["nodes"][:1]
+    assert "the file was edited after the run" in problem(results, t)
