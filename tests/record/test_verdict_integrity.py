@@ -29,6 +29,7 @@ from cluster_runs import fabric_results, node_results, write_fabric, write_node
 from clustergate.cluster import binding, merge, signoff
 from clustergate.render import decide as rerender_decision
 from clustergate.render import parser as rerender_parser
+from clustergate.trust.manifest import shipped
 
 from torchrun_job import ROOT, clustergate_args, job_env
 
@@ -177,7 +178,7 @@ FORGERIES: dict[str, tuple[Forgery, str]] = {
     "profile-not-in-thresholds": (_profile_not_in_thresholds, "which "),
     # Every manifest test once, each in full (a record is checked in full, not only what is present):
     "test-duplicated": (_duplicated, "test_hbm_bandwidth is recorded 2 times"),
-    "test-deleted": (_deleted, "1 of the 89 tests of a complete node run did not run"),
+    "test-deleted": (_deleted, f"1 of the {len(shipped().of_run('node'))} tests of a complete node run did not run"),
     "relabelled-skipped": (_relabelled_skipped, "is stored as skipped, but carries 1 metrics"),
     "skipped-without-reason": (_skipped_without_reason, "is stored as skipped without a reason"),
     "declared-metric-removed": (_declared_metric_removed, "stored as passed without its declared metrics train_mfu"),
@@ -421,16 +422,21 @@ def _hollow(res: dict[str, Any]) -> None:
         t.update(outcome="passed", metrics=[], message="", phases=["setup", "teardown"])
 
 
+FABRIC = len(shipped().of_run("fabric"))
+
+
 @pytest.mark.parametrize(("narrow", "selection", "says"), [
-    (_only("net-all_reduce"), {"k": "net-all_reduce"}, "8 of the 9 tests of a complete fabric run did not run "
+    (_only("net-all_reduce"), {"k": "net-all_reduce"}, f"{FABRIC - 1} of the {FABRIC} tests of a complete fabric run "
+                                                       "did not run "
                                                        "(-k 'net-all_reduce', -m 'multinode')"),
-    (_only("test_node.py"), {"args": ["acceptance/test_node.py"]}, "8 of the 9 tests of a complete fabric run "
+    (_only("test_node.py"), {"args": ["acceptance/test_node.py"]}, f"{FABRIC - 1} of the {FABRIC} tests of a "
+                                                                   "complete fabric run "
                                                                    "did not run (-m 'multinode', paths "
                                                                    "acceptance/test_node.py)"),
     (_only("net-"), {"deselect": ["acceptance/test_interconnect.py::test_gpu_pairs[internode]"]},
-     "3 of the 9 tests of a complete fabric run did not run (-m 'multinode', --deselect (1)): "
+     f"{FABRIC - 6} of the {FABRIC} tests of a complete fabric run did not run (-m 'multinode', --deselect (1)): "
      "test_gpu_pairs[internode]"),
-    (_hollow, {"modes": ["setup-only"]}, "9 tests never ran their body"),
+    (_hollow, {"modes": ["setup-only"]}, f"{FABRIC} tests never ran their body"),
 ])
 def test_signoff_signs_only_a_complete_fabric_run(tmp_path: Path, narrow: Forgery, selection: dict[str, Any],
                                                   says: str) -> None:
