@@ -20,6 +20,7 @@ bounds and the same words.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -186,8 +187,29 @@ ABSOLUTE = ("min", "max")
 """The bounds that hold a figure to a number of its own: what a source must cite."""
 """(low, high) pairs whose values must not cross: a criterion no figure can meet is a typo."""
 
-KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS, **WEIGHT_KEYS}
+TABLE_KEY = "by_nodes"
+TABLE_HELP = ("a table by the job's node count, {2: {min: ...}, 8: {...}}: each row's keys replace the criterion's; "
+              "the row of the largest count <= the job's nodes judges it (fewer nodes than the first row: the "
+              "criterion's own keys)")
+KEYS = {**{k: b.help for k, b in BOUNDS.items()}, **TEXT_KEYS, **WEIGHT_KEYS, TABLE_KEY: TABLE_HELP}
 """Every key a criterion takes in thresholds.yaml, with what it means."""
+
+
+def _table(own: Mapping[str, Any], raw: Any, where: str) -> tuple[tuple[int, Criterion], ...]:
+    """The ``by_nodes`` rows, each the criterion's own keys with the row's over them; CriterionError naming the key."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise CriterionError(where, f"must be a non-empty mapping of node count to criterion keys, e.g. "
+                                    f"{{2: {{min: 350}}, 8: {{min: 300}}}}; got {raw!r}")
+    rows = []
+    for count, row in raw.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            quoted = " (quoted in YAML: write it bare)" if isinstance(count, str) and count.isdigit() else ""
+            raise CriterionError(f"{where}.{count}", f"a node count must be a whole number >= 1, got {count!r}{quoted}")
+        if not isinstance(row, Mapping) or TABLE_KEY in row:
+            raise CriterionError(f"{where}.{count}", f"must be a mapping of criterion keys (no {TABLE_KEY} inside), "
+                                                     f"got {row!r}")
+        rows.append((count, Criterion.parse({**own, **row}, f"{where}.{count}")))
+    return tuple(sorted(rows, key=lambda r: r[0]))
 
 
 def _number(where: str, value: Any) -> float:
@@ -205,6 +227,10 @@ class Criterion:
     description: str = ""
     severity: str = "fail"
     source: Source | None = None
+    by_nodes: tuple[tuple[int, Criterion], ...] = ()
+    """The ``by_nodes`` table: (node count, the criterion of that row), counts ascending."""
+    row: int | None = None
+    """The row of the table this criterion is (``for_nodes``); None: the criterion's own keys."""
 
     # ---- reading -------------------------------------------------------------------------------
     @classmethod
@@ -217,6 +243,10 @@ class Criterion:
         unknown = sorted(set(raw) - set(KEYS))
         if unknown:
             raise CriterionError(f"{where}.{unknown[0]}", f"unknown key; a criterion takes {', '.join(KEYS)}")
+        if TABLE_KEY in raw:
+            own = {k: v for k, v in raw.items() if k != TABLE_KEY}
+            table = _table(own, raw[TABLE_KEY], f"{where}.{TABLE_KEY}")
+            return dataclasses.replace(cls.parse(own, where), by_nodes=table)
         bounds = tuple(kind(_number(f"{where}.{key}", raw[key])) for key, kind in BOUNDS.items() if key in raw)
         for bound in bounds:
             if problem := bound.check():
@@ -269,7 +299,20 @@ class Criterion:
             out["source"] = self.source.kind
             if self.source.detail:
                 out["source_detail"] = dict(self.source.detail)
+        if self.row is not None:
+            out["by_nodes_row"] = self.row
+        if self.by_nodes:
+            out[TABLE_KEY] = {str(n): c.as_json() for n, c in self.by_nodes}
         return out
+
+    def for_nodes(self, nodes: int) -> Criterion:
+        """The criterion that judges a job of ``nodes`` nodes: the ``by_nodes`` row of the largest count <= ``nodes``
+        (its ``row`` says which), else the criterion's own keys; either way without the table."""
+        rows = [(n, c) for n, c in self.by_nodes if n <= nodes]
+        if not rows:
+            return dataclasses.replace(self, by_nodes=())
+        n, c = rows[-1]
+        return dataclasses.replace(c, row=n)
 
     def get(self, key: str) -> float | None:
         """The value of bound ``key`` (``"min"``, ...), None when the criterion has none."""
@@ -367,8 +410,14 @@ class Criterion:
     def describe(self) -> dict[str, Any]:
         """The criterion as every listing of criteria shows it (the report's criteria table, ``clustergate list``):
         its bounds in words and as figures, unit, severity, source and description."""
-        return {"criterion": self.text(), "bounds": {b.key: b.value for b in self.bounds}, "unit": self.unit or "",
-                "severity": self.severity, "source": self.source_text(), "description": self.description}
+        out = {"criterion": self.text(), "bounds": {b.key: b.value for b in self.bounds}, "unit": self.unit or "",
+               "severity": self.severity, "source": self.source_text(), "description": self.description}
+        if self.by_nodes:
+            rows = "; ".join(f"{n}+ nodes: {c.text()}" + (f" ({c.source.kind})" if c.source else "")
+                             for n, c in self.by_nodes)
+            out["criterion"] += f"; by node count: {rows}"
+            out["by_nodes"] = {str(n): c.describe() for n, c in self.by_nodes}
+        return out
 
     def margin_pct(self, figure: float) -> float | None:
         """Headroom against the tightest bound that has one, in % (negative: missed); None without one."""

@@ -88,6 +88,11 @@ SETTINGS: dict[str, Setting] = {
     "ib_ports_per_node": Setting((int,), "active InfiniBand or RoCE ports every node must have (0: none required)",
                                  at_least(0)),
     "ib_rate_gbps": Setting(NUMBER, "link rate (Gb/s) every required InfiniBand or RoCE port must run at", positive),
+    "nics_per_node": Setting((int,), "NICs for GPU traffic in nvidia-smi topo -m; at least one a GPU means every "
+                             "GPU must have its own nearest NIC (0: the topology is not judged)", at_least(0)),
+    "nic_max_distance": Setting((str,), "farthest PCIe distance from a GPU to its own NIC (nvidia-smi topo -m): PIX, "
+                                "PXB (default: NCCL's default GPUDirect RDMA level), PHB, NODE or SYS",
+                                one_of("PIX", "PXB", "PHB", "NODE", "SYS")),
     "collective_dtype": Setting((str,), "element type of the collective sweeps: 'fp32' (nccl-tests' default) "
                                         "or 'bf16'"),
     "nccl_algo": Setting((str,), "NCCL_ALGO while the bandwidth sweeps' communicators are created: 'Ring' for "

@@ -111,11 +111,14 @@ def keep_one_per_scope(records: list[Record]) -> list[Record]:
     return list(kept.values())
 
 
-def judge(records: list[Record], profile: Profile) -> list[Judged]:
-    """Judge every metric in ``records``; metrics missing from the profile fail, naming the key."""
+def judge(records: list[Record], profile: Profile, nodes: int | None = None) -> list[Judged]:
+    """Judge every metric in ``records``; metrics missing from the profile fail, naming the key. ``nodes``: the job's
+    node count, which picks a ``by_nodes`` row (default: the nodes ``records`` come from, every rank's records of a
+    test as the run gathers them; a re-judge passes the record's own count, its world figures kept once)."""
     by_name: dict[str, list[Record]] = {}
     for r in keep_one_per_scope(records):
         by_name.setdefault(r.name, []).append(r)
+    nodes = nodes or len({r.where.node_rank for r in records})
     judged: list[Judged] = []
     for name, recs in by_name.items():
         first = recs[0]
@@ -127,7 +130,7 @@ def judge(records: list[Record], profile: Profile) -> list[Judged]:
                 per_rank=[{**asdict(r.where), "value": r.value, "passed": False} for r in recs],
             ))
             continue
-        c = profile.metrics[name]
+        c = profile.metrics[name].for_nodes(nodes)
         failures: list[str] = []
         warnings: list[str] = []
         per_rank: list[dict[str, Any]] = []

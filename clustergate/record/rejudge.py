@@ -49,7 +49,7 @@ def rejudge(results: dict[str, Any], profile: Profile) -> dict[str, Any]:
         if not test.get("metrics") or test.get("outcome") == "skipped":
             continue
         records = [r for m in test["metrics"] for r in _records(m, out.get("nodes", []))]
-        judged = judge(records, profile)
+        judged = judge(records, profile, nodes=len(out.get("nodes") or []) or None)
         test["metrics"] = [j.as_json() for j in judged]
         missed = [f for j in judged for f in j.failures]
         problems = problems_of(test)

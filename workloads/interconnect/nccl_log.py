@@ -42,6 +42,12 @@ _GRAPH = re.compile(r"Pattern (\d+), crossNic (\d+), nChannels (\d+), (?:bw|spee
 _VERSION = re.compile(r"NCCL version (\S+)")
 _NETWORK = re.compile(r"NCCL INFO (?:Using network|Initialized NET plugin|Assigned NET plugin) (\S+(?: \S+)?)")
 _NET_USING = re.compile(r"NCCL INFO NET/(IB|Socket) : Using (.+?)\s*$")
+_IB_DEVICE = re.compile(r"\[(\d+)\]([^\s:\[\]]+):(\d+)(?::\d*)?(?::\d+)?/(\w+)")
+"""One device of 'NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ...' (src/transport/net_ib/init.cc: index,
+name, port, an optional rail and plane id, link layer)."""
+_NET_DEV = re.compile(r"^NET/([^/]+)/(\d+)(?:\((\d+)\))?")
+"""A send channel's 'via NET/<net>/<dev>[(<proxy rank>)]...' (src/transport/net.cc): the NIC index it sends
+through, and the rank whose NIC that is where PXN routes it through another GPU of the node."""
 
 
 def transport_class(via: str) -> str:
@@ -81,6 +87,16 @@ class NcclLog:
         """Most nodes any communicator of this log spans, as NCCL counts them (distinct hosts)."""
         return max((c["nnodes"] for c in self.comms), default=0)
 
+    def nic_sends(self) -> list[dict[str, Any]]:
+        """This process's network send channels by NIC: net plugin, NIC index, PXN proxy rank (None: its own), how
+        many channels. Every '[send]' line in a process's log is a connection that process set up."""
+        counts: Counter[tuple[str, int, int | None]] = Counter()
+        for c in self.channels:
+            if c["direction"] == "send" and (m := _NET_DEV.match(c["via"])):
+                counts[(m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None)] += 1
+        return [{"net": net, "dev": dev, "proxy": proxy, "channels": n}
+                for (net, dev, proxy), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or -1))]
+
     def merge(self, other: NcclLog) -> None:
         self.version = self.version or other.version
         for name in ("comms", "channels", "algorithms", "graphs", "networks", "warnings"):
@@ -102,7 +118,13 @@ class NcclLog:
             "path_types": sorted({f"{g['intra']}/{g['inter']}" for g in self.graphs}),
             "env": self.env, "networks": sorted(set(self.networks)), "net_devices": self.net_devices,
             "ib_no_device": self.ib_no_device, "warnings": self.warnings[:5], "lines": self.lines,
+            "nic_sends": self.nic_sends(), "ib_devices": ib_devices(self.net_devices.get("IB", "")),
         }
+
+
+def ib_devices(using: str) -> dict[int, str]:
+    """NIC index -> device name from the text after 'NET/IB : Using' ('[0]mlx5_0:1/IB [1]mlx5_3:1/IB [RO]; OOB ..')."""
+    return {int(m.group(1)): m.group(2) for m in _IB_DEVICE.finditer(using.split(";")[0])}
 
 
 def parse(text: str) -> NcclLog:
