@@ -97,8 +97,9 @@ def shared_dir(request: pytest.FixtureRequest, cg: Any) -> str | None:
 # The error-counter snapshot comes before the first load and its difference after the last (DCGM's
 # diagnostics included, so what they provoke is counted too).
 RUN_ORDER = ("test_world", "test_errors_before", "test_gpu_inventory", "test_gpu_firmware", "test_node_config",
-             "test_gpu_compute", "test_gpu_limits", "test_gpu_memory", "test_interconnect", "test_topology", "test_node",
-             "test_rdma", "test_storage", "test_training", "test_finetune", "test_dcgm", "test_errors_after")
+             "test_gpu_compute", "test_gpu_limits", "test_gpu_memory", "test_interconnect", "test_topology",
+             "test_node", "test_rdma", "test_storage", "test_training", "test_finetune", "test_dcgm",
+             "test_errors_after")
 
 
 SOAK = ("test_sustained_matmul", "test_power_under_load")

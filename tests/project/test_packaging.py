@@ -19,8 +19,6 @@ import pytest
 from complete_runs import NODE_TESTS
 from docker_context import copy_context
 
-from clustergate.trust import manifest
-
 pytestmark = pytest.mark.slow  # builds a wheel and two virtual environments
 
 def _env(**extra: str) -> dict[str, str]:

@@ -15,7 +15,6 @@ from report_runs import DATA, demo_reject, results, schema_errors  # noqa: F401
 
 from clustergate.criteria.thresholds import load
 from clustergate.record.rejudge import rejudge
-from clustergate.trust.manifest import shipped
 
 from torchrun_job import ROOT, clustergate_args, job_env
 

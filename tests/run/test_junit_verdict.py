@@ -16,7 +16,6 @@ from trust_runs import node_run  # noqa: F401  (the fixture)
 
 from clustergate.common.exit_codes import Exit
 from clustergate.report import junit
-from clustergate.trust.manifest import shipped
 
 from torchrun_job import job_env
 

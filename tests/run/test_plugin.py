@@ -11,7 +11,6 @@ from complete_runs import NODE_TESTS
 from forked_pytest import runpytest_forked
 
 from clustergate.common.exit_codes import Exit
-from clustergate.trust.manifest import shipped
 
 from torchrun_job import PLANTED_SUITE, ROOT, job_env
 

@@ -29,7 +29,6 @@ import pytest
 from complete_runs import NODE_TESTS
 
 from clustergate.trust import bytecode_cache, loaded_code
-from clustergate.trust.manifest import shipped
 
 from torchrun_job import ROOT, job_env, run_job
 
