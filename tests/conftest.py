@@ -15,7 +15,7 @@ from waited_out_runs import start_early, stop_runner, stop_runners
 
 from workloads.common import ensure_distributed
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "cpu_log"]
 
 children.adopt()  # every process a test starts ends with this one, however it ends (tests/helpers/children.py)
 
