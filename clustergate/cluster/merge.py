@@ -80,7 +80,7 @@ Cluster results.json (schema 1)::
                 "reasons": [str], "warnings": [str],
                 "drift": [{"metric", "where", "unit", "first", "now", "fraction", "limit", "severity", "criterion"}]}]
               (each node file referenced by its directory and digest, its figures not copied: a merge's record grows
-              by about 0.6 KB a node, 100,000 nodes far under the 512 MiB its readers take),
+              by under 1 KB a node, 100,000 nodes far under the 512 MiB its readers take),
      "fleet": [{"metric", "test", "profile", "unit", "scope": "gpu" | "node" | "world", "criterion",
                 "count", "min", "p05", "median", "p95", "max", "floor": float | null, "limit": float | null,
                 "outliers": [{"host", "gpu_index", "gpu_serial", "rank", "part", "value", "severity"}],
