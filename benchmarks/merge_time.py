@@ -17,7 +17,7 @@ Figures (issue 55.3; 2 cores shared with 7 other engineers' tests, load ~14: CPU
 wall seconds are inflated several times; one merge each, /usr/bin/time -v):
 
     nodes    before: CPU s, peak RSS, results.json     after: CPU s, peak RSS, results.json, report.html
-    1,000    21.9 s, 868 MB, 21.2 MB                   21.5 s, 236 MB, 0.81 MB, 2.0 MB
+    1,000    21.9 s, 868 MB, 21.2 MB                   21.5 s, 236 MB, 0.81 MB, 2.0 MB (22.1 s, 201 MB: 2nd step)
     10,000   136 s, 8.13 GB, 212 MB (issue 55's)       146.9 s, 1.27 GB, 7.2 MB, 3.0 MB (18 min wall at load 14)
 
 Memory no longer holds each node's record: a node file is read once, its figures go into the fleet and what stays
