@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,29 @@ from clustergate.record.results import encode
 from clustergate.secrets.redact import keep
 
 PROG = "clustergate render"
+LARGE_BYTES = 16 << 20
+"""A results.json above this takes seconds to minutes to read, judge and draw (a 200 MB one: minutes): each stage
+is said as it starts, never silence."""
+
+
+def progress(path: Path) -> Callable[[str], None]:
+    """A line on stderr as each stage of rendering ``path`` starts, with the seconds so far, when the file is larger
+    than ``LARGE_BYTES`` (the first at once, naming its size and the cap a results file is held to); silent for a
+    smaller one."""
+    from clustergate.common.inputfile import MAX_BYTES, MiB
+
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    if size <= LARGE_BYTES:
+        return lambda stage: None
+    t0 = time.monotonic()
+    cap = MAX_BYTES["results"]
+    said = f"more than the {cap // MiB} MiB a results file may be: it is refused" if size > cap else \
+        f"at most {cap // MiB} MiB are read"
+    print(f"{PROG}: {path} is {size / MiB:.0f} MiB ({said}); reading it", file=sys.stderr, flush=True)
+    return lambda stage: print(f"{PROG}: {stage} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def _tolerance(text: str) -> float:
@@ -62,9 +87,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def decide(args: argparse.Namespace) -> dict[str, Any]:
-    """The recorded run with its verdict decided again, re-judged and compared as asked; ValueError (the input's
-    own: ResultsFileError, ThresholdsError, BaselineError) saying what to fix."""
+def decide(args: argparse.Namespace, say: Callable[[str], None] = lambda stage: None) -> dict[str, Any]:
+    """The recorded run with its verdict decided again, re-judged and compared as asked (``say``: each stage as it
+    starts, ``progress``); ValueError (the input's own: ResultsFileError, ThresholdsError, BaselineError) saying what
+    to fix."""
     from clustergate.criteria import baseline
     from clustergate.record import resultsfile
     from clustergate.record.verdict import of_record
@@ -73,6 +99,7 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
         raise resultsfile.ResultsFileError(f"{args.results}: file not found; pass the results.json of a run (or its "
                                            "report directory)")
     results = resultsfile.read(args.results)
+    say("read and checked against the schema; judging its verdict again")
     recorded, decision = results.get("verdict"), of_record(results)
     results["verdict"], results["reason"] = decision.verdict, decision.reason
     if recorded != decision.verdict:
@@ -132,12 +159,14 @@ def _main(args: argparse.Namespace) -> int:
     keep(str(path), str(path.resolve()), str(output), str(output.resolve()))
     try:
         refuse_overwrites(path, output, args.json_out, args.baseline)
-        results = decide(args)
+        say = progress(path)
+        results = decide(args, say)
         if args.json_out is not None:
             write_text(args.json_out, encode(results))
     except (ValueError, OSError) as exc:  # BaselineError, ThresholdsError and OutputError are ValueErrors
         print(f"{PROG}: {error_text(exc)}", file=sys.stderr)
         return refused(exc)
+    say(f"judged; drawing {output}")
     try:  # the directory resolved, never the name: a link planted as the report is replaced, not followed
         draw(path, results, output.parent.resolve() / output.name)
     except OSError as exc:

@@ -15,10 +15,14 @@ nodes of the same GPU model is excluded (a node that lost GPUs would otherwise p
 
 from __future__ import annotations
 
+import math
 import statistics
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy
 
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.common.numbers import number
@@ -60,6 +64,10 @@ class FleetMetric:
     by_host: dict[str, list[Sample]] = field(default_factory=dict)
     rule: Criterion = field(init=False)
     """The criterion read once: every part of the fleet is held to it (a thousand nodes: half a million times)."""
+    low: float | None = None
+    high: float | None = None
+    """``floor`` and ``limit`` once the median is known: a part between them misses nothing (``misses``), and most
+    parts are, so the criterion's words are made only for the few outside."""
 
     def __post_init__(self) -> None:
         self.rule = Criterion.from_json(self.criterion)
@@ -85,7 +93,10 @@ class FleetMetric:
     def misses(self, sample: Sample) -> list[str]:
         """How a part falls behind the fleet (empty where it does not, and where there is no fleet to compare
         with: fewer than two parts)."""
-        return self.rule.peer_misses(sample.value, self.median, "fleet") if len(self.samples) > 1 else []
+        if len(self.samples) < 2 or ((self.low is None or sample.value >= self.low)
+                                     and (self.high is None or sample.value <= self.high)):
+            return []
+        return self.rule.peer_misses(sample.value, self.median, "fleet")
 
     def stats(self) -> dict[str, Any]:
         values = sorted(s.value for s in self.samples)
@@ -101,22 +112,41 @@ class FleetMetric:
         """The figures of the parts that fail: by their node's own run, or against the fleet."""
         return [s.value for s in self.samples if not s.passed or self.misses(s)]
 
+    def histogram(self) -> dict[str, list[float] | list[int]]:
+        """The distribution of its parts' figures (``histogram``): what the merged page draws, of a size that does
+        not grow with the fleet; each part's figure stays in its node's file."""
+        return histogram([s.value for s in self.samples])
+
     def as_json(self) -> dict[str, Any]:
         return {"metric": self.name, "test": self.nodeid, "profile": self.profile, "unit": self.unit,
                 "scope": self.scope, "criterion": self.criterion, **self.stats(), "outliers": self.outliers,
-                "failing": self.failing(),
-                # Compact: [host, GPU index, value] per GPU (per node for node-scope metrics).
-                "samples": [[s.host, s.gpu_index, s.value] for s in self.samples]}
+                "failing": self.failing(), "histogram": self.histogram()}
 
 
-def collect(runs: list[NodeRun]) -> list[FleetMetric]:
-    """Every judged-or-recorded metric with per-rank values, across every node that has results and is a part of
-    this cluster run (an unbound node's figures are not the fleet's)."""
-    metrics: dict[tuple[str, str, str], FleetMetric] = {}
-    for run in runs:
-        res = run.results
-        if not res or run.verdict == "unbound":
-            continue
+BINS = 40
+"""The most bars of a fleet's histogram: readable at 8,000 GPUs, where a bar per GPU is not."""
+
+
+def histogram(values: list[float]) -> dict[str, list[float] | list[int]]:
+    """``values`` in at most ``BINS`` bins (the square root of their count, at least 5) spanning them with 2% to
+    spare: ``{"edges": [bins + 1 floats], "counts": [bins ints]}``."""
+    lo, hi = min(values), max(values)
+    span = hi - lo if hi > lo else (abs(hi) or 1.0) * 0.01
+    bins = min(BINS, max(5, int(math.sqrt(len(values)))))
+    counts, edges = numpy.histogram(numpy.asarray(values, dtype=float), bins=bins,
+                                    range=(lo - span * 0.02, hi + span * 0.02))
+    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+class Collector:
+    """The fleet's samples, gathered node by node as merge reads each file (``add``), so that no node's whole record
+    need stay in memory for them; ``fleet`` sets them side by side once every node is read and bound."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[tuple[str, str, str], FleetMetric] = {}
+
+    def add(self, host: str, res: dict[str, Any]) -> None:
+        """Every judged-or-recorded metric with per-rank values of ``host``'s results."""
         profile = str(res.get("profile", "?"))
         for test in res.get("tests", []):
             for m in test.get("metrics", []):
@@ -124,20 +154,46 @@ def collect(runs: list[NodeRun]) -> list[FleetMetric]:
                 if not per:
                     continue
                 key = (profile, test["nodeid"], m["name"])
-                fm = metrics.get(key)
+                fm = self.metrics.get(key)
                 if fm is None:
-                    fm = metrics[key] = FleetMetric(m["name"], test["nodeid"], profile, m.get("unit", ""),
-                                                    m.get("scope", "gpu"), dict(m.get("criterion") or {}))
+                    fm = self.metrics[key] = FleetMetric(m["name"], test["nodeid"], profile, m.get("unit", ""),
+                                                         m.get("scope", "gpu"), dict(m.get("criterion") or {}))
                 if fm.scope == "gpu":
-                    fm.samples += [Sample(run.host, float(p["value"]), p.get("gpu_index"), p.get("gpu_serial"),
+                    fm.samples += [Sample(host, float(p["value"]), p.get("gpu_index"), _shared(p.get("gpu_serial")),
                                           p.get("rank"), bool(p.get("passed", True))) for p in per]
                 else:  # one figure for the node (world scope is the node itself in the node phase)
-                    fm.samples.append(Sample(run.host, float(m["value"]), passed=bool(m.get("passed", True))))
-    for fm in metrics.values():
-        fm.median = statistics.median(s.value for s in fm.samples)
-        for sample in fm.samples:
-            fm.by_host.setdefault(sample.host, []).append(sample)
-    return sorted(metrics.values(), key=lambda f: (f.profile, f.scope != "gpu", f.name, f.nodeid))
+                    fm.samples.append(Sample(host, float(m["value"]), passed=bool(m.get("passed", True))))
+
+    def fleet(self, runs: list[NodeRun]) -> list[FleetMetric]:
+        """The metrics over the nodes of ``runs`` that have results and are a part of this cluster run (an unbound
+        node's figures are not the fleet's), each with its median."""
+        parts = {r.host for r in runs if r.results is not None and r.verdict != "unbound"}
+        out = []
+        for fm in self.metrics.values():
+            fm.samples = [s for s in fm.samples if s.host in parts]
+            if not fm.samples:
+                continue
+            fm.median = statistics.median(s.value for s in fm.samples)
+            fm.low, fm.high = fm.floor, fm.limit
+            for sample in fm.samples:
+                fm.by_host.setdefault(sample.host, []).append(sample)
+            out.append(fm)
+        return sorted(out, key=lambda f: (f.profile, f.scope != "gpu", f.name, f.nodeid))
+
+
+def _shared(text: Any) -> Any:
+    """A GPU serial, one string however many of a node's metrics name it."""
+    return sys.intern(text) if type(text) is str else text
+
+
+def collect(runs: list[NodeRun]) -> list[FleetMetric]:
+    """Every judged-or-recorded metric with per-rank values, across every node that has results and is a part of
+    this cluster run (``Collector`` over ``runs`` read whole)."""
+    collector = Collector()
+    for run in runs:
+        if run.results is not None and run.verdict != "unbound":
+            collector.add(run.host, run.results)
+    return collector.fleet(runs)
 
 
 def judge_outliers(fleet: list[FleetMetric], runs: list[NodeRun]) -> int:

@@ -9,7 +9,8 @@ Writes into the output directory:
 - ``results.json``: the cluster results document (``"kind": "cluster"``, schema below and in
   ``clustergate/cluster/cluster.schema.json``);
 - ``report.html``: self-contained, opens offline: the verdict, the hosts in both forms, the excluded
-  nodes with their reasons, a table of nodes (verdict, failed tests, worst figure per metric), the
+  nodes with their reasons, a table of nodes (verdict, failed tests, worst figure per metric; excluded first, at
+  most ``merge_html.NODES_SHOWN``), the
   fleet's distribution of every per-GPU and per-node metric with its outliers marked, and the fleet outliers;
 - ``accepted-hosts.txt`` (one host a line), ``excluded-hosts.txt`` (``HOST<TAB>reason; reason<TAB>ACTION``,
   ACTION one of isolate, reset, config, retest, vendor: ``clustergate.record.actions``), ``accepted-hostlist.txt`` and
@@ -77,13 +78,14 @@ Cluster results.json (schema 1)::
                 "profile", "level", "started", "duration_s", "ranks", "gpus", "gpu_models": [str],
                 "tests": {outcome: count}, "failed_tests": [{"nodeid", "outcome", "summary"}],
                 "reasons": [str], "warnings": [str],
-                "drift": [{"metric", "where", "unit", "first", "now", "fraction", "limit", "severity", "criterion"}],
-                "worst": {metric title: {"value", "unit", "gpu_index", "state": "fail" | ""}}}],
+                "drift": [{"metric", "where", "unit", "first", "now", "fraction", "limit", "severity", "criterion"}]}]
+              (each node file referenced by its directory and digest, its figures not copied: a merge's record grows
+              by under 1 KB a node, 100,000 nodes far under the 512 MiB its readers take),
      "fleet": [{"metric", "test", "profile", "unit", "scope": "gpu" | "node" | "world", "criterion",
                 "count", "min", "p05", "median", "p95", "max", "floor": float | null, "limit": float | null,
                 "outliers": [{"host", "gpu_index", "gpu_serial", "rank", "part", "value", "severity"}],
                 "failing": [value] (the parts that fail, by their node's run or against the fleet),
-                "samples": [[host, gpu_index | null, value]]}]}
+                "histogram": {"edges": [float], "counts": [int]} (at most 40 bins: ``fleet.histogram``)}]}
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster import binding, firmware_fleet, judged_by, store_record
+from clustergate.cluster import binding, firmware_fleet, judged_by, node_facts, store_record
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
 from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
@@ -228,8 +230,11 @@ def load_thresholds(path: Path | None) -> Thresholds:
 
 
 def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds,
-           level: str = DEFAULT_LEVEL, key: bytes | None = None) -> tuple[list[NodeRun], list[str]]:
-    """Every node given or expected, in host order, and warnings about the input."""
+           level: str = DEFAULT_LEVEL, key: bytes | None = None,
+           collector: fleet_mod.Collector | None = None) -> tuple[list[NodeRun], list[str]]:
+    """Every node given or expected, in host order, and warnings about the input. Each node file is read once and
+    kept only as the facts the later steps need (``node_facts.keep``), its figures put into ``collector`` first: the
+    memory of a merge does not grow with each node's detail."""
     runs: dict[str, NodeRun] = {}
     warnings: list[str] = []
     beat = Heartbeat("merge: reading and judging node directories", total=len(paths), unit="nodes")
@@ -239,15 +244,17 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
             warnings.append(f"{path}: not a node directory, left out")
             continue
         run = read_node(path, thresholds, level, key)
-        # What was read stays to the merge's end and holds no cycle: the cycle collector need not walk it again.
-        # A thousand nodes' records are millions of objects, and each collection walked them all (4 of 19 CPU s).
-        gc.freeze()
         if run.host in runs:
             first = runs[run.host]
             first.reasons.append(f"two result directories name this host ({first.directory} and {run.directory}): "
                                  "which is this node is unknown")
             continue
+        if collector is not None and run.results is not None:
+            collector.add(run.host, run.results)
+        node_facts.keep(run)
         runs[run.host] = run
+        # What is kept stays to the merge's end and holds no cycle: the cycle collector need not walk it again.
+        gc.freeze()
     if expected is not None:
         for host in expected:
             runs.setdefault(host, missing_node(host))
@@ -281,7 +288,8 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     profile (``profile``, else the one the runs agree on), its skips held to the fleet, then set against the fleet:
     what merge writes and sign-off checks again (``now``: the time the parts must have started before: the
     merge's)."""
-    runs, warnings = gather(paths, expected, thresholds, level, key)
+    collector = fleet_mod.Collector()
+    runs, warnings = gather(paths, expected, thresholds, level, key, collector)
     read = [r.results if r.results is not None else r.unjudged for r in runs]
     if (problem := judged_by.fleet_problem((r for r in read if r is not None), thresholds)) is not None:
         raise MergeInputError(problem)  # the command line's mistake: no node is to blame for it
@@ -289,10 +297,10 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     source = "--profile" if profile is not None else "the one every node run agrees on"
     window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc), chosen, source)
     hold_skips_to_fleet(runs)
-    fleet = fleet_mod.collect(runs)
+    fleet = collector.fleet(runs)
     outliers = fleet_mod.judge_outliers(fleet, runs)
     fleet_mod.judge_shapes(runs)
-    versions = {r.host: firmware_fleet.node_versions(r.results) for r in runs if r.verdict != "unbound"}
+    versions = {r.host: r.firmware for r in runs if r.verdict != "unbound" and r.firmware}
     for host, reasons in firmware_fleet.findings(versions).items():  # a node off the fleet's firmware: excluded
         next(r for r in runs if r.host == host).reasons += reasons
     return Judged(runs, fleet, outliers, warnings, window, chosen, source)
@@ -371,8 +379,7 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
     for r in runs:
         row = node_row(r)
         row["directory"] = _within_output(r.directory, output)
-        row["worst"] = fleet_mod.worst_figures(r, fleet)
-        row["drift"] = excluded_mod.drift_rows(r.results)
+        row["drift"] = r.drift if r.drift is not None else excluded_mod.drift_rows(r.results)
         nodes.append(row)
     return {
         "schema": SCHEMA, "kind": "cluster",
@@ -461,7 +468,9 @@ def merge(paths: list[Path], output: Path, expect: str | None = None, thresholds
         print(f"clustergate merge: {said}", file=sys.stderr)
     from clustergate.report.merge_html import cluster_page  # matplotlib only once the inputs are good
 
-    write_text(output / "report.html", cluster_page(cluster))
+    by_host = {r.host: r for r in judged.runs}  # the page's nodes table: each row's worst figures, drawn as it is
+    write_text(output / "report.html", cluster_page(cluster, lambda host: fleet_mod.worst_figures(by_host[host],
+                                                                                                  judged.fleet)))
     return cluster
 
 

@@ -56,6 +56,14 @@ class NodeRun:
     digest: str | None = None
     """sha256 of the node's results.json as merge read it (keyed with a site key: ``clustergate.trust.keyed.digest``):
     sign-off checks the file is still that one."""
+    failed: list[dict[str, str]] | None = None
+    """Its failed tests' lines (``failed_tests``), said when it was read (``clustergate.cluster.node_facts.keep``): the
+    messages they come from are not kept."""
+    drift: list[dict[str, Any]] | None = None
+    """Its drift rows (``clustergate.cluster.excluded.drift_rows``), said when it was read."""
+    firmware: dict[str, tuple[str, ...]] | None = None
+    """Its firmware and driver versions (``clustergate.cluster.firmware_fleet.node_versions``), said when it was
+    read: the fleet holds every node to the versions most of it carries."""
 
     def unbind(self, reason: str) -> None:
         """Not a part of this cluster run (``clustergate.cluster.binding``): excluded, its figures out of the fleet."""
@@ -229,5 +237,6 @@ def node_row(run: NodeRun) -> dict[str, Any]:
             "profile": res.get("profile"), "level": res.get("level"), "started": res.get("started"),
             "duration_s": res.get("duration_s"), "ranks": res.get("world_size"), "gpus": len(gpus),
             "gpu_models": sorted({str(g.get("name")) for g in gpus}), "tests": counts,
-            "failed_tests": failed_tests(res) if res else [], "reasons": run.reasons, "warnings": run.warnings}
+            "failed_tests": run.failed if run.failed is not None else failed_tests(res) if res else [],
+            "reasons": run.reasons, "warnings": run.warnings}
 

@@ -62,6 +62,7 @@ from typing import Any
 
 import clustergate
 from clustergate.cluster import binding, judged_by, signoff_criteria, store_record
+from clustergate.cluster.fleet import FleetMetric
 from clustergate.cluster.merge import (
     add_key_option,
     add_thresholds_option,
@@ -128,11 +129,12 @@ def _load(path: Path, kind: str, what: str) -> dict[str, Any]:
 
 
 def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds,
-                 key: bytes | None = None) -> tuple[list[str], dict[str, list[str]]]:
+                 key: bytes | None = None) -> tuple[list[str], dict[str, list[str]], list[FleetMetric]]:
     """The node phase judged again from its node directories, as merge judged it (the same run id, level, profile
     and window, the merge's time; each file's HMAC with the site ``key``), each node file checked against the digest
-    merge kept: the hosts accepted now, and, for each host the merged file accepts but its directory no longer
-    supports, why. The merged results.json's own lists are never taken on trust."""
+    merge kept: the hosts accepted now, for each host the merged file accepts but its directory no longer
+    supports, why, and the fleet judged again (its figures: the merged record keeps only their distribution). The
+    merged results.json's own lists are never taken on trust."""
     paths = [node_directory(n["directory"], run_dir) for n in cluster["nodes"] if n.get("directory")]
     expected = (cluster.get("expected") or {}).get("hosts")
     created = binding.started({"started": cluster.get("created")})
@@ -154,7 +156,7 @@ def merged_again(cluster: dict[str, Any], run_dir: Path, site: Thresholds,
             why = now[host].reasons if host in now else ["no node directory of it is recorded in the merge"]
             unsupported[host] = ["accepted by the merged results.json, but its node directory does not support it "
                                  f"now: {'; '.join(why) or 'not accepted'}"]
-    return accepted, unsupported
+    return accepted, unsupported, judged.fleet
 
 
 def keyed_problems(cluster: dict[str, Any], path: Path, key: bytes | None) -> list[str]:
@@ -315,7 +317,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
     if merged_with is not None and Path(merged_with).resolve() != site.path.resolve():
         reasons.append(f"the merge held the nodes to {merged_with}, this sign-off to {site.path}: give merge and "
                        "signoff the same --thresholds")
-    node_accepted, unsupported = merged_again(cluster, run_dir, site, key)
+    node_accepted, unsupported, fleet = merged_again(cluster, run_dir, site, key)
     node_accepted = [h for h in cluster["accepted"] if h in node_accepted]  # accepted by the file and the records
     if unsupported:
         reasons.append(f"the merged results.json accepts {len(unsupported)} hosts its node directories do not "
@@ -371,7 +373,7 @@ def signoff(run_dir: Path, fabric_dir: Path | None = None, thresholds: Path | No
         "run_id": cluster["run_id"], "level": cluster["level"], "profile": cluster.get("profile"),
         "signed": key is not None, "clustergate": {"version": clustergate.__version__},
         **what_was_signed(cluster, site, accepted),
-        "criteria": signoff_criteria.criteria(cluster, fres, accepted),
+        "criteria": signoff_criteria.criteria(fleet, fres, accepted),
         "accepted": accepted, "accepted_hostlist": compress(accepted),
         "excluded": sorted(excluded, key=lambda e: e["host"]),
         "excluded_hostlist": compress(e["host"] for e in excluded),

@@ -1,9 +1,10 @@
 """The sign-off's table of criteria: every criterion the accepted fleet was held to, with its figures across it.
 
-One row per metric of each test, of each phase: the node phase's figures come from the merged cluster
-results.json's ``fleet`` section (the samples merge judged, each a GPU or a node), kept to the hosts the sign-off
-accepts; the fabric phase's from the fabric run's per-part figures of those hosts (a whole-job figure is the job's
-one). The figures are computed here once; ``clustergate.report.signoff_html`` only draws them.
+One row per metric of each test, of each phase: the node phase's figures come from the fleet the sign-off judged
+again from the node files (``clustergate.cluster.fleet``: each part a GPU or a node, the figures merge judged; the
+merged record keeps only their distribution), kept to the hosts the sign-off accepts; the fabric phase's from the
+fabric run's per-part figures of those hosts (a whole-job figure is the job's one). The figures are computed here
+once; ``clustergate.report.signoff_html`` only draws them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from clustergate.cluster.fleet import FleetMetric
 from clustergate.criteria.criterion import Criterion
 
 
@@ -27,14 +29,13 @@ def _row(phase: str, metric: str, test: str, unit: str, scope: str, criterion: d
             "source": said["source"], "judged": rule.judged}
 
 
-def node_phase(fleet: Iterable[dict[str, Any]], accepted: set[str]) -> list[dict[str, Any]]:
-    """The merged fleet's metrics, each over the accepted hosts' parts (a metric none of them recorded: no row)."""
+def node_phase(fleet: Iterable[FleetMetric], accepted: set[str]) -> list[dict[str, Any]]:
+    """The fleet's metrics, each over the accepted hosts' parts (a metric none of them recorded: no row)."""
     rows = []
     for fm in fleet:
-        values = [float(value) for host, _gpu, value in fm.get("samples") or [] if host in accepted]
+        values = [s.value for s in fm.samples if s.host in accepted]
         if values:
-            rows.append(_row("node", str(fm["metric"]), str(fm["test"]), str(fm.get("unit") or ""),
-                             str(fm.get("scope") or "gpu"), dict(fm.get("criterion") or {}), values))
+            rows.append(_row("node", fm.name, fm.nodeid, fm.unit, fm.scope, dict(fm.criterion), values))
     return rows
 
 
@@ -54,9 +55,11 @@ def fabric_phase(fabric: dict[str, Any], accepted: set[str]) -> list[dict[str, A
     return rows
 
 
-def criteria(cluster: dict[str, Any], fabric: dict[str, Any] | None, accepted: list[str]) -> list[dict[str, Any]]:
-    """signoff.json's ``criteria``: the node phase's rows, then the fabric phase's, each by metric name."""
+def criteria(fleet: Iterable[FleetMetric], fabric: dict[str, Any] | None,
+             accepted: list[str]) -> list[dict[str, Any]]:
+    """signoff.json's ``criteria``: the node phase's rows (``fleet``: the node phase judged again), then the fabric
+    phase's, each by metric name."""
     hosts = set(accepted)
-    node = sorted(node_phase(cluster.get("fleet") or [], hosts), key=lambda r: (r["metric"], r["test"]))
+    node = sorted(node_phase(fleet, hosts), key=lambda r: (r["metric"], r["test"]))
     net = sorted(fabric_phase(fabric or {}, hosts), key=lambda r: (r["metric"], r["test"]))
     return node + net

@@ -9,6 +9,7 @@ link relative or to a file, secrets of this environment scrubbed: it opens offli
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,23 @@ def node_reports(cluster: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def nodes_table(cluster: dict[str, Any]) -> Table:
-    """One row per node, excluded first: verdict, failed tests, the worst figure of each metric."""
-    titles = list(dict.fromkeys(t for n in cluster["nodes"] for t in n["worst"]))
+NODES_SHOWN = 2000
+"""The most rows of the page's nodes table (excluded nodes first): at 100,000 nodes a row each would be a page no
+browser opens; every node is in the host lists, and its own figures in its own report."""
+
+Worst = Callable[[str], dict[str, dict[str, Any]]]
+"""host -> its worst figure of each fleet metric (``clustergate.cluster.fleet.worst_figures``): the nodes table's
+columns, asked for the rows it shows only."""
+
+
+def nodes_table(cluster: dict[str, Any], worst: Worst | None = None) -> Table:
+    """One row per node, excluded first (at most ``NODES_SHOWN``): verdict, failed tests, the worst figure of each
+    metric (``worst``; none without it)."""
+    shown = sorted(cluster["nodes"], key=lambda n: (n["status"] == "accepted", n["host"]))[:NODES_SHOWN]
+    figures = {n["host"]: scrubbed(worst(n["host"])) if worst is not None and n["host"] else {} for n in shown}
+    titles = list(dict.fromkeys(t for w in figures.values() for t in w))
     table = Table(["host", "status", "own verdict", "failed tests", "drift", *titles])
-    for n in sorted(cluster["nodes"], key=lambda n: (n["status"] == "accepted", n["host"])):
+    for n in shown:
         failed = ", ".join(t["nodeid"].rsplit("::", 1)[-1] for t in n["failed_tests"])
         drift = n.get("drift") or []
         drifted = "; ".join(f"{d['metric']} {d['where']}: {number(d['now'], d['unit'])}, "
@@ -128,11 +141,20 @@ def nodes_table(cluster: dict[str, Any]) -> Table:
                Cell(failed, "fail" if failed else "", title="; ".join(t["summary"] for t in n["failed_tests"])),
                Cell(drifted, "fail" if any(d["severity"] == "fail" for d in drift) else "warn" if drift else "")]
         for t in titles:
-            w = n["worst"].get(t)
+            w = figures[n["host"]].get(t)
             gpu = f" gpu {w['gpu_index']}" if w and w.get("gpu_index") is not None else ""
             row.append(Cell(number(w["value"], w["unit"]) + gpu, w["state"]) if w else Cell(""))
         table.rows.append(row)
     return table
+
+
+def nodes_left_out(cluster: dict[str, Any]) -> str:
+    """What the nodes table leaves out past ``NODES_SHOWN`` rows, and where they are (empty when none is)."""
+    more = len(cluster["nodes"]) - NODES_SHOWN
+    if more <= 0:
+        return ""
+    return (f'<p class="cg-muted">{more} more nodes (accepted ones last) are not listed here: every host is in '
+            "accepted-hosts.txt or excluded-hosts.txt, and its figures in its own report.</p>")
 
 
 def _figure(png: str, caption: str) -> str:
@@ -183,8 +205,9 @@ def outliers_table(fleet: list[dict[str, Any]]) -> str:
                                   "fleet median", "severity"], rows))
 
 
-def cluster_page(cluster: dict[str, Any]) -> str:
-    """The merged report of the cluster results ``merge`` decided (its ``fleet`` section drawn as it says)."""
+def cluster_page(cluster: dict[str, Any], worst: Worst | None = None) -> str:
+    """The merged report of the cluster results ``merge`` decided (its ``fleet`` section drawn as it says; ``worst``:
+    each node's worst figures, for the nodes table)."""
     cluster = scrubbed(cluster)
     fleet = cluster["fleet"]
     c = cluster["counts"]
@@ -208,6 +231,6 @@ def cluster_page(cluster: dict[str, Any]) -> str:
             "<h3>Fleet outliers</h3>", outliers_table(fleet)]
     if cluster["warnings"]:
         body += ["<h3>Warnings</h3><ul>", *(f"<li>{escape(w)}</li>" for w in cluster["warnings"]), "</ul>"]
-    body += ["<h3>Nodes</h3>", NODES_LEGEND, html.grid_table(nodes_table(cluster)),
+    body += ["<h3>Nodes</h3>", NODES_LEGEND, html.grid_table(nodes_table(cluster, worst)), nodes_left_out(cluster),
              "<h3>Fleet distributions</h3>", fleet_section(fleet)]
     return page(f"clustergate cluster: {len(cluster['nodes'])} nodes, node phase", body)

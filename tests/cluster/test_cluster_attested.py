@@ -108,7 +108,10 @@ def test_mixed_profiles_need_the_fleets_profile_and_the_odd_node_is_excluded_nam
     assert "it was judged by profile 'cpu', not the fleet's 'h100-sxm-80gb' (--profile): one profile judges a " \
            "cluster run" in excluded(cluster)["cg-a"]
     assert verdicts(cluster)["cg-a"] == "unbound"
-    assert all(s[0] != "cg-a" for fm in cluster["fleet"] for s in fm["samples"])  # its figures are not the fleet's
+    # Its figures are not the fleet's: no metric of its profile, and each of the others counts the 3 H100 nodes'.
+    assert cluster["fleet"] and all(fm["profile"] == "h100-sxm-80gb" and fm["count"] == (24 if fm["scope"] == "gpu"
+                                                                                           else 3)
+                                    for fm in cluster["fleet"])
     assert cpu.name == "cg-a"
 
 

@@ -67,7 +67,8 @@ def test_a_node_file_of_another_run_is_not_this_runs(tmp_path: Path) -> None:
     assert "belongs to run 'run-0301', not to this run 'run-0412'" in excluded(cluster)["gpu2"]
     assert "belongs to no run (CLUSTERGATE_RUN_ID was not set)" in excluded(cluster)["gpu3"]
     assert {n["host"]: n["verdict"] for n in cluster["nodes"]}["gpu2"] == "unbound"
-    assert all(s[0] == "gpu1" for fm in cluster["fleet"] for s in fm["samples"])  # their figures are not the fleet's
+    # Their figures are not the fleet's: each metric counts gpu1's parts alone (8 GPUs, or the node's one figure).
+    assert cluster["fleet"] and all(fm["count"] == (8 if fm["scope"] == "gpu" else 1) for fm in cluster["fleet"])
     proc, cluster = merge(run, "--run-id", "run-0301")  # the id given, not the directory's
     assert cluster["accepted"] == ["gpu2"] and cluster["run_id"] == "run-0301"
 

@@ -8,6 +8,7 @@ run's report."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -75,3 +76,23 @@ def test_1000_node_report_opens_offline_in_a_browser(thousand: Path, tmp_path: P
     nodes = dom[dom.index("<h3>Nodes</h3>"):dom.index("<h3>Fleet distributions</h3>")]
     assert nodes.count("<tr") == 1 + NODES
     assert dom.count('src="data:image/png;base64,') >= 20
+
+
+def test_the_merged_record_references_each_node_file_and_stays_small_per_node(thousand: Path) -> None:
+    """The merged results.json names each node file by its directory and sha256 rather than copying its figures (no
+    per-GPU samples, no per-node figure table): a bounded size a node, so that 100,000 nodes stay well under the
+    512 MiB its readers take."""
+    run = thousand / "run"
+    text = (run / "results.json").read_text()
+    cluster = json.loads(text)
+    assert len(cluster["nodes"]) == NODES
+    for node in cluster["nodes"][::97]:
+        raw = (run / node["directory"] / "results.json").read_bytes()
+        assert node["digest"] == "sha256:" + hashlib.sha256(raw).hexdigest()
+        assert "worst" not in node
+    for fm in cluster["fleet"]:
+        assert "samples" not in fm and len(fm["histogram"]["counts"]) <= 40
+        assert sum(fm["histogram"]["counts"]) == fm["count"]
+    # About 0.6 KB a healthy node (its row, its name in the host lists); the excluded carry their reasons and steps.
+    assert len(text) / NODES < 1500, len(text) / NODES
+    assert len(text) / NODES * 100_000 < 512 * 1024 * 1024 / 3

@@ -231,6 +231,8 @@ def dry_merge_time(tmp: Path) -> None:
     figures = json.loads((tmp / "m.json").read_text())
     [run] = figures["runs"]
     assert figures["nodes"] == 20 and run["status"] == 1 and run["cpu_s"] > 0 and run["wall_s"] > 0, figures
+    # The merged record references the node files: 20 nodes about 100 KB (it copied 21 KB a node, 420 KB, before).
+    assert 0 < run["peak_rss_mb"] <= figures["peak_rss_mb"] and run["results_bytes"] < 250_000, figures
     assert "merge of 20 nodes: median" in out and list(tmp.iterdir()) == [tmp / "m.json"]  # nothing else left
 
 
