@@ -119,7 +119,7 @@ def _read_checked(blob: Path, k: dict[str, str]) -> tuple[bytes | None, str]:
         data = blob.read_bytes()
     except (OSError, ValueError) as exc:
         return None, f"{sidecar} or {blob} could not be read: {exc}"
-    theirs = meta.get("key") if isinstance(meta, dict) else None
+    theirs = meta.get("compiled_for") if isinstance(meta, dict) else None
     if not isinstance(theirs, dict):
         return None, f"{sidecar} has no key"
     wrong = [f"{name} {theirs.get(name)!r}, here {value!r}" for name, value in k.items() if theirs.get(name) != value]
@@ -182,7 +182,7 @@ def finish(got: Kernels, writer: bool) -> Kernels:
         return got
     data = saved[0]
     blob = Path(got.artifact)
-    meta = {"key": got.compiled_for, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+    meta = {"compiled_for": got.compiled_for, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
             "saved_by": socket.gethostname(), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp: Path | None = None
     try:

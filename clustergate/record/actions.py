@@ -121,6 +121,10 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                                 "(or, at merge, from the fleet's), or is below the profile's minimum",
                                 "flash the part to the version the report names (nvidia-smi -q; mlxfwmanager), then "
                                 "run the node again"),
+    "config_topology": Category("a GPU's nearest NIC is not its own (shared, too far, on another NUMA node), or NCCL "
+                                "sent a GPU's traffic through another NIC than its own",
+                                "compare the node's nvidia-smi topo -m with its peers' and check NCCL_IB_HCA and "
+                                "NCCL_TOPO_FILE; a PCIe or cabling layout that differs: a vendor ticket"),
     "config_power_limit": Category("a GPU's enforced power limit is below its default or below its peers'",
                                    "reset it (nvidia-smi -i GPU -pl DEFAULT, or the site's power policy) and run "
                                    "again; a limit that will not stay: a vendor ticket"),
@@ -235,6 +239,7 @@ METRIC_CATEGORY: dict[str, str] = {
     "memory_repair_pending": "row_remap_pending", "pcie_replays_per_min": "pcie_replay",
     "nvlink_crc_errors_per_s": "nvlink_crc", "ib_port_state_changes": "ib_link_down",
     **_family("rdma_bandwidth", "rdma_write_bw_gbps", "rdma_write_lat_us"),
+    **_family("config_topology", "gpu_nic_topology_problems", "nccl_cross_rail_channels"),
 }
 """Metric -> category, where the name alone does not say (see ``category_of_metric`` for the rest)."""
 METRIC_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -309,6 +314,8 @@ TEST_CATEGORY: dict[str, str] = {
     "test_errors_after.py::test_infiniband_errors_during_run": "ib_link_errors",
     "test_dcgm.py::test_dcgm_diagnostic": "dcgm",
     "test_rdma.py::test_rdma_write_per_hca": "rdma_bandwidth",
+    "test_topology.py::test_gpu_nearest_nic_is_its_own": "config_topology",
+    "test_topology.py::test_nccl_uses_each_gpus_own_nic": "config_topology",
     "test_rdma.py::test_roce_gid_at_nccl_index": "roce_gid",
 }
 """``FILE::FUNCTION`` of each acceptance test -> the category of a failure that names no part or metric.

@@ -54,7 +54,7 @@ def test_a_second_node_loads_what_the_first_compiled_and_a_stale_artifact_is_ref
     blob = Path(first["artifact"])
     sidecar = json.loads(blob.with_suffix(".json").read_text())
     assert sidecar["sha256"] == hashlib.sha256(blob.read_bytes()).hexdigest()
-    assert sidecar["key"] == first["compiled_for"]
+    assert sidecar["compiled_for"] == first["compiled_for"]
 
     second = node(tmp_path, "2", shared, DIGEST_A)  # empty caches of its own: only the shared artifact can serve
     assert (second["source"], second["artifact"], second["saved"]) == ("loaded", str(blob), False), second
@@ -77,7 +77,7 @@ def _plant(shared: Path, data: bytes, key: dict[str, str], sha: str | None = Non
     blob = compiled.path_for(shared, key)
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(data)
-    blob.with_suffix(".json").write_text(json.dumps({"key": key, "sha256": sha or hashlib.sha256(data).hexdigest()}))
+    blob.with_suffix(".json").write_text(json.dumps({"compiled_for": key, "sha256": sha or hashlib.sha256(data).hexdigest()}))
     return blob
 
 
@@ -92,7 +92,7 @@ def test_damaged_foreign_or_open_artifacts_are_refused_unloaded(tmp_path: Path,
 
     other_gpu = {**k, "gpu": "NVIDIA H100 80GB HBM3 (sm 9.0)"}  # made on another GPU model, put under this key's name
     sha = hashlib.sha256(b"kernels").hexdigest()
-    blob.with_suffix(".json").write_text(json.dumps({"key": other_gpu, "sha256": sha}))
+    blob.with_suffix(".json").write_text(json.dumps({"compiled_for": other_gpu, "sha256": sha}))
     got = compiled.load(tmp_path, k)
     assert got.refused and "another key: gpu 'NVIDIA H100 80GB HBM3 (sm 9.0)'" in got.note
 
