@@ -18,6 +18,13 @@ def _topo(name: str) -> topology.Topology:
     return topology.parse((DATA / "topology" / name).read_text())
 
 
+def test_a_lent_h200_without_a_nic_reads_as_one_gpu_and_no_nic() -> None:
+    """nvidia-smi underlines its header with terminal escapes even into a file: read past them, a GPU alone in a
+    VM is one GPU row and no NIC column (the node test then skips on no_infiniband), not "no GPU rows"."""
+    topo = _topo("lent-h200-1gpu-no-nic.txt")
+    assert [g.index for g in topo.gpus] == [0] and topo.nics == () and topo.gpus[0].numa == 0
+
+
 def test_a_rail_optimised_h100_node_gives_every_gpu_its_own_pix_nic() -> None:
     """NVIDIA/nccl #1264: 8 H100, 10 NICs, GPU3 on NIC5 (NIC3 and NIC4 serve no GPU): each GPU its own at PIX."""
     topo = _topo("nccl-1264-h100-8gpu-10nic.txt")

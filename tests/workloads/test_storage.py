@@ -68,7 +68,7 @@ def test_output_that_is_not_fio_json_is_one_clear_error(text: str, said: str) ->
 def test_config_sizes() -> None:
     cpu = storage.Config.for_level("quick", CPU, "local", "/x")
     assert (cpu.file_bytes, cpu.jobs, cpu.random_ms) == (4 << 20, 1, 50)
-    gpu = storage.Config.for_level("quick", torch.device("cuda", 0), "shared", "/x")
+    gpu = storage.Config.for_level("standard", torch.device("cuda", 0), "shared", "/x")
     assert gpu.file_bytes * gpu.jobs == 4 << 30 and (gpu.jobs, gpu.iodepth) == (4, 16)
     with pytest.raises(ValueError, match="multiple of 1 MiB"):
         storage.Config(tier="local", directory="/x", file_bytes=4096)

@@ -28,6 +28,7 @@ DISTANCES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 ALIASES = {"SOC": "SYS"}
 """Older drivers' name of SYS (CUDA 8's nvidia-smi)."""
 _AFFINITY = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_ESCAPES = re.compile(r"\x1b\[[0-9;]*m")
 _LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 
@@ -82,7 +83,9 @@ def _numa(value: str | None) -> int | None:
 
 def parse(text: str) -> Topology:
     """The GPUs' rows, the NIC columns and the NIC Legend of ``nvidia-smi topo -m``."""
-    lines = text.splitlines()
+    # nvidia-smi underlines the header with terminal escapes even into a pipe (seen on a lent H200, driver
+    # 580.159.04): without them stripped the header's first word is "\x1b[4mGPU0" and GPU0's row is taken for it.
+    lines = _ESCAPES.sub("", text).splitlines()
     at, devices, affinity = _header(lines)
     nics = tuple(d for d in devices if not re.fullmatch(r"GPU\d+", d))
     gpus = []
