@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
-from complete_runs import attest
+from complete_runs import RAN, attest, measured
 from trust_runs import as_node, node_run, recorded  # noqa: F401  (node_run: the fixture)
 
+from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.record.verdict import of_record
 from clustergate.trust import manifest, skip_facts
 from clustergate.trust.completeness import fleet_problems, partial
@@ -183,8 +184,13 @@ def test_a_node_without_an_hca_in_a_fleet_that_has_them_is_partial(tmp_path: Pat
                                  "infiniband": [] if host == "gpu3" else [port]}]
         if host == "gpu3":
             relabel_skipped(_test(results, "test_no_clock_slowdown"), {"fact": "unsupported"})
-        else:  # ports, whose counters this crafted run did not read
+        else:  # ports, whose counters and HCA firmware this crafted run did not read; its GPUs' own NICs it judged
             _test(results, "test_infiniband_errors_during_run")["skip_fact"] = {"fact": "unsupported"}
+            _test(results, "test_hca_firmware_alike")["skip_fact"] = {"fact": "unsupported"}
+            topo = _test(results, "test_gpu_nearest_nic_is_its_own")
+            topo.update(message="", phases=RAN, skip_fact=None, **measured(
+                manifest.shipped().get("acceptance/test_topology.py::test_gpu_nearest_nic_is_its_own"), results,
+                load(shipped_thresholds()).profile(str(results["profile"]))))
         write_node(run / "nodes", host, results)
     records = {h: json.loads((run / "nodes" / h / "results.json").read_text()) for h in ("gpu1", "gpu2", "gpu3")}
     found = fleet_problems(records, manifest.shipped())

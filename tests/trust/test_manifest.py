@@ -77,6 +77,7 @@ def test_a_by_design_skip_of_the_level_is_what_the_run_skipped(node_run: Path) -
     for test in designed:
         assert by_id[test.nodeid]["outcome"] == "skipped", test.nodeid
     assert manifest.shipped().left_out_at("quick", "standard") == [
+        "acceptance/test_storage.py::test_local_scratch_fio", "acceptance/test_storage.py::test_shared_dir_fio",
         "acceptance/test_finetune.py::test_lora_finetune_learns",
         "acceptance/test_finetune.py::test_fsdp_full_finetune",
         "acceptance/test_finetune.py::test_zero3_finetune"]
