@@ -13,7 +13,7 @@ records the suite's digest, and a merge excludes a node of another version: that
 Each merge's peak resident memory is the child's ``ru_maxrss`` (what ``/usr/bin/time -v`` calls its maximum
 resident set size).
 
-Figures (issue 55.3; 2 cores shared with 7 other engineers' tests, load ~14: CPU seconds are the comparable figure,
+Figures (issue 55.3; 2 cores shared with other test runs, load ~14: CPU seconds are the comparable figure,
 wall seconds are inflated several times; one merge each, /usr/bin/time -v):
 
     nodes    before: CPU s, peak RSS, results.json     after: CPU s, peak RSS, results.json, report.html
