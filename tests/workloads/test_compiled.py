@@ -77,7 +77,8 @@ def _plant(shared: Path, data: bytes, key: dict[str, str], sha: str | None = Non
     blob = compiled.path_for(shared, key)
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(data)
-    blob.with_suffix(".json").write_text(json.dumps({"compiled_for": key, "sha256": sha or hashlib.sha256(data).hexdigest()}))
+    sidecar = {"compiled_for": key, "sha256": sha or hashlib.sha256(data).hexdigest()}
+    blob.with_suffix(".json").write_text(json.dumps(sidecar))
     return blob
 
 
