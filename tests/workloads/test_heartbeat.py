@@ -78,7 +78,10 @@ def test_cadence_in_real_time(lines: list[tuple[float, str]]) -> None:
     times = [beat.t0] + [t for t, _ in lines]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert 2 <= len(lines) <= 5, lines  # 5 when every beat came on time; fewer only on a stalled machine
-    assert all(g >= interval for g in gaps), gaps  # never more often than the interval
+    # Never more often than the interval. A line's time is read when the sink gets it, after the beat read its own
+    # clock: a line that reached the sink late shortens the next gap by that delay (CI saw 0.19999 s), so a
+    # millisecond of slack; a beat twice an interval would still show a gap of about half of it.
+    assert all(g >= interval - 0.001 for g in gaps), gaps
 
 
 def test_sustained_matmul_beats_while_it_holds(lines: list[tuple[float, str]]) -> None:
