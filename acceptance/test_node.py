@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from acceptance.shared_dir import one_shared_dir
 from clustergate.run.recorder import Recorder
 from clustergate.trust.identity import environment
 from workloads.node import checks as node_checks
@@ -176,16 +177,7 @@ def test_infiniband_ports_active(cg: Recorder) -> None:
 @pytest.mark.metrics("shared_fs_write_gbps", "shared_fs_read_gbps")
 def test_shared_directory_is_shared(cg: Recorder, shared_dir: str | None) -> None:
     """A token rank 0 writes is read back on every rank of every node; write and read GB/s per node."""
-    everyone = cg.all_ranks(shared_dir)
-    if all(d is None for d in everyone):
-        cg.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
-                "launch/ set it to the report directory) or settings.shared_dir in the profile", fact="no_shared_dir")
-    differing = sorted({(d, _node_label(cg.identities[r])) for r, d in enumerate(everyone) if d != everyone[0]})
-    if differing:
-        pytest.fail(f"ranks name different shared directories (rank 0: {everyone[0]!r}): "
-                    + "; ".join(f"{who}: {d!r}" for d, who in differing) + "; name the same directory everywhere",
-                    pytrace=False)
-    cg.record_result(shared_fs.run(shared_fs.Config.for_level(cg.level, cg.device, everyone[0])))
+    cg.record_result(shared_fs.run(shared_fs.Config.for_level(cg.level, cg.device, one_shared_dir(cg, shared_dir))))
 
 
 def test_hosts_resolve_and_rendezvous_store_reachable(cg: Recorder) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from acceptance.shared_dir import one_shared_dir
 from clustergate.run.recorder import Recorder
 from workloads.node import storage
 from workloads.result import Metric, Result
@@ -41,15 +42,9 @@ def test_local_scratch_fio(cg: Recorder) -> None:
 def test_shared_dir_fio(cg: Recorder, shared_dir: str | None) -> None:
     """fio on the shared directory (the report path the launchers name), every node at once."""
     _not_at_quick(cg)
-    everyone = cg.all_ranks(shared_dir)
-    if all(d is None for d in everyone):
-        cg.skip("no shared directory named: pass --shared-dir, set CLUSTERGATE_SHARED_DIR (the launchers in "
-                "launch/ set it to the report directory) or settings.shared_dir in the profile", fact="no_shared_dir")
-    if len(set(everyone)) > 1:
-        pytest.fail(f"ranks name different shared directories: {sorted(set(map(str, everyone)))}; name the same "
-                    "directory everywhere", pytrace=False)
+    directory = one_shared_dir(cg, shared_dir)
     _fio_or_skip(cg)
-    cg.record_result(storage.run(storage.Config.for_level(cg.level, cg.device, "shared", everyone[0])))
+    cg.record_result(storage.run(storage.Config.for_level(cg.level, cg.device, "shared", directory)))
 
 
 @pytest.mark.metrics("nvme_device_count")
