@@ -25,7 +25,8 @@ def _not_at_quick(cg: Recorder) -> None:
 
 
 def _fio_or_skip(cg: Recorder) -> None:
-    cg.skip_unless_everywhere(storage.fio_program() is not None, storage.MISSING, fact="tool_missing", tool="fio")
+    cg.skip_unless_everywhere(storage.fio_program() is not None, storage.MISSING, fact="package_missing",
+                              package="fio")
 
 
 @pytest.mark.metrics("storage_local_write_gibps", "storage_local_read_gibps", "storage_local_randread_iops")

@@ -32,13 +32,12 @@ FACTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "below_level": ("the run's level leaves the test out", ("level",)),
     "not_required": ("the profile does not ask for it (an expect: key or a setting it leaves out)", ("setting",)),
     "no_shared_dir": ("no shared directory is named (--shared-dir, CLUSTERGATE_SHARED_DIR or the profile's)", ()),
-    "package_missing": ("an optional package the test needs is not installed", ("package",)),
+    "package_missing": ("an optional package or program the test needs is not installed (deepspeed, perftest, fio)", ("package",)),
     "dcgm_not_requested": ("DCGM's diagnostics were not asked for at a level that includes the test",
                            ("requested", "needs")),
     "unsupported": ("the node does not offer it (NVML says not supported, a counter the kernel does not expose, "
                     "DCGM absent or silent, no GPU NUMA locality, no fp8 units)", ()),
     "no_infiniband": ("the node has no InfiniBand or RoCE port", ()),
-    "tool_missing": ("a program the test runs is not installed on the node (fio)", ("tool",)),
     "no_roce": ("the node has no ACTIVE RoCE port (link layer Ethernet): no RoCE GID to check", ()),
 }
 """Every fact a skip may rest on: what it says, and the parameters it records."""
@@ -181,7 +180,7 @@ CHECKS = {"no_gpu": _no_gpu, "one_node": _one_node, "one_rank": _one_rank, "one_
           "one_gpu_per_node": _one_gpu_per_node, "below_level": _below_level, "not_required": _not_required,
           "no_shared_dir": _no_shared_dir, "package_missing": _package_missing, "dcgm_not_requested": _dcgm,
           "unsupported": _none, "no_infiniband": _no_infiniband,
-          "tool_missing": _none, "no_roce": _no_roce}
+          "no_roce": _no_roce}
 
 
 def problem(f: Any, results: Mapping[str, Any], profile: Profile | None = None) -> str | None:

@@ -22,8 +22,7 @@ RAN = ["setup", "call", "teardown"]
 SKIPPED = ["setup", "teardown"]
 PARAMS = {"below_level": lambda results: {"level": results.get("level")},
           "package_missing": lambda results: {"package": "deepspeed"},
-          "dcgm_not_requested": lambda results: {"requested": None, "needs": 1},
-          "tool_missing": lambda results: {"tool": "fio"}}
+          "dcgm_not_requested": lambda results: {"requested": None, "needs": 1}}
 
 
 def earned_fact(test: SuiteTest, results: dict[str, Any]) -> dict[str, Any] | None:

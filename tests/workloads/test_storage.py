@@ -115,9 +115,9 @@ def test_fio_missing_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(WorkloadError, match=r"^fio is not installed \(Debian and Ubuntu: apt-get install fio"):
         storage.measure(quick(tmp_path), "node-a")
     assert list(tmp_path.iterdir()) == []
-    assert skip_facts.fact("tool_missing", tool="fio") == {"fact": "tool_missing", "tool": "fio"}
+    assert skip_facts.fact("package_missing", package="fio") == {"fact": "package_missing", "package": "fio"}
     test = manifest.shipped().get("acceptance/test_storage.py::test_local_scratch_fio")
-    assert test is not None and test.earns("tool_missing", "gpu", "quick")
+    assert test is not None and test.earns("package_missing", "gpu", "quick")
 
 
 @needs_fio
@@ -181,7 +181,7 @@ def test_the_node_run_records_the_storage_figures(node_run: Path) -> None:  # no
     results = json.loads((node_run / "results.json").read_text())
     local = _test(results, "test_local_scratch_fio")
     if shutil.which("fio") is None:
-        assert local["skip_fact"] == {"fact": "tool_missing", "tool": "fio"}
+        assert local["skip_fact"] == {"fact": "package_missing", "package": "fio"}
         return
     assert local["outcome"] == "passed"
     figures = {m["name"]: m for m in local["metrics"]}
