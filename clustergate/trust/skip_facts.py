@@ -32,7 +32,8 @@ FACTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "below_level": ("the run's level leaves the test out", ("level",)),
     "not_required": ("the profile does not ask for it (an expect: key or a setting it leaves out)", ("setting",)),
     "no_shared_dir": ("no shared directory is named (--shared-dir, CLUSTERGATE_SHARED_DIR or the profile's)", ()),
-    "package_missing": ("an optional package or program the test needs is not installed (deepspeed, perftest, fio)", ("package",)),
+    "package_missing": ("an optional package or program the test needs is not installed (deepspeed, perftest, "
+                        "fio)", ("package",)),
     "dcgm_not_requested": ("DCGM's diagnostics were not asked for at a level that includes the test",
                            ("requested", "needs")),
     "unsupported": ("the node does not offer it (NVML says not supported, a counter the kernel does not expose, "
