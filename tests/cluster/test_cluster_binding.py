@@ -98,7 +98,8 @@ def test_a_node_run_below_the_level_the_site_requires_ran_less(tmp_path: Path) -
     proc, cluster = merge(run)
     assert proc.returncode == 1 and "gpu2" not in cluster["accepted"], proc.stdout
     assert ("it ran at level quick, the site requires standard or more (level quick leaves out "
-            "test_lora_finetune_learns, test_fsdp_full_finetune, test_zero3_finetune)") in excluded(cluster)["gpu2"]
+            "test_local_scratch_fio, test_shared_dir_fio, test_lora_finetune_learns, test_fsdp_full_finetune, "
+            "test_zero3_finetune)") in excluded(cluster)["gpu2"]
     assert {n["host"]: n["verdict"] for n in cluster["nodes"]}["gpu2"] == "partial"
     proc, cluster = merge(run, "--level", "quick")
     assert proc.returncode == 0 and cluster["level"] == "quick", proc.stdout

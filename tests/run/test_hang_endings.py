@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -226,10 +227,11 @@ def test_every_rank_stuck_alike_is_named(waited_out: dict[str, Any],  # noqa: F8
     """Both ranks block alike in the same test (3 s when healthy), no rank waiting in a collective for another: the
     lowest, rank 0, names both once neither has moved for STILL_S."""
     r, res = ended_within_a_minute(request, waited_out, "every rank stuck alike")
-    said = (f"every rank is stuck alike in its own code during test_fault.py::test_stuck [call]: none has made "
-            f"progress for {STILL_S:.0f} s (rank 0 ({HOST}) at test_fault.py:19 in test_stuck (it waits in a call that "
-            "does not return); rank 1")
-    assert res["error"].startswith(said), res["error"]
+    # The seconds are those the lowest rank saw when it judged: STILL_S or, on a loaded machine, a beat or two more.
+    said = re.match(r"every rank is stuck alike in its own code during test_fault\.py::test_stuck \[call\]: none has "
+                    r"made progress for (\d+) s \(rank 0 \(" + re.escape(HOST) + r"\) at test_fault\.py:19 "
+                    r"in test_stuck \(it waits in a call that does not return\); rank 1", res["error"])
+    assert said and STILL_S <= int(said.group(1)) <= STILL_S + 10, res["error"]
     assert res["error_ranks"] == [0, 1] and res["tests"][1]["failed_ranks"] == [0, 1], res["tests"]
     assert (res["hang"]["kind"], res["hang"]["culprits"]) == ("stuck", [0, 1])
     # torchrun's own summary names it too (its Root Cause: the rank's error file), not "<N/A>"
