@@ -43,9 +43,16 @@ fi
 TORCH_DIR=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")
 STDLIB=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 PURE=$(dirname "$TORCH_DIR")
-say "compileall into $PYTHONPYCACHEPREFIX: the standard library, torch, numpy, pytest, yaml, the wheels"
-python3 -m compileall -q -j 0 "$STDLIB" "$TORCH_DIR" "$PURE/numpy" "$PURE/_pytest" "$PURE/pytest" "$PURE/pluggy" \
-  "$PURE/yaml" "$SITE" >/dev/null 2>&1
+# Every package a run imports (python -X importtime of quick, and of torch.compile's imports: torch._dynamo and
+# torch._inductor bring sympy, triton, networkx, jinja2...), as an image has them compiled; a package left out
+# would be compiled by the first run alone and make its figure a first run of Python's, not the node's.
+IMPORTED="numpy _pytest pytest pluggy iniconfig packaging yaml sympy mpmath triton networkx jinja2 markupsafe filelock
+  fsspec requests urllib3 charset_normalizer idna certifi pygments tabulate tqdm opt_einsum functorch torchgen
+  typing_extensions.py pynvml.py"
+DIRS=()
+for name in $IMPORTED; do [ -e "$PURE/$name" ] && DIRS+=("$PURE/$name"); done
+say "compileall into $PYTHONPYCACHEPREFIX: the standard library, torch, the wheels and ${#DIRS[@]} packages the run imports"
+python3 -m compileall -q -j 0 "$STDLIB" "$TORCH_DIR" "${DIRS[@]}" "$SITE" >/dev/null 2>&1
 say "compileall done"
 { nvidia-smi --query-gpu=name,serial,uuid,driver_version,power.limit,clocks.max.sm --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
@@ -70,8 +77,8 @@ for part in $PARTS; do
       timeout 50 $QT --cold 1 --warm 0 --out "$S/standard-gpt-node2" -- python3 -m clustergate run --level standard \
         -k test_gpt_throughput --shared-dir "$S/shared-standard" >"$S/standard-gpt-node2.txt" 2>&1
       say "standard gpt node 2: exit $?"; pack ;;
-    gpt-standard)  # the GPT test alone at standard: node 1 compiles, node 2 (empty caches) loads
-      timeout 150 $QT --cold 2 --warm 0 --out "$S/gpt-standard" -- python3 -m clustergate run --level standard \
+    gpt-standard)  # the GPT test alone at standard: node 1 compiles, node 2 (empty caches) loads, then warm
+      timeout 150 $QT --cold 2 --warm 1 --out "$S/gpt-standard" -- python3 -m clustergate run --level standard \
         -k test_gpt_throughput --shared-dir "$S/shared-standard" >"$S/gpt-standard.txt" 2>&1
       say "gpt-standard: exit $?"; pack ;;
   esac

@@ -23,10 +23,11 @@ from torchrun_job import ROOT, run_job
 GPU, CPU = torch.device("cuda", 0), torch.device("cpu")
 
 
-def test_gpt_compiles_one_block_at_quick_and_the_whole_model_otherwise() -> None:
+def test_gpt_compiles_one_block_below_extended_and_the_whole_model_there() -> None:
     quick, standard = gpt.Config.for_level("quick", GPU), gpt.Config.for_level("standard", GPU)
     assert (quick.preset, quick.compile, quick.bf16) == ("gpt2-124m", "regional", True)
-    assert standard.compile == "model" and quick.steps < standard.steps
+    assert standard.compile == "regional" and quick.steps < standard.steps
+    assert gpt.Config.for_level("extended", GPU).compile == "model"
     assert gpt.Config.for_level("quick", CPU).compile == "off"
     assert gpt.Config.for_level("quick", GPU, "original").compile == "off"  # the original benchmark stays eager
 

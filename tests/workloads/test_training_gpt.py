@@ -59,7 +59,7 @@ def test_presets_and_levels() -> None:
     cpu = gpt.Config.for_level("standard", torch.device("cpu"))
     assert (cpu.preset, cpu.compile, cpu.bf16, cpu.device) == ("tiny", "off", False, "cpu")
     cuda = gpt.Config.for_level("standard", torch.device("cuda", 3), peak_tflops=989)
-    assert (cuda.preset, cuda.seq_len, cuda.compile, cuda.bf16, cuda.device) == ("gpt2-124m", 1024, "model",
+    assert (cuda.preset, cuda.seq_len, cuda.compile, cuda.bf16, cuda.device) == ("gpt2-124m", 1024, "regional",
                                                                                  True, "cuda:3")
     assert cuda.batch_size == 64  # where a minimal model was reported at MFU 0.46 on one H100
     orig = gpt.Config.for_level("extended", torch.device("cuda"), "original")
