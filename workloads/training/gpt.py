@@ -130,10 +130,13 @@ class Config:
             # blocks are alike, so regional compilation compiles one block and reuses it (41% less compile
             # time on CPU's inductor, measured; more on GPUs), at a small cost in speed. Eager would miss the
             # MFU criterion on a healthy node (eager: about 266k tokens/s, MFU 0.23, on H200). Standard too
-            # (issue 55: 120 s on a node's first run): on one H200 (2026-12-02, benchmarks/fleet_time.sh) the
-            # regional step trained 555-562k tokens/s in 5 runs against the whole model's 556-558k in 2, the
-            # same within 1% (the criterion's margin is 18%), and its first step took 11.4 s from empty caches
-            # against 18.9 s. Extended keeps the whole model: the figure docs/reference-figures.md compares.
+            # (issue 55: 120 s on a node's first run): on two H200s (2026-12-02, benchmarks/fleet_time.sh) the
+            # regional step trained 555-562k and 549-556k tokens/s in 5 runs each against the whole model's
+            # 556-558k and 555-556k in 2, the same within 1.5% (the criterion's margin is 18%), and its first
+            # step took 11.4 and 13.5 s from empty caches against 18.9 and 29.4 s. The step without the
+            # all-reduce is 7-10% slower regional (505-525k against 554-565k), a figure judged against the
+            # node's peers only, all compiled alike. Extended keeps the whole model: the figure that
+            # docs/reference-figures.md compares.
             shape["compile"] = "regional"
         warmup, steps, local = STEPS["cuda" if gpu else "cpu"][level]
         return cls(**{**shape, "preset": preset, "bf16": gpu, "warmup": warmup, "steps": steps,
