@@ -59,6 +59,9 @@ from clustergate.record.results import short_test_name
 from clustergate.report import BYTE_FIELDS, COUNT_FIELDS, TIME_FIELDS, UNIT_TOKENS, X_FIELDS, Y_PREFERRED
 from clustergate.report.tables import cell_state
 
+STATE_COLOURS = {"ok": "#4c72b0", "outlier": "#e69f00", "warn": "#ff8c00", "fail": "#d62728"}
+"""A part's colour by its state, in every figure of the node page and the merge page."""
+
 MAX_SERIES = 12
 """Series drawn in one curve figure; more would be unreadable (the JSON still has them all)."""
 

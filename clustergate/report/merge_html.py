@@ -8,6 +8,7 @@ link relative or to a file, secrets of this environment scrubbed: it opens offli
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Callable
 from html import escape
@@ -18,6 +19,7 @@ from clustergate.common.numbers import number, percent
 from clustergate.record.reportdir import node_directory
 from clustergate.record.results import short_test_name
 from clustergate.report import html
+from clustergate.report.fleet_plots import histogram_svg
 from clustergate.report.signoff_words import DRY_RUN
 from clustergate.report.tables import Cell, Table
 from clustergate.secrets.redact import Scrubber, scrub_strings
@@ -157,8 +159,9 @@ def nodes_left_out(cluster: dict[str, Any]) -> str:
             "accepted-hosts.txt or excluded-hosts.txt, and its figures in its own report.</p>")
 
 
-def _figure(png: str, caption: str) -> str:
-    return (f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,{png}"/>'
+def _figure(svg: str, caption: str) -> str:
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return (f'<figure><img alt="{escape(caption)}" src="data:image/svg+xml;base64,{data}"/>'
             f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
@@ -177,12 +180,10 @@ def fleet_section(fleet: list[dict[str, Any]]) -> str:
     """The cluster results' ``fleet`` section: a table of each metric's distribution, and its histogram."""
     if not fleet:
         return '<p class="cg-muted">No node recorded a per-GPU or per-node figure.</p>'
-    from clustergate.report.fleet_plots import histogram_png
-
     figs, rows = [], []
     for fm in fleet:
         unit = fm["unit"]
-        figs.append(_figure(histogram_png(fm), f"{fleet_title(fm)} [{fm['profile']}], {fm['scope']} scope"))
+        figs.append(_figure(histogram_svg(fm), f"{fleet_title(fm)} [{fm['profile']}], {fm['scope']} scope"))
         rows.append([Cell(fm["metric"]), Cell(short_test_name(fm["test"])), Cell(fm["profile"]), Cell(fm["scope"]),
                      Cell(str(fm["count"])),
                      *(Cell(number(fm[key], unit)) for key in ("min", "p05", "median", "p95", "max")),

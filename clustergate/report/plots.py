@@ -16,10 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from clustergate.common.numbers import number
-from clustergate.report.figures import BarFigure, CurveFigure, MatrixFigure
+from clustergate.report.figures import STATE_COLOURS, BarFigure, CurveFigure, MatrixFigure
 from clustergate.report.figures import Figure as Spec
 
-STATE_COLOURS = {"ok": "#4c72b0", "outlier": "#e69f00", "warn": "#ff8c00", "fail": "#d62728"}
 DPI = 100
 
 

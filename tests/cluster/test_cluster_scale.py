@@ -75,7 +75,7 @@ def test_1000_node_report_opens_offline_in_a_browser(thousand: Path, tmp_path: P
     assert verdict is not None and verdict.group(1) == "REJECT"
     nodes = dom[dom.index("<h3>Nodes</h3>"):dom.index("<h3>Fleet distributions</h3>")]
     assert nodes.count("<tr") == 1 + NODES
-    assert dom.count('src="data:image/png;base64,') >= 20
+    assert dom.count('src="data:image/svg+xml;base64,') >= 20
 
 
 def test_the_merged_record_references_each_node_file_and_stays_small_per_node(thousand: Path) -> None:
