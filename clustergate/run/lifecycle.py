@@ -44,7 +44,7 @@ from clustergate.run import control, detectors, errorfile, startclock
 from clustergate.run.control import Step
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
-from clustergate.run.hang_judge import Finding, FindingKind, Position
+from clustergate.run.hang.hang_judge import Finding, FindingKind, Position
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
@@ -169,7 +169,7 @@ class Run:
         self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
         self.signals: Any = None
         self.liveness: Any = None
-        """This rank's beat and the judge of its peers' (``clustergate.run.liveness``), from ``meet`` on."""
+        """This rank's beat and the judge of its peers' (``clustergate.run.hang.liveness``), from ``meet`` on."""
         self.memory = Memory.of(options.store, profile) if self.writes else None
         """Rank 0's use of the results store (--store); None without one."""
         self._unwritten_metrics = False

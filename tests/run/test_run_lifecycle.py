@@ -28,7 +28,7 @@ from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 from clustergate.common.exit_codes import Exit
 from clustergate.run import detectors
 from clustergate.run.control import ControlLost, ControlMismatch, Step
-from clustergate.run.hang_judge import Finding
+from clustergate.run.hang.hang_judge import Finding
 from clustergate.run.lifecycle import Stage
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
