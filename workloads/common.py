@@ -287,7 +287,7 @@ def alone_now() -> tuple[str, float] | None:
 def wait_for_collectives(wait: Callable[[], object]) -> None:
     """The host waits (``wait``) for collectives the GPU already runs, e.g. replayed from a CUDA graph, where no
     torch.distributed call is on the stack: the plugin counts a rank waiting here as blocked in a collective
-    (clustergate.run.peers.main_thread_collective), so a peer gone ends the run instead of the test's limit."""
+    (clustergate.run.ranks.peers.main_thread_collective), so a peer gone ends the run instead of the test's limit."""
     wait()
 
 

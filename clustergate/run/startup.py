@@ -26,13 +26,14 @@ from clustergate.criteria.profile_choice import choose_profile
 from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load
 from clustergate.record import reportdir
 from clustergate.record.results import RunRecord, write_json
-from clustergate.run import command_note, control, plugins, startclock
-from clustergate.run.control import Step, within
+from clustergate.run import command_note, plugins, startclock
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
 from clustergate.run.options import Options
-from clustergate.run.peers import Peers
-from clustergate.run.world import (
+from clustergate.run.ranks import control
+from clustergate.run.ranks.control import Step, within
+from clustergate.run.ranks.peers import Peers
+from clustergate.run.ranks.world import (
     StartupLost,
     StartupRefused,
     World,

@@ -45,7 +45,7 @@ from clustergate.run.limits import (
     slowest_bandwidth_gbps,
     waiting_bound_s,
 )
-from clustergate.run.peers import RendezvousStore, StoreLost
+from clustergate.run.ranks.peers import RendezvousStore, StoreLost
 from clustergate.trust import manifest
 from workloads import common
 

@@ -38,7 +38,7 @@ collective's size at the profile's bandwidth), the lowest of them names them:
 
 The agent is watched too: a rank whose launcher (torchrun's agent) has been stopped for ``AGENT_STOPPED_S`` says so
 (``launcher stopped``); a store call unanswered for ``STORE_CALL_S`` loses the store for the run
-(``clustergate.run.peers.RendezvousStore``), and the run names the node whose agent serves it
+(``clustergate.run.ranks.peers.RendezvousStore``), and the run names the node whose agent serves it
 (``Peers.store_host``).
 
 The rank that finds a hang asks every rank for its stack (``.../hang``), gathers the evidence (``evidence``: the
