@@ -40,11 +40,12 @@ from clustergate.record.reportdir import scrub_file
 from clustergate.record.results import RunRecord, nodes_from_identities, signed
 from clustergate.record.verdict import missing_tests
 from clustergate.report import junit, openmetrics
-from clustergate.run import detectors, errorfile, startclock
+from clustergate.run import detectors, startclock
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
 from clustergate.run.hang.hang_judge import Finding, FindingKind, Position
 from clustergate.run.keeper import state as process_state
+from clustergate.run.launch import errorfile
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
     EXIT_EARLY,
