@@ -96,8 +96,8 @@ def torch_problem() -> str | None:
 
 
 def _run(argv: list[str]) -> int:
-    from clustergate.run.command import main as run_main
-    from clustergate.run.command import split_args
+    from clustergate.run.launch.command import main as run_main
+    from clustergate.run.launch.command import split_args
 
     own, _ = split_args(argv)
     if not {"-h", "--help", "--print-command"} & set(own) and (problem := torch_problem()):

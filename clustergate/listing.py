@@ -43,7 +43,7 @@ PROG = "clustergate list"
 DEFAULT_LEVEL = "standard"
 RUN_WORDS = {"node": "every node alone", "fabric": "two or more nodes together (-m multinode)"}
 CPU_RANKS = 2
-"""The ranks clustergate run starts on a node without GPUs (clustergate.run.command)."""
+"""The ranks clustergate run starts on a node without GPUs (clustergate.run.launch.command)."""
 NOT_IN_PROFILE = "the profile has no criterion for this metric: the test errors until one is added"
 
 

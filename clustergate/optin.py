@@ -49,7 +49,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     # pytest is left to read its own command line.
     if os.environ.get("TORCHELASTIC_RUN_ID") or manager.get_plugin(NAME) is not None:
         from clustergate.common.exit_codes import Exit
-        from clustergate.run import command_line, refusal
+        from clustergate.run.launch import command_line, refusal
 
         problem = command_line.missing_suite(early_config)
         if problem is None and manager.get_plugin(NAME) is not None:

@@ -141,10 +141,10 @@ if (($# == 0)); then
 fi
 suite=()
 if [[ ! -d acceptance || ! -f conftest.py ]]; then
-    # The installed suite with clustergate run's pytest settings, plugins and environment (clustergate.run.command);
+    # The installed suite with clustergate run's pytest settings, plugins and environment (clustergate.run.launch.command);
     # --pyargs: "acceptance" among the arguments names the installed package.
     # shellcheck disable=SC2016  # Python, not shell
-    installed='from clustergate.run.command import RUN_ENV, RUN_INI, RUN_PLUGINS, acceptance_dir
+    installed='from clustergate.run.launch.command import RUN_ENV, RUN_INI, RUN_PLUGINS, acceptance_dir
 print(*[f"{k}={v}" for k, v in RUN_ENV.items()], "--", "-c", RUN_INI, "--rootdir", acceptance_dir().parent,
       *[a for p in RUN_PLUGINS for a in ("-p", p)], "--pyargs", sep="\n")'
     said=$("$py" -c "$installed" 2>&1) \

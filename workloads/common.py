@@ -86,7 +86,7 @@ FLIGHT_RECORDER = {
     "TORCH_NCCL_ENABLE_TIMING": "1",
 }
 """torch's records of every collective, read back by the plugin to see which collective each rank waits in and which
-rank never entered or started it (clustergate.run.flight): NCCL's and gloo's flight recorders (their last 2000
+rank never entered or started it (clustergate.run.hang.flight): NCCL's and gloo's flight recorders (their last 2000
 collectives; each keeps, per process group, the last collective enqueued and completed; TORCH_FR_BUFFER_SIZE is
 both backends' since torch replaced TORCH_NCCL_TRACE_BUFFER_SIZE, which it now warns about), and NCCL's start events,
 which tell a collective the device started (peers wait in it) from one queued behind other work (a kernel that
@@ -265,7 +265,7 @@ _ALONE: list[tuple[str, float]] = []
 def working_alone(what: str, most_s: float) -> Iterator[None]:
     """This rank works alone for up to ``most_s`` while its peers may wait for it in a collective (one rank per node
     writing the shared directory, a rank compiling what another found cached). The plugin's liveness names a live
-    rank its peers have waited for as stuck after NO_PROGRESS_S (clustergate.run.liveness); a rank inside this
+    rank its peers have waited for as stuck after NO_PROGRESS_S (clustergate.run.hang.liveness); a rank inside this
     block is named only once ``most_s`` has passed. ``what`` says what it does, for the message that names it."""
     _ALONE.append((what, time.monotonic() + most_s))
     try:
@@ -287,7 +287,7 @@ def alone_now() -> tuple[str, float] | None:
 def wait_for_collectives(wait: Callable[[], object]) -> None:
     """The host waits (``wait``) for collectives the GPU already runs, e.g. replayed from a CUDA graph, where no
     torch.distributed call is on the stack: the plugin counts a rank waiting here as blocked in a collective
-    (clustergate.run.peers.main_thread_collective), so a peer gone ends the run instead of the test's limit."""
+    (clustergate.run.ranks.peers.main_thread_collective), so a peer gone ends the run instead of the test's limit."""
     wait()
 
 

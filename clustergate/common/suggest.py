@@ -1,6 +1,6 @@
 """The nearest known word to a mistyped one: every command's "did you mean" (an option, a command, a choice).
 
-One rule for the run's own options (``clustergate.run.command_line``, read through pytest) and every cluster
+One rule for the run's own options (``clustergate.run.launch.command_line``, read through pytest) and every cluster
 command's argparse (``clustergate.record.outputs.Parser``): a word that is close to exactly one known word is
 named with it; one close to none gets no guess. Standard library only.
 """

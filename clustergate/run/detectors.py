@@ -10,7 +10,7 @@
 - a rank that stopped making progress while its peers wait for it, or this rank frozen itself; every rank making
   no progress alike (stuck in its own code, a lone rank's included; one collective none completes; a deadlock);
   this rank's launcher stopped, or the rendezvous store its agent serves unanswered (the liveness thread,
-  ``clustergate.run.liveness``, and the store's client, ``clustergate.run.peers.RendezvousStore``);
+  ``clustergate.run.hang.liveness``, and the store's client, ``clustergate.run.ranks.peers.RendezvousStore``);
 - a freeze of this rank that a test phase spans: the phase fails (``frozen_measurement``).
 
 Each function reads the run's state (``RunView``: what a detector may see of ``clustergate.run.lifecycle.Run``)
@@ -26,13 +26,13 @@ from typing import Any, Protocol
 
 import pytest
 
-from clustergate.run.control import ControlLost, ControlMalformed, ControlMismatch, Step
 from clustergate.run.ending import Ending, Kind
-from clustergate.run.hang_judge import Finding, FindingKind, Still
+from clustergate.run.hang.hang_judge import Finding, FindingKind, Still
 from clustergate.run.limits import BLOCKED_S, SIGINT_GRACE_S
 from clustergate.run.outside import Outside
-from clustergate.run.peers import Peers
-from clustergate.run.world import World
+from clustergate.run.ranks.control import ControlLost, ControlMalformed, ControlMismatch, Step
+from clustergate.run.ranks.peers import Peers
+from clustergate.run.ranks.world import World
 
 
 class RunView(Protocol):

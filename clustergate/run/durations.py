@@ -101,7 +101,7 @@ class Healthy:
 
     @classmethod
     def from_message(cls, message: Any) -> Healthy:
-        """A reading as rank 0 shares it; ValueError for any other shape (clustergate.run.control checks it)."""
+        """A reading as rank 0 shares it; ValueError for any other shape (clustergate.run.ranks.control checks it)."""
         if not (isinstance(message, list) and len(message) == 3 and isinstance(message[0], (int, float))
                 and not isinstance(message[0], bool) and message[0] >= 0 and isinstance(message[1], int)
                 and message[1] >= 1 and isinstance(message[2], str)):

@@ -56,7 +56,7 @@ class Ending:
     verdict: str | None = None
     """What results.json says once it is recorded ("reject"; "running" on a rank that could not write it)."""
     evidence: dict[str, Any] | None = None
-    """The evidence of a hang (clustergate.run.liveness): results.json's ``hang``."""
+    """The evidence of a hang (clustergate.run.hang.liveness): results.json's ``hang``."""
 
 
 def first_cause(observed: Ending, *, said: dict[int, dict[str, Any]], silent: list[int],

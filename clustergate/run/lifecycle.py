@@ -40,12 +40,12 @@ from clustergate.record.reportdir import scrub_file
 from clustergate.record.results import RunRecord, nodes_from_identities, signed
 from clustergate.record.verdict import missing_tests
 from clustergate.report import junit, openmetrics
-from clustergate.run import control, detectors, errorfile, startclock
-from clustergate.run.control import Step
+from clustergate.run import detectors, startclock
 from clustergate.run.durations import DurationsError, Healthy, Key, Shape, reference
 from clustergate.run.ending import Ending, Kind, first_cause
-from clustergate.run.hang_judge import Finding, FindingKind, Position
+from clustergate.run.hang.hang_judge import Finding, FindingKind, Position
 from clustergate.run.keeper import state as process_state
+from clustergate.run.launch import errorfile
 from clustergate.run.limits import (
     EXCHANGE_GRACE_S,
     EXIT_EARLY,
@@ -65,9 +65,11 @@ from clustergate.run.options import Options
 from clustergate.run.outside import Outside
 from clustergate.run.plugins import foreign
 from clustergate.run.progress import Progress
+from clustergate.run.ranks import control
+from clustergate.run.ranks.control import Step
+from clustergate.run.ranks.world import World
 from clustergate.run.store_session import Memory
 from clustergate.run.testlimit import TimeLimit, choose
-from clustergate.run.world import World
 from clustergate.secrets.redact import Scrubber
 from clustergate.store.db import TIMEOUT_S as STORE_TIMEOUT_S
 from clustergate.trust import attestation
@@ -169,7 +171,7 @@ class Run:
         self.watchdog = outside.watchdog(self.on_time_limit, self.on_poll)
         self.signals: Any = None
         self.liveness: Any = None
-        """This rank's beat and the judge of its peers' (``clustergate.run.liveness``), from ``meet`` on."""
+        """This rank's beat and the judge of its peers' (``clustergate.run.hang.liveness``), from ``meet`` on."""
         self.memory = Memory.of(options.store, profile) if self.writes else None
         """Rank 0's use of the results store (--store); None without one."""
         self._unwritten_metrics = False
@@ -875,7 +877,7 @@ def gpu_label(gpu: dict[str, Any] | None) -> str | None:
     return gpu_part(gpu["index"], gpu.get("serial"))
 
 
-# ---- the shapes of the control messages (clustergate.run.control checks every one it receives) ------------
+# ---- the shapes of the control messages (clustergate.run.ranks.control checks every one it receives) ------------
 def _identity(message: Any) -> dict[str, Any]:
     expect(message, dict, "an identity")
     for key, kind in (("rank", int), ("local_rank", int), ("node_rank", int), ("host", str)):

@@ -74,11 +74,12 @@ process ends after this (torchrun's SIGKILL follows its SIGINT after 30 s)."""
 POLL_S = 5.0
 """The watchdog looks this often, while a test runs, for a collective that can never complete."""
 AGENT_STOP_S = 30.0
-"""A run that ends not accepted or refused is told to torchrun by its node's first rank (clustergate.run.errorfile);
-each other rank of the node waits this long for torchrun's SIGTERM, which comes within a second of that rank's exit
-(torchrun polls its ranks every 0.1 s). One still here after this found that rank stuck, and leaves on its own."""
+"""A run that ends not accepted or refused is told to torchrun by its node's first rank
+(clustergate.run.launch.errorfile); each other rank of the node waits this long for torchrun's SIGTERM, which comes
+within a second of that rank's exit (torchrun polls its ranks every 0.1 s). One still here after this found that
+rank stuck, and leaves on its own."""
 
-# ---- progress: a rank that stops making progress (clustergate.run.liveness) ------------------------------------
+# ---- progress: a rank that stops making progress (clustergate.run.hang.liveness) ------------------------------------
 # Every bound below is independent of the test's limit and the collectives' timeout (300 s and minutes under the
 # GPU profiles): a stuck rank ends the run within 60 s of the fault. From the fault: the judge first looks after
 # BEAT_S of waiting, sees it after its bound (+ up to BEAT_S, the beat it reads is that old), gathers the evidence

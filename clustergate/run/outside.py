@@ -20,12 +20,13 @@ from typing import Any, NoReturn
 
 from clustergate.common.terminal import printable_lines
 from clustergate.record.results import write_json
-from clustergate.run import children, control
+from clustergate.run import children
+from clustergate.run.hang.liveness import Liveness
+from clustergate.run.hang.watchdog import Watchdog
 from clustergate.run.interrupts import Launcher, SignalWatcher, start_keeper, stop_processes
 from clustergate.run.limits import KEEPER_GRACE_S, STOP_GRACE_S, STOPPED_S
-from clustergate.run.liveness import Liveness
-from clustergate.run.peers import Peers, main_thread_collective
-from clustergate.run.watchdog import Watchdog
+from clustergate.run.ranks import control
+from clustergate.run.ranks.peers import Peers, main_thread_collective
 from clustergate.secrets.redact import Scrubber
 
 
@@ -154,6 +155,6 @@ class Outside:
     signals: Callable[..., Any] = _signals
     """Made with the run's signal handler."""
     liveness: Callable[..., Any] = _liveness
-    """Made (and started) with the run's place and its handlers of a hang found (``clustergate.run.liveness``)."""
+    """Made (and started) with the run's place and its handlers of a hang found (``clustergate.run.hang.liveness``)."""
     keeper: Callable[[], object] = _keeper
     """Starts this rank's keeper, which continues it once it has been stopped too long (``clustergate.run.keeper``)."""

@@ -18,11 +18,12 @@ import torch.distributed as dist
 from clustergate.common.exit_codes import Exit
 from clustergate.common.terminal import printable_lines
 from clustergate.report import hooks as report_hooks
-from clustergate.run import command_line, detectors, errorfile, plugins, refusal, startclock
+from clustergate.run import detectors, plugins, startclock
 from clustergate.run import items as pytest_items
-from clustergate.run.command import verdict_of
 from clustergate.run.drawn import Drawn
 from clustergate.run.interrupts import stop_processes, stopped_siblings
+from clustergate.run.launch import command_line, errorfile, refusal
+from clustergate.run.launch.command import verdict_of
 from clustergate.run.lifecycle import Run
 from clustergate.run.limits import AGENT_STOP_S, STOP_GRACE_S
 from clustergate.run.options import Options, add_options
@@ -70,8 +71,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Any:
     """Claim --report-dir before pytest parses the rest of the command line: a refused command line must not
     leave an earlier run's "accept" behind. Then, every conftest's options known, check the command line before
-    pytest reads it (clustergate.run.command_line): an unknown option or a suite named where there is none is said
-    once and ends the run (2). Where the plugin comes from a conftest.py (not -p clustergate, as the checkout's
+    pytest reads it (clustergate.run.launch.command_line): an unknown option or a suite named where there is none is
+    said once and ends the run (2). Where the plugin comes from a conftest.py (not -p clustergate, as the checkout's
     addopts and ``clustergate run`` give it) it is not registered yet: pytest_configure claims the directory then."""
     ns = early_config.known_args_namespace
     asked_for_help = getattr(ns, "help", False) or getattr(ns, "version", False)
@@ -93,7 +94,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_cmdline_main(config: pytest.Config) -> Any:
     """A run refused before or during its session ends with the exit status the table gives it (2 for a usage
     error, 4 for a run that could not start; pytest's own is 4 for both), saying why once, in pytest's words
-    (clustergate.run.refusal); where an earlier run's results.json could not be moved aside, it says so too: that
+    (clustergate.run.launch.refusal); where an earlier run's results.json could not be moved aside, it says so too: that
     file is not this run's result."""
     try:
         return (yield)
@@ -183,7 +184,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     problem = run.collected([item.nodeid for item in items])
     if problem:
         run.fail(problem)
-        raise pytest.UsageError(problem)  # said once (clustergate.run.refusal), as every usage error
+        raise pytest.UsageError(problem)  # said once (clustergate.run.launch.refusal), as every usage error
     problem = run.choose_limits({item.nodeid: time_limit(item, run.level) for item in items})
     if problem:
         run.fail(problem)
@@ -299,8 +300,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def tell_launcher(run: Run, status: int) -> None:
     """torchrun's summary of a run that is not accepted names its verdict, as ``clustergate run``'s last line does:
     the node's first rank writes that line into its error file, the node's other ranks wait for torchrun's SIGTERM
-    (clustergate.run.errorfile), having ended what their tests left running: that SIGTERM ends them where they wait,
-    before their own exit would (a failed run's rank 1 left its tests' daemon behind)."""
+    (clustergate.run.launch.errorfile), having ended what their tests left running: that SIGTERM ends them where they
+    wait, before their own exit would (a failed run's rank 1 left its tests' daemon behind)."""
     world = run.world
     if errorfile.Place(world.rank, world.local_rank, world.local_world_size, world.world_size).first_of_node():
         errorfile.write(verdict_of(run.record.as_json(), status, run.results_path, prog="clustergate"))

@@ -25,7 +25,7 @@ import torch
 
 from clustergate.criteria.thresholds import REQUIRED
 from clustergate.record.judge import Record
-from clustergate.run import control
+from clustergate.run.ranks import control
 from clustergate.trust.skip_facts import fact as skip_fact
 from workloads.result import Metric, Result, Scope
 

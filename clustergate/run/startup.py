@@ -26,13 +26,15 @@ from clustergate.criteria.profile_choice import choose_profile
 from clustergate.criteria.thresholds import Profile, ThresholdsError, expects_gpus, load
 from clustergate.record import reportdir
 from clustergate.record.results import RunRecord, write_json
-from clustergate.run import command_note, control, plugins, startclock
-from clustergate.run.control import Step, within
+from clustergate.run import plugins, startclock
+from clustergate.run.launch import command_note
 from clustergate.run.lifecycle import Outside, Run
 from clustergate.run.limits import CONTROL_MARGIN_S, STARTUP_S
 from clustergate.run.options import Options
-from clustergate.run.peers import Peers
-from clustergate.run.world import (
+from clustergate.run.ranks import control
+from clustergate.run.ranks.control import Step, within
+from clustergate.run.ranks.peers import Peers
+from clustergate.run.ranks.world import (
     StartupLost,
     StartupRefused,
     World,
@@ -72,7 +74,7 @@ class CouldNotRun(pytest.UsageError):
     def __init__(self, message: str, missing: list[int] | None = None) -> None:
         super().__init__(message)
         self.missing = missing or []
-        """The ranks that never came: the first rank present says why (clustergate.run.refusal)."""
+        """The ranks that never came: the first rank present says why (clustergate.run.launch.refusal)."""
 
 
 def open_run(config: pytest.Config, options: Options) -> Run:

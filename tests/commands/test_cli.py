@@ -19,7 +19,7 @@ import clustergate
 from clustergate import cli
 from clustergate.common.exit_codes import Exit
 from clustergate.criteria.thresholds import shipped_thresholds
-from clustergate.run import command, command_note
+from clustergate.run.launch import command, command_note
 
 from torchrun_job import ROOT, job_env
 

@@ -20,12 +20,12 @@ from complete_runs import attested
 from clustergate.criteria.thresholds import Thresholds, load, shipped_thresholds
 from clustergate.record.outcomes import PhaseOutcome
 from clustergate.record.results import write_json
-from clustergate.run.control import Step
 from clustergate.run.lifecycle import Run, Stage
 from clustergate.run.options import Options
 from clustergate.run.outside import Outside
-from clustergate.run.peers import Peers
-from clustergate.run.world import World
+from clustergate.run.ranks.control import Step
+from clustergate.run.ranks.peers import Peers
+from clustergate.run.ranks.world import World
 from clustergate.trust import manifest
 from clustergate.trust.identity import RankIdentity
 

@@ -1,6 +1,6 @@
 """clustergate's rooms import one way: import-linter's contracts (pyproject.toml, [tool.importlinter]) hold, and
-they bite: a planted import that runs back up a floor, a planted circle inside a room, and a workload that imports
-clustergate or pytest, each break one."""
+they bite: a planted import that runs back up a floor or across run's sub-rooms, a planted circle inside a room, and
+a workload that imports clustergate or pytest, each break one."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(LINT is None, reason="import-linter is not insta
 def test_the_rooms_import_one_way_and_no_room_holds_a_circle() -> None:
     proc = lint(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Contracts: 3 kept, 0 broken." in proc.stdout, proc.stdout
+    assert "Contracts: 4 kept, 0 broken." in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize(("planted", "broken"), [
@@ -37,6 +37,8 @@ def test_the_rooms_import_one_way_and_no_room_holds_a_circle() -> None:
     (("criteria/sources.py", "from clustergate.run import limits  # noqa\n"), "each importing only the rooms below"),
     # report/html imports report/markup: markup importing html closes a circle
     (("report/markup.py", "from clustergate.report import html  # noqa\n"), "no circle among the modules"),
+    # inside run, the launcher and the ranks stand side by side: the launcher reaching a rank's world runs across
+    (("run/launch/command_note.py", "from clustergate.run.ranks import world  # noqa\n"), "the run's sub-rooms"),
     # a workload runs as plain Python under any launcher: neither the suite nor pytest
     (("../workloads/clocks.py", "import pytest  # noqa\n"), "the workloads import neither"),
     (("../workloads/gpu/matmul.py", "from clustergate.common import numbers  # noqa\n"),

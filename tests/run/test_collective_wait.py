@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from clustergate.run.peers import main_thread_collective
+from clustergate.run.ranks.peers import main_thread_collective
 from workloads.common import wait_for_collectives
 
 

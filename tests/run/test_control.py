@@ -11,7 +11,7 @@ import pytest
 
 from clustergate.record.judge import Record, Where
 from clustergate.record.outcomes import PhaseOutcome, PhaseVerdict
-from clustergate.run.control import ControlMismatch, Step, decode, encode, within
+from clustergate.run.ranks.control import ControlMismatch, Step, decode, encode, within
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,10 +40,10 @@ def test_ranks_at_different_steps_are_each_named() -> None:
 PEER = '''
 import os, pickle, sys
 import torch, torch.distributed as dist
-from clustergate.run import control
-from clustergate.run.control import Step, within
+from clustergate.run.ranks import control
+from clustergate.run.ranks.control import Step, within
 from clustergate.record.outcomes import PhaseOutcome
-from clustergate.run.world import World
+from clustergate.run.ranks.world import World
 
 rank, store, marker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)

@@ -1,4 +1,4 @@
-"""A rank that stops making progress, as the liveness thread sees it (clustergate.run.liveness), without torchrun.
+"""A rank that stops making progress, as the liveness thread sees it (clustergate.run.hang.liveness), without torchrun.
 
 The judge is a pure function of every rank's beat: each rule is a row here, with the bound it waits (SILENT_S,
 BLOCKED_S, NO_PROGRESS_S) and the wait just short of it. The thread's beat is driven by hand on a fake clock, two
@@ -27,8 +27,10 @@ from waited_out_runs import alive
 
 from clustergate.criteria.thresholds import load, shipped_thresholds
 from clustergate.run import interrupts
-from clustergate.run.flight import FlightRecorder, Group
-from clustergate.run.hang_judge import Finding, Position, Wait, judge, judge_group
+from clustergate.run.hang.flight import FlightRecorder, Group
+from clustergate.run.hang.hang_judge import Finding, Position, Wait, judge, judge_group
+from clustergate.run.hang.liveness import Liveness
+from clustergate.run.hang.main_thread import Main, stack
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
@@ -43,9 +45,7 @@ from clustergate.run.limits import (
     slowest_bandwidth_gbps,
     waiting_bound_s,
 )
-from clustergate.run.liveness import Liveness
-from clustergate.run.main_thread import Main, stack
-from clustergate.run.peers import RendezvousStore, StoreLost
+from clustergate.run.ranks.peers import RendezvousStore, StoreLost
 from clustergate.trust import manifest
 from workloads import common
 

@@ -3,8 +3,8 @@ acceptance``, refusing bad input as cleanly as ``clustergate run``.
 
 Real torchrun jobs of 2 CPU ranks, each stopped before its first test. A refusal (a bad option or input, a run that
 could not start) is said first, once, on rank 0's stderr, before torchrun's report, and again at that report's end by
-torchrun's own failure summary, whose root cause is rank 0's error file (clustergate.run.errorfile) with the run's
-exit status, the line ``clustergate run`` prints; torchrun itself exits 1 (README, exit status). A run that starts
+torchrun's own failure summary, whose root cause is rank 0's error file (clustergate.run.launch.errorfile) with the
+run's exit status, the line ``clustergate run`` prints; torchrun itself exits 1 (README, exit status). A run that starts
 and is rejected before any test (a GPU node whose torch sees no CUDA) says why once on the terminal (its summary),
 and torchrun's summary names the verdict. Run from another directory, the command says to run it from the checkout
 or to use ``clustergate run``.

@@ -29,7 +29,7 @@ from waited_out_runs import ended, waited_out  # noqa: F401  (waited_out: the fi
 
 from clustergate.common.exit_codes import Exit
 from clustergate.report.summary import summary_lines
-from clustergate.run.command import verdict_of
+from clustergate.run.launch.command import verdict_of
 from clustergate.secrets.redact import REDACTED
 
 from torchrun_job import (

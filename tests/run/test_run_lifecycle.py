@@ -27,8 +27,7 @@ from run_fakes import SUITE, TEST, TEST_LIMIT_S, Exited, Harness
 
 from clustergate.common.exit_codes import Exit
 from clustergate.run import detectors
-from clustergate.run.control import ControlLost, ControlMismatch, Step
-from clustergate.run.hang_judge import Finding
+from clustergate.run.hang.hang_judge import Finding
 from clustergate.run.lifecycle import Stage
 from clustergate.run.limits import (
     AGENT_STOPPED_S,
@@ -49,8 +48,9 @@ from clustergate.run.limits import (
     STORE_CALL_S,
     exit_status,
 )
-from clustergate.run.peers import StoreLost
-from clustergate.run.world import Launch, StartupLost, StartupRefused, meet_at_start
+from clustergate.run.ranks.control import ControlLost, ControlMismatch, Step
+from clustergate.run.ranks.peers import StoreLost
+from clustergate.run.ranks.world import Launch, StartupLost, StartupRefused, meet_at_start
 from clustergate.trust import attestation, manifest
 
 

@@ -188,7 +188,8 @@ def train_step(module: nn.Module, model: GPT, opt: torch.optim.Optimizer, x: tor
 OK, COMPILE_FAILED, OUT_OF_MEMORY, FAILED = 0, 1, 2, 3
 COMPILE_ALONE_S = 300.0
 """How long a rank may compile its first step while its peers, done already (one found the compile cached), wait
-for it: a whole-model compile took 32 s on 2 H200s; past this the rank is named stuck (clustergate.run.liveness)."""
+for it: a whole-model compile took 32 s on 2 H200s; past this the rank is named stuck
+(clustergate.run.hang.liveness)."""
 
 
 def _probe(cfg: Config, mode: str, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[int, str, Any]:

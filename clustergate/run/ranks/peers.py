@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from clustergate.run.interrupts import listens_on
 from clustergate.run.limits import STORE_CALL_S
-from clustergate.run.world import World
+from clustergate.run.ranks.world import World
 from clustergate.secrets.redact import outgoing
 from workloads.common import wait_for_collectives
 
@@ -281,7 +281,7 @@ def main_thread_collective() -> str | None:
     call, caller = None, None
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("clustergate/run/control.py"):
+        if name.endswith("clustergate/run/ranks/control.py"):
             return None
         if "/torch/distributed/" in name or frame.f_code is wait_for_collectives.__code__:
             call = call or frame.f_code.co_name  # the innermost: the collective itself

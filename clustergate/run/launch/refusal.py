@@ -9,11 +9,11 @@ then torchrun's summary of the failed ranks with "<N/A>" for the cause. So one r
   plain torchrun, and ``clustergate run``, whose agent runs inside the command, which shows rank 0's output and ends
   with its own line).
 - under torchrun's agent, in torchrun's own summary too: the node's first rank writes ``ERROR: <why>`` into its
-  error file (``clustergate.run.errorfile``); torchrun shows that line as the root cause, with the run's own exit
+  error file (``clustergate.run.launch.errorfile``); torchrun shows that line as the root cause, with the run's own exit
   status (torchrun itself exits 1, whatever it is), at the end of its report. The node's other ranks wait for
   torchrun's SIGTERM, so the rank that said it fails first.
 
-The standard library only, as ``clustergate.run.errorfile``: ``clustergate.optin`` refuses through it.
+The standard library only, as ``clustergate.run.launch.errorfile``: ``clustergate.optin`` refuses through it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Collection
 from typing import NoReturn
 
-from clustergate.run import command_note, errorfile
+from clustergate.run.launch import command_note, errorfile
 from clustergate.run.limits import AGENT_STOP_S
 
 

@@ -1,7 +1,7 @@
 """The command line of a run, checked once every plugin and conftest has added its options and before pytest reads
 it: an option nobody knows, and a suite named where there is none. pytest's own refusal of either comes on every
 rank, before any plugin can say it once, in words that do not say what to do ("unrecognized arguments:
---report-dir" from outside the checkout); each is one line here, said once (``clustergate.run.refusal``).
+--report-dir" from outside the checkout); each is one line here, said once (``clustergate.run.launch.refusal``).
 
 The standard library and pytest only: ``clustergate.optin``, loaded in every pytest run, checks through it.
 """
@@ -43,7 +43,7 @@ def missing_suite(config: pytest.Config) -> str | None:
 
 def _checkout() -> Path | None:
     """The checkout this clustergate runs from (an editable install or PYTHONPATH); None for an installed one."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # above clustergate/run/launch/
     return root if (root / "pyproject.toml").is_file() and (root / SUITE / "conftest.py").is_file() else None
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from clustergate.run import interrupts
-from clustergate.run.world import World
+from clustergate.run.ranks.world import World
 from clustergate.secrets.redact import outgoing
 
 T = TypeVar("T")

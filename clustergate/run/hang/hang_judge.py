@@ -1,4 +1,4 @@
-"""The judges of a run's progress, pure: from every rank's beat to a finding, or none (``clustergate.run.liveness``
+"""The judges of a run's progress, pure: from every rank's beat to a finding, or none (``clustergate.run.hang.liveness``
 publishes the beats and acts on what these find).
 
 - ``judge``: a rank that waits in a collective judges the peers it waits for: ``silent`` (a beat that stopped),

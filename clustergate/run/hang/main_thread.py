@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustergate.run.keeper import state as process_state
-from clustergate.run.peers import main_thread_collective
+from clustergate.run.ranks.peers import main_thread_collective
 
 STACK_FRAMES = 24
 """The innermost frames of a rank's main thread the evidence keeps: the test's call chain down to where it waits."""
@@ -28,7 +28,7 @@ def main_waits(frame: Any = None) -> str | None:
     found = None
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name.endswith("clustergate/run/control.py"):
+        if name.endswith("clustergate/run/ranks/control.py"):
             return "control"
         if "/torch/distributed/" in name:
             found = "collective"

@@ -26,10 +26,10 @@ from typing import Any
 
 from clustergate.common import inputfile
 from clustergate.common.exit_codes import TABLE, Exit
-from clustergate.run import command_note
+from clustergate.run.launch import command_note
 
 PROG = "clustergate run"
-RUN_INI = Path(__file__).resolve().parent.parent / "run.ini"
+RUN_INI = Path(__file__).resolve().parents[2] / "run.ini"  # clustergate/run.ini
 """pytest's configuration for ``run`` (the packaged suite has no pyproject.toml beside it)."""
 
 RUN_PLUGINS = ("clustergate",)

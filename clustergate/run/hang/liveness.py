@@ -2,13 +2,13 @@
 the rank the others wait for, whatever the test's own limit and the collectives' timeout.
 
 Every ``BEAT_S`` a thread of each rank publishes its beat (``clustergate/liveness/ATTEMPT/beat/RANK``): a counter,
-where the run is (stage, test, phase), where it is in every process group's collectives (``clustergate.run.flight``:
-entered, started, completed), the collective it waits in and for how long, what it works at alone
-(``workloads.common.working_alone``) and its main thread's innermost frame. The thread runs while the main thread
-is blocked in a collective or waits for a kernel that spins: its beat says so.
+where the run is (stage, test, phase), where it is in every process group's collectives
+(``clustergate.run.hang.flight``: entered, started, completed), the collective it waits in and for how long, what it
+works at alone (``workloads.common.working_alone``) and its main thread's innermost frame. The thread runs while the
+main thread is blocked in a collective or waits for a kernel that spins: its beat says so.
 
 A rank that has waited in a collective for ``BEAT_S`` reads every peer's beat and judges (``judge``, pure, in
-``clustergate.run.hang_judge``; what its own main thread does is read by ``clustergate.run.main_thread``):
+``clustergate.run.hang.hang_judge``; what its own main thread does is read by ``clustergate.run.hang.main_thread``):
 
 - ``silent``: a peer of that collective whose beat has not changed for ``SILENT_S`` is frozen (SIGSTOP, a process
   none of whose threads can run, a host gone);
@@ -38,7 +38,7 @@ collective's size at the profile's bandwidth), the lowest of them names them:
 
 The agent is watched too: a rank whose launcher (torchrun's agent) has been stopped for ``AGENT_STOPPED_S`` says so
 (``launcher stopped``); a store call unanswered for ``STORE_CALL_S`` loses the store for the run
-(``clustergate.run.peers.RendezvousStore``), and the run names the node whose agent serves it
+(``clustergate.run.ranks.peers.RendezvousStore``), and the run names the node whose agent serves it
 (``Peers.store_host``).
 
 The rank that finds a hang asks every rank for its stack (``.../hang``), gathers the evidence (``evidence``: the
@@ -61,8 +61,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clustergate.run.flight import FlightRecorder, Group, default_group_name
-from clustergate.run.hang_judge import TESTING, Finding, FindingKind, Position, Still, Wait, judge, judge_group
+from clustergate.run.hang.flight import FlightRecorder, Group, default_group_name
+from clustergate.run.hang.hang_judge import TESTING, Finding, FindingKind, Position, Still, Wait, judge, judge_group
+from clustergate.run.hang.main_thread import Main, main_frame, main_waits, observe_main, stack
 from clustergate.run.interrupts import register_stack_dump, stack_of
 from clustergate.run.keeper import state as process_state
 from clustergate.run.limits import (
@@ -76,7 +77,6 @@ from clustergate.run.limits import (
     STILL_S,
     waiting_bound_s,
 )
-from clustergate.run.main_thread import Main, main_frame, main_waits, observe_main, stack
 from clustergate.secrets.redact import outgoing
 from workloads.common import alone_now
 
