@@ -12,6 +12,7 @@ both HCAs and ports and the GPU each read; the rounds name the node to blame whe
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Any
 
 import pytest
@@ -30,6 +31,8 @@ from workloads.result import Result
 RAIL = "rail_write_bw_gbps"
 SERVER_START_S, CLIENT_S, SERVER_END_S = 15.0, 60.0, 10.0
 """Timeouts: the server's listening, the client's whole run, the server's end after its client."""
+UNEXPECTED = (OSError, ValueError, subprocess.SubprocessError)
+"""What starting, running or ending perftest may raise on one rank: agreed on, so the others do not wait."""
 
 
 def _node_ports(cg: Recorder) -> dict[str, Any] | None:
@@ -81,25 +84,34 @@ def _step(cg: Recorder, tool: perftest.Tool | None, step: list[rdma_rails.Rail],
         if mine is not None and mine[0] == "server":
             server = perftest.start_server(tool, nodes[here]["ports"][mine[1].index]["args"], SERVER_START_S)
             said = {"port": server.port, "gave_up": perftest.said(server.gave_up.output) if server.gave_up else None}
-    except OSError as exc:
-        problem = f"perftest server could not start: {exc}"
+    except UNEXPECTED as exc:
+        problem = f"the perftest server could not start: {exc}"
     agree(problem, "RDMA rails: starting the perftest servers failed")
     listening = cg.all_ranks(said)
-    measured = None
-    if mine is not None and mine[0] == "client":
-        rail = mine[1]
-        ready = listening[nodes[rail.server]["rank"]]
-        if ready and not ready["gave_up"]:
-            run = perftest.run_client(tool, nodes[here]["ports"][rail.index]["args"], ready["port"],
-                                      nodes[rail.server]["host"], CLIENT_S)
-            measured = {"command": " ".join(run.command)}
-            try:
-                measured["gbps"] = run.figure(perftest.BW_COLUMN)
-            except perftest.PerftestError as exc:
-                measured["error"] = str(exc)
+    measured, problem = None, None
+    try:
+        if mine is not None and mine[0] == "client":
+            rail = mine[1]
+            ready = listening[nodes[rail.server]["rank"]]
+            if ready and not ready["gave_up"]:
+                run = perftest.run_client(tool, nodes[here]["ports"][rail.index]["args"], ready["port"],
+                                          nodes[rail.server]["host"], CLIENT_S)
+                measured = {"command": " ".join(run.command)}
+                try:
+                    measured["gbps"] = run.figure(perftest.BW_COLUMN)
+                except perftest.PerftestError as exc:
+                    measured["error"] = str(exc)
+    except UNEXPECTED as exc:
+        problem = f"the perftest client could not run: {exc}"
+    agree(problem, "RDMA rails: running the perftest clients failed")
     got = cg.all_ranks(measured)
-    if server is not None:
-        perftest.stop_server(server, SERVER_END_S)
+    problem = None
+    try:
+        if server is not None:
+            perftest.stop_server(server, SERVER_END_S)
+    except UNEXPECTED as exc:
+        problem = f"the perftest server did not end: {exc}"
+    agree(problem, "RDMA rails: ending the perftest servers failed")
     out = []
     for rail in step:
         a, b = nodes[rail.server], nodes[rail.client]
