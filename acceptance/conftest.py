@@ -98,7 +98,7 @@ def shared_dir(request: pytest.FixtureRequest, cg: Any) -> str | None:
 # diagnostics included, so what they provoke is counted too).
 RUN_ORDER = ("test_world", "test_errors_before", "test_gpu_inventory", "test_gpu_firmware", "test_node_config",
              "test_gpu_compute", "test_gpu_limits", "test_gpu_memory", "test_interconnect", "test_topology",
-             "test_node", "test_rdma", "test_storage", "test_training", "test_finetune", "test_dcgm",
+             "test_node", "test_rdma", "test_rdma_rails", "test_storage", "test_training", "test_finetune", "test_dcgm",
              "test_errors_after")
 
 

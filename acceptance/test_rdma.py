@@ -4,7 +4,7 @@ HCA; and every RoCE port's GID at the index NCCL will use.
 
 Each node's local rank 0 reads the node's ports and runs perftest; every rank gathers what every node saw and
 judges it alike, so a failure names the host, the HCA and port, and the GPU whose memory it read. The fabric
-phase's pair rounds (each rail between two nodes) are not here yet.
+phase's pair rounds (each rail between two nodes) are acceptance/test_rdma_rails.py.
 """
 
 from __future__ import annotations
@@ -51,29 +51,42 @@ def _cuda_index(bus_id: str) -> str | None:
     return None
 
 
+def gpu_memory(tool: perftest.Tool, root: Path, dev: str, gpus: dict[str, str],
+               gdr: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
+    """(the GPU nearest HCA ``dev``, perftest's CUDA argument for its memory or None, why GPUDirect RDMA cannot be
+    used, or None): what the node-phase loopback and the fabric phase's rails both measure from."""
+    near = hca_locality.nearest_gpu(root, dev, gpus)
+    if near["gpu"] is None:
+        return near, None, None
+    problem = perftest.gpudirect_problem(tool, gdr)
+    cuda = near["gpu_bus_id"] if tool.cuda_bus_id else _cuda_index(near["gpu_bus_id"])
+    if problem is None and cuda is None:
+        problem = f"no CUDA device of this process is at {near['gpu_bus_id']}"
+    return near, None if problem else cuda, problem
+
+
+def gpudirect_unavailable(dev: str, near: dict[str, Any], host: str, problem: str) -> str:
+    return (f"GPUDirect RDMA unavailable on {dev} ({near['gpu']}, {near['gpu_bus_id']}) on {host}: {problem}; "
+            "measured from host memory instead")
+
+
 def _one_port(tool: perftest.Tool, lat: perftest.Tool | None, root: Path, port: dict[str, Any], host: str,
               gpus: dict[str, str], gdr: dict[str, Any], choice: roce.Choice) -> dict[str, Any]:
     dev, num = port["device"], port["port"]
     gid = roce.port_gid(root, dev, num, choice)["gid_index"] if port["link_layer"] == "Ethernet" else None
-    near = hca_locality.nearest_gpu(root, dev, gpus)
+    near, cuda, problem = gpu_memory(tool, root, dev, gpus, gdr)
     row: dict[str, Any] = {"port": f"{dev}/{num}", "fabric": FABRIC_KINDS[port["link_layer"]], "gid_index": gid,
                            "rate": port["rate"], **near, "memory": "host", "gpudirect_problem": None}
     run = None
-    if near["gpu"] is not None:
-        problem = perftest.gpudirect_problem(tool, gdr)
-        cuda = near["gpu_bus_id"] if tool.cuda_bus_id else _cuda_index(near["gpu_bus_id"])
-        if problem is None and cuda is None:
-            problem = f"no CUDA device of this process is at {near['gpu_bus_id']}"
-        if problem is None:
-            run = perftest.loopback(tool, perftest.bw_args(dev, num, gid_index=gid, cuda=cuda,
-                                                           dmabuf=not gdr["loaded"], tool=tool))
-            if perftest.gpu_memory_refused(run):
-                problem, run = f"perftest could not use the GPU's memory: {perftest.said(run.output)}", None
-        if problem is not None:
-            row["gpudirect_problem"] = (f"GPUDirect RDMA unavailable on {dev} ({near['gpu']}, {near['gpu_bus_id']}) "
-                                        f"on {host}: {problem}; measured from host memory instead")
-        else:
-            row["memory"] = f"{near['gpu']} ({near['gpu_bus_id']})" + ("" if gdr["loaded"] else ", dma-buf")
+    if cuda is not None:
+        run = perftest.loopback(tool, perftest.bw_args(dev, num, gid_index=gid, cuda=cuda,
+                                                       dmabuf=not gdr["loaded"], tool=tool))
+        if perftest.gpu_memory_refused(run):
+            problem, run = f"perftest could not use the GPU's memory: {perftest.said(run.output)}", None
+    if problem is not None:
+        row["gpudirect_problem"] = gpudirect_unavailable(dev, near, host, problem)
+    elif run is not None:
+        row["memory"] = f"{near['gpu']} ({near['gpu_bus_id']})" + ("" if gdr["loaded"] else ", dma-buf")
     if run is None:
         run = perftest.loopback(tool, perftest.bw_args(dev, num, gid_index=gid, cuda=None, dmabuf=False, tool=tool))
     row["bw_command"] = " ".join(run.command)

@@ -238,7 +238,7 @@ METRIC_CATEGORY: dict[str, str] = {
     "xid_critical_events": "unknown_xid", "xid_other_events": "application",
     "memory_repair_pending": "row_remap_pending", "pcie_replays_per_min": "pcie_replay",
     "nvlink_crc_errors_per_s": "nvlink_crc", "ib_port_state_changes": "ib_link_down",
-    **_family("rdma_bandwidth", "rdma_write_bw_gbps", "rdma_write_lat_us"),
+    **_family("rdma_bandwidth", "rdma_write_bw_gbps", "rdma_write_lat_us", "rail_write_bw_gbps"),
     **_family("config_topology", "gpu_nic_topology_problems", "nccl_cross_rail_channels"),
 }
 """Metric -> category, where the name alone does not say (see ``category_of_metric`` for the rest)."""
@@ -314,6 +314,7 @@ TEST_CATEGORY: dict[str, str] = {
     "test_errors_after.py::test_infiniband_errors_during_run": "ib_link_errors",
     "test_dcgm.py::test_dcgm_diagnostic": "dcgm",
     "test_rdma.py::test_rdma_write_per_hca": "rdma_bandwidth",
+    "test_rdma_rails.py::test_rdma_write_per_rail": "rdma_bandwidth",
     "test_topology.py::test_gpu_nearest_nic_is_its_own": "config_topology",
     "test_topology.py::test_nccl_uses_each_gpus_own_nic": "config_topology",
     "test_rdma.py::test_roce_gid_at_nccl_index": "roce_gid",

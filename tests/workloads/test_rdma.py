@@ -174,8 +174,8 @@ def test_the_nearest_gpu_shares_the_deepest_bridge_then_the_numa_node(tmp_path: 
 
 def _rdma_job(tmp_path: Path, env: dict[str, str] | None = None) -> dict[str, dict]:
     tmp_path.mkdir()
-    r = run_job(tmp_path, [str(ROOT / "acceptance"), "--level", "quick", "-k", "test_rdma_write or test_roce_gid"],
-                nproc=1, timeout=180, env=env)
+    r = run_job(tmp_path, [str(ROOT / "acceptance"), "--level", "quick", "-k",
+                           "test_rdma_write_per_hca or test_roce_gid"], nproc=1, timeout=180, env=env)
     tests = {t["nodeid"].split("::")[1]: t for t in r.results["tests"]}
     assert set(tests) == {"test_rdma_write_per_hca", "test_roce_gid_at_nccl_index"}, r.output[-3000:]
     return tests

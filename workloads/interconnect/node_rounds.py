@@ -74,6 +74,8 @@ class NodeRounds:
     plans: list[list[NodePair]] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
     """Node names for the evidence (default: node index)."""
+    unit: str = "GB/s"
+    """The figures' unit, as the evidence says it (the RDMA rails' are Gb/s)."""
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -150,7 +152,7 @@ class NodeRounds:
         slowest = r.slowest
         r.passed = slowest is not None and slowest >= floor
         rail = f" (rail {r.slowest_rail})" if len(r.rails) > 1 else ""
-        said = (f"round {r.round + 1}: {slowest:.4g} GB/s{rail} with {{partner}}, floor {floor:.4g} GB/s"
+        said = (f"round {r.round + 1}: {slowest:.4g} {self.unit}{rail} with {{partner}}, floor {floor:.4g} {self.unit}"
                 if slowest is not None else f"round {r.round + 1}: no figure with {{partner}}")
         for me, other in ((r.a, r.b), (r.b, r.a)):
             line = said.format(partner=self.labels[other] + (" (known good)" if before[other] == GOOD else ""))

@@ -1,4 +1,5 @@
-"""perftest's ``ib_write_bw`` and ``ib_write_lat``: one HCA port in loopback, server and client on this node.
+"""perftest's ``ib_write_bw`` and ``ib_write_lat``: one HCA port in loopback, server and client on this node, or
+the server on one node and the client on another (``start_server``, ``run_client``: the fabric phase's rails).
 
 This is how azurehpc-health-checks gates every HCA (customTests/azure_ib_write_bw_gdr.nhc, ``check_ib_bw_gdr``):
 a server ``ib_write_bw -p PORT -s 8388608 -x 0 -F --report_gbits --perform_warm_up --use_cuda=GPU -d HCA`` in the
@@ -139,42 +140,84 @@ def _listening(port: int) -> bool | None:
     return False if seen else None
 
 
-def loopback(tool: Tool, args: list[str], timeout_s: float = 60.0) -> Loopback:
-    """Run ``tool`` as server and as client to 127.0.0.1 with the same ``args``; the client's output is kept.
+@dataclass(slots=True)
+class Server:
+    """A perftest server started on this node: its command line, its process and its TCP port (``-p``)."""
 
-    The client starts once the server listens (its port in /proc/net/tcp; a second where that cannot be read, as
-    the nhc check sleeps). The server is ended if it is still there when the client is done.
+    command: list[str]
+    port: int
+    proc: subprocess.Popen[str] | None
+    gave_up: Loopback | None = None
+    """Set when the server ended before it listened (no device, a bad option): its words say why."""
+
+
+def start_server(tool: Tool, args: list[str], timeout_s: float = 15.0) -> Server:
+    """Start ``tool`` as the server with ``args`` on a free TCP port; return once it listens.
+
+    It listens when its port is in /proc/net/tcp (a second's wait where that cannot be read, as the nhc check
+    sleeps), or after ``timeout_s`` at most; a server that ended first comes back with its own words.
     """
     port = free_port()
     base = [tool.path, *args, "-p", str(port)]
-    server = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        state = _listening(port)
+        if state is None:
+            time.sleep(1.0)
+            break
+        if state:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        out = proc.stdout.read() if proc.stdout else ""
+        if proc.stdout:
+            proc.stdout.close()
+        return Server(base, port, None, Loopback(base, proc.returncode, out, parse_results(out)))
+    return Server(base, port, proc)
+
+
+def stop_server(server: Server, timeout_s: float = 10.0) -> str:
+    """Wait up to ``timeout_s`` for the server to end on its own (its client is done), else end it; its output."""
+    if server.proc is None:
+        return server.gave_up.output if server.gave_up else ""
     try:
-        deadline = time.monotonic() + min(timeout_s, 15.0)
-        while server.poll() is None and time.monotonic() < deadline:
-            state = _listening(port)
-            if state is None:
-                time.sleep(1.0)
-                break
-            if state:
-                break
-            time.sleep(0.05)
-        if server.poll() is not None:  # the server gave up (no device, a bad option): its words say why
-            out = server.stdout.read() if server.stdout else ""
-            return Loopback(base, server.returncode, out, parse_results(out))
-        try:
-            client = subprocess.run([*base, "127.0.0.1"], capture_output=True, text=True, timeout=timeout_s,
-                                    check=False)
-        except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return Loopback(base, None, out + f"\n(client still running after {timeout_s:g} s: stopped)")
-        out = client.stdout + client.stderr
-        return Loopback([*base, "127.0.0.1"], client.returncode, out, parse_results(client.stdout))
+        out, _ = server.proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        out, _ = server.proc.communicate(timeout=10)
+        out = (out or "") + f"\n(server still running {timeout_s:g} s after its client: stopped)"
+    return out or ""
+
+
+def run_client(tool: Tool, args: list[str], port: int, address: str, timeout_s: float = 60.0) -> Loopback:
+    """``tool`` as the client of the server at ``address``:``port`` with ``args``; its output and figures."""
+    command = [tool.path, *args, "-p", str(port), address]
+    try:
+        client = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return Loopback(command, None, out + f"\n(client still running after {timeout_s:g} s: stopped)")
+    except OSError as exc:
+        return Loopback(command, None, f"could not start {tool.path}: {exc}")
+    return Loopback(command, client.returncode, client.stdout + client.stderr, parse_results(client.stdout))
+
+
+def loopback(tool: Tool, args: list[str], timeout_s: float = 60.0) -> Loopback:
+    """Run ``tool`` as server and as client to 127.0.0.1 with the same ``args``; the client's output is kept.
+
+    The client starts once the server listens (``start_server``). The server is ended if it is still there
+    when the client is done.
+    """
+    server = start_server(tool, args, min(timeout_s, 15.0))
+    if server.gave_up is not None:
+        return server.gave_up
+    try:
+        return run_client(tool, args, server.port, "127.0.0.1", timeout_s)
     finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait(timeout=10)
-        if server.stdout:
-            server.stdout.close()
+        if server.proc is not None and server.proc.poll() is None:
+            server.proc.kill()
+        stop_server(server)
 
 
 def bw_args(device: str, port: int | str, *, gid_index: int | None, cuda: str | None, dmabuf: bool,
