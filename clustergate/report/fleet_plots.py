@@ -50,10 +50,6 @@ def nice_ticks(low: float, high: float, count: int = TICKS) -> list[float]:
     return [round(t, digits) for t in ticks if t <= high + step * 1e-9]
 
 
-def _label(value: float) -> str:
-    return f"{value:.6g}"
-
-
 class _Canvas:
     """Data to pixels on one plot area, and the SVG elements drawn so far."""
 
@@ -164,11 +160,11 @@ def _axes(canvas: _Canvas, fm: dict[str, Any]) -> None:
             continue
         y = canvas.y(count)
         canvas.line(LEFT, y, RIGHT, y, "#dddddd")
-        canvas.text(LEFT - 5, y + 3.5, _label(count), 10, "end")
+        canvas.text(LEFT - 5, y + 3.5, number(count), 10, "end")
     for value in nice_ticks(canvas.x0, canvas.x1):
         x = canvas.x(value)
         canvas.line(x, BOTTOM, x, BOTTOM + 4, GREY)
-        canvas.text(x, BOTTOM + 21, _label(value), 10)  # below the outliers' triangles
+        canvas.text(x, BOTTOM + 21, number(value), 10)  # below the outliers' triangles
     canvas.add(f'<rect x="{LEFT}" y="{TOP}" width="{RIGHT - LEFT}" height="{BOTTOM - TOP}" fill="none" '
                f'stroke="{GREY}"/>')
     unit = fm["unit"]
