@@ -9,11 +9,19 @@ from typing import Any
 
 from cluster_runs import node_results, write_node
 
-from clustergate.cluster.firmware_fleet import findings, node_versions
+from clustergate.cluster.firmware_fleet import Versions, exclusions, node_versions
 from clustergate.cluster.merge import merge
 from workloads.gpu.firmware import DETAILS_KEY
 
 GPU_TEST = "acceptance/test_gpu_firmware.py::test_gpu_firmware_alike"
+
+
+def findings(fleet: dict[str, Versions]) -> dict[str, list[str]]:
+    """Per host, the reasons ``exclusions`` gives it."""
+    out: dict[str, list[str]] = {}
+    for exclusion in exclusions(fleet):
+        out.setdefault(exclusion.host, []).append(exclusion.reason)
+    return out
 FLEET_VBIOS, ODD_VBIOS = "96.00.A5.00.1A", "96.00.A5.00.1B"
 
 
