@@ -16,9 +16,10 @@ each step but the first returns its ``Exclusion``s, host -> reason, and ``join``
 7. the fleet's firmware (``firmware_fleet.exclusions``): a version other than the fleet's.
 
 A host's steps are its own run's (each failure's category and action), then those the exclusions carry (each of its
-parts the fleet found behind); a host without a usable result gets ``no_result``, one whose run cannot be taken as
-it stands (partial, another cluster run's, judged by other thresholds, records that contradict its verdict)
-``unusable_run`` besides its failures. Its action is the most urgent of its steps'.
+parts the fleet found behind, each component off the fleet's firmware); a host without a usable result gets
+``no_result``, one whose run cannot be taken as it stands (partial, another cluster run's, judged by other
+thresholds, records that contradict its verdict) ``unusable_run`` besides its failures. Its action is the most
+urgent of its steps'.
 """
 
 from __future__ import annotations

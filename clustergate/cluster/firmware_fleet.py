@@ -13,7 +13,8 @@ with more than one VBIOS (azure_gpu_vbios.nhc), and the remedy is the same for o
 to the fleet's version (or, where the odd node is the newer one, the fleet to it) and run the node again.
 
 Pure: ``node_versions`` reads one node run's record into a small mapping (kept per node while merging), ``exclusions``
-judges the mappings of the whole fleet.
+judges the mappings of the whole fleet: each with its step, ``config_fleet_firmware`` (``clustergate.record.actions``),
+where the component, the node's version and the fleet's are named.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clustergate.cluster.node_runs import Exclusion
+from clustergate.record import actions
 from workloads.gpu.firmware import DETAILS_KEY
 
 Versions = dict[str, tuple[str, ...]]
@@ -48,8 +50,8 @@ def _shown(versions: tuple[str, ...]) -> str:
 
 
 def exclusions(fleet: Mapping[str, Versions]) -> list[Exclusion]:
-    """An exclusion for each component on which a host differs from the fleet, by component and then host (no host
-    where it does not differ)."""
+    """An exclusion for each component on which a host differs from the fleet, by component and then host, with the
+    step to align it (no host where it does not differ)."""
     out: list[Exclusion] = []
     components = sorted({c for versions in fleet.values() for c in versions})
     for component in components:
@@ -65,8 +67,11 @@ def exclusions(fleet: Mapping[str, Versions]) -> list[Exclusion]:
             if split:
                 said = ", ".join(f"{_shown(v)} on {n}" for v, n in counts.most_common())
                 why = f"no version is on most of the fleet's {len(carried)} nodes ({said})"
+                where = f"{host} {component} {_shown(mine)}; the fleet has none on most of its nodes ({said})"
             else:
                 why = f"the fleet's is {_shown(usual)} ({most} of {len(carried)} nodes)"
+                where = f"{host} {component} {_shown(mine)}; the fleet's {_shown(usual)}"
             out.append(Exclusion(host, f"fleet firmware: {component} {_shown(mine)} on this node, {why}: flash the "
-                                       "node to the fleet's version (or the fleet to one) and run it again"))
+                                       "node to the fleet's version (or the fleet to one) and run it again",
+                                 actions.step("config_fleet_firmware", None, where)))
     return out
