@@ -32,7 +32,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from clustergate.cluster.node_runs import MergeInputError, NodeRun
+from clustergate.cluster.node_runs import Exclusion, MergeInputError, NodeRun
+from clustergate.common.results_view import ResultsView
 from clustergate.criteria.thresholds import Profile, Thresholds
 from clustergate.trust import attestation, skip_facts
 
@@ -126,7 +127,7 @@ def identity_problem(results: Mapping[str, Any], profile: Profile) -> str | None
     serial that is missing or NVML's placeholder (the serial only where the profile says the model has one)."""
     if skip_facts.profile_kind(results, profile) != "gpu":
         return None
-    gpus = [g for n in results.get("nodes") or [] for g in n.get("gpus") or [] if isinstance(g, Mapping)]
+    gpus = ResultsView.of(results).gpus
     if not gpus:
         return f"it names no GPU, though profile {profile.name!r} expects them: which hardware ran it is unknown"
     keys = ("uuid", "serial") if profile.settings.get("gpu_serial_readable", True) else ("uuid",)
@@ -141,22 +142,29 @@ def identity_problem(results: Mapping[str, Any], profile: Profile) -> str | None
 
 
 def bind(runs: list[NodeRun], run_id: str, window_h: float, now: datetime, profile: Profile | None = None,
-         profile_source: str = "the one every node run agrees on") -> dict[str, Any]:
-    """Unbind every node that is not a part of run ``run_id`` judged by ``profile`` (id, suite, profile, window,
-    GPUs); the window, as the merged record states it."""
+         profile_source: str = "the one every node run agrees on") -> tuple[dict[str, Any], list[Exclusion]]:
+    """The window, as the merged record states it, and an ``unbound`` exclusion for every reason a node is not a
+    part of run ``run_id`` judged by ``profile`` (id, suite, profile, window, GPUs)."""
+    found: list[Exclusion] = []
+    unbound = {r.host for r in runs if r.verdict == "unbound"}
+
+    def unbind(run: NodeRun, reason: str) -> None:
+        found.append(Exclusion(run.host, reason, verdict="unbound"))
+        unbound.add(run.host)
+
     with_results = [r for r in runs if r.results is not None]
     for run in with_results:
         theirs = run.results.get("run_id") if run.results else None
         if theirs != run_id:
             said = f"run {theirs!r}" if theirs else "no run (CLUSTERGATE_RUN_ID was not set)"
-            run.unbind(f"its results.json belongs to {said}, not to this run {run_id!r}: a node file of another "
-                       "cluster run is not this node phase's")
+            unbind(run, f"its results.json belongs to {said}, not to this run {run_id!r}: a node file of another "
+                        "cluster run is not this node phase's")
         results = run.results or {}
         for problem in (suite_problem(results), profile and profile_problem(results, profile, profile_source),
                         profile and identity_problem(results, profile)):
             if problem:
-                run.unbind(problem)
-    times = {r.host: started(r.results) for r in with_results if r.verdict != "unbound" and r.results}
+                unbind(run, problem)
+    times = {r.host: started(r.results) for r in with_results if r.host not in unbound and r.results}
     known = [t for t in times.values() if t is not None]
     window: dict[str, Any] = {"hours": window_h, "median_start": None, "from": None, "to": None}
     if known:
@@ -166,18 +174,18 @@ def bind(runs: list[NodeRun], run_id: str, window_h: float, now: datetime, profi
         window = {"hours": window_h, "median_start": _iso(median), "from": _iso(low), "to": _iso(high)}
         for run in with_results:
             when = times.get(run.host)
-            if run.verdict == "unbound" or run.host not in times:
+            if run.host in unbound or run.host not in times:
                 continue
             if when is None:
-                run.unbind("its results.json does not say when it started: which node phase it belongs to is unknown")
+                unbind(run, "its results.json does not say when it started: which node phase it belongs to is unknown")
             elif when > now + timedelta(seconds=CLOCK_SKEW_S):
-                run.unbind(f"it started {_iso(when)}, after this merge ({_iso(now)}): a clock or the file is wrong")
+                unbind(run, f"it started {_iso(when)}, after this merge ({_iso(now)}): a clock or the file is wrong")
             elif not low <= when <= high:
                 hours = abs((when - median).total_seconds()) / 3600
-                run.unbind(f"it started {_iso(when)}, {hours:.1f} h from the node phase's median start {_iso(median)} "
-                           f"(the run's window is {window_h:g} h: --window): not this node phase's run")
-    _unbind_shared_gpus([r for r in with_results if r.verdict != "unbound"])
-    return window
+                unbind(run, f"it started {_iso(when)}, {hours:.1f} h from the node phase's median start "
+                            f"{_iso(median)} (the run's window is {window_h:g} h: --window): not this node phase's run")
+    found += _shared_gpus([r for r in with_results if r.host not in unbound])
+    return window, found
 
 
 def _iso(when: datetime) -> str:
@@ -187,17 +195,16 @@ def _iso(when: datetime) -> str:
 def gpu_ids(results: dict[str, Any]) -> set[tuple[str, str]]:
     """("serial" | "uuid", value) of every GPU a node's results.json names (placeholders left out)."""
     out = set()
-    for node in results.get("nodes") or []:
-        for gpu in node.get("gpus") or []:
-            for key in ("serial", "uuid"):
-                value = gpu.get(key)
-                if isinstance(value, str) and value.strip() and not PLACEHOLDER.fullmatch(value.strip()):
-                    out.add((key, value.strip()))
+    for gpu in ResultsView.of(results).gpus:
+        for key in ("serial", "uuid"):
+            value = gpu.get(key)
+            if isinstance(value, str) and value.strip() and not PLACEHOLDER.fullmatch(value.strip()):
+                out.add((key, value.strip()))
     return out
 
 
-def _unbind_shared_gpus(runs: list[NodeRun]) -> None:
-    """Every host whose GPU serial or UUID another host names too."""
+def _shared_gpus(runs: list[NodeRun]) -> list[Exclusion]:
+    """An ``unbound`` exclusion of every host whose GPU serial or UUID another host names too."""
     holders: dict[tuple[str, str], list[str]] = {}
     for run in runs:
         for ident in gpu_ids(run.results or {}):
@@ -207,11 +214,14 @@ def _unbind_shared_gpus(runs: list[NodeRun]) -> None:
     for ident, hosts in shared.items():
         for host in hosts:
             by_host.setdefault(host, []).append((ident, hosts))
+    found = []
     for run in runs:
         if run.host in by_host:
             (kind, value), hosts = sorted(by_host[run.host])[0]
             others = ", ".join(h for h in hosts if h != run.host)
             more = len(by_host[run.host]) - 1
-            run.unbind(f"GPU {kind} {value} also appears on {others}{f' (and {more} more GPU ids)' if more else ''}: "
-                       "one GPU cannot be in two hosts, so which node ran which file is unknown (a node's file "
-                       "copied as another's?)")
+            found.append(Exclusion(run.host, f"GPU {kind} {value} also appears on {others}"
+                                             f"{f' (and {more} more GPU ids)' if more else ''}: one GPU cannot be in "
+                                             "two hosts, so which node ran which file is unknown (a node's file "
+                                             "copied as another's?)", verdict="unbound"))
+    return found

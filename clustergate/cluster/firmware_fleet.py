@@ -12,8 +12,9 @@ clocks and power, which a job across nodes meets as one slow or hanging rank; az
 with more than one VBIOS (azure_gpu_vbios.nhc), and the remedy is the same for one node as for one GPU: flash it
 to the fleet's version (or, where the odd node is the newer one, the fleet to it) and run the node again.
 
-Pure: ``node_versions`` reads one node run's record into a small mapping (kept per node while merging), ``findings``
-judges the mappings of the whole fleet.
+Pure: ``node_versions`` reads one node run's record into a small mapping (kept per node while merging), ``exclusions``
+judges the mappings of the whole fleet: each with its step, ``config_fleet_firmware`` (``clustergate.record.actions``),
+where the component, the node's version and the fleet's are named.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from clustergate.cluster.node_runs import Exclusion
+from clustergate.record import actions
 from workloads.gpu.firmware import DETAILS_KEY
 
 Versions = dict[str, tuple[str, ...]]
@@ -46,9 +49,10 @@ def _shown(versions: tuple[str, ...]) -> str:
     return " and ".join(versions)
 
 
-def findings(fleet: Mapping[str, Versions]) -> dict[str, list[str]]:
-    """Per host, a reason for each component on which it differs from the fleet (no host where it does not)."""
-    out: dict[str, list[str]] = {}
+def exclusions(fleet: Mapping[str, Versions]) -> list[Exclusion]:
+    """An exclusion for each component on which a host differs from the fleet, by component and then host, with the
+    step to align it (no host where it does not differ)."""
+    out: list[Exclusion] = []
     components = sorted({c for versions in fleet.values() for c in versions})
     for component in components:
         carried = {host: v[component] for host, v in fleet.items() if component in v}
@@ -63,9 +67,11 @@ def findings(fleet: Mapping[str, Versions]) -> dict[str, list[str]]:
             if split:
                 said = ", ".join(f"{_shown(v)} on {n}" for v, n in counts.most_common())
                 why = f"no version is on most of the fleet's {len(carried)} nodes ({said})"
+                where = f"{host} {component} {_shown(mine)}; the fleet has none on most of its nodes ({said})"
             else:
                 why = f"the fleet's is {_shown(usual)} ({most} of {len(carried)} nodes)"
-            out.setdefault(host, []).append(f"fleet firmware: {component} {_shown(mine)} on this node, {why}: "
-                                            "flash the node to the fleet's version (or the fleet to one) and run "
-                                            "it again")
+                where = f"{host} {component} {_shown(mine)}; the fleet's {_shown(usual)}"
+            out.append(Exclusion(host, f"fleet firmware: {component} {_shown(mine)} on this node, {why}: flash the "
+                                       "node to the fleet's version (or the fleet to one) and run it again",
+                                 actions.step("config_fleet_firmware", None, where)))
     return out

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy
 
-from clustergate.cluster.node_runs import NodeRun
+from clustergate.cluster.node_runs import Exclusion, NodeRun
 from clustergate.common.numbers import number
 from clustergate.criteria.criterion import Criterion
+from clustergate.record import actions
 from clustergate.record.results import short_test_name
 
 
@@ -196,11 +197,11 @@ def collect(runs: list[NodeRun]) -> list[FleetMetric]:
     return collector.fleet(runs)
 
 
-def judge_outliers(fleet: list[FleetMetric], runs: list[NodeRun]) -> int:
-    """Mark every part outside its criterion's peer bounds at the fleet median and give its node one reason per
-    metric (the node is excluded). Returns the number of outlying parts (GPUs and nodes)."""
-    by_host = {r.host: r for r in runs}
-    count = 0
+def judge_outliers(fleet: list[FleetMetric]) -> list[Exclusion]:
+    """Mark every part outside its criterion's peer bounds at the fleet median (its metric's ``outliers``) and exclude
+    its node, one exclusion per metric naming the parts, with its step (what the metric's miss calls for, on those
+    parts)."""
+    found: list[Exclusion] = []
     for fm in fleet:
         low: dict[str, list[tuple[Sample, list[str]]]] = {}
         for s in fm.samples:
@@ -208,15 +209,23 @@ def judge_outliers(fleet: list[FleetMetric], runs: list[NodeRun]) -> int:
                 low.setdefault(s.host, []).append((s, missed))
                 fm.outliers.append({"host": s.host, "gpu_index": s.gpu_index, "gpu_serial": s.gpu_serial,
                                     "rank": s.rank, "part": s.part(), "value": s.value, "severity": "fail"})
-        for host, found in low.items():
-            count += len(found)
-            values = sorted(s.value for s, _ in found)
+        for host, behind in low.items():
+            values = sorted(s.value for s, _ in behind)
             shown = number(values[0], fm.unit) if len(values) == 1 else \
                 f"{number(values[0])}..{number(values[-1], fm.unit)}"
-            parts = ", ".join(s.part() for s, _ in found)
-            by_host[host].reasons.append(f"fleet outlier: {fm.name}={shown} on {parts}, {found[0][1][0]} "
-                                         f"{fm.unit} ({len(fm.samples)} {fm.parts} of {fm.profile})")
-    return count
+            parts = ", ".join(s.part() for s, _ in behind)
+            gpus = ", ".join("the node" if s.gpu_index is None else f"gpu {s.gpu_index}"
+                             + (f" serial {s.gpu_serial}" if s.gpu_serial else "") for s, _ in behind)
+            found.append(Exclusion(host, f"fleet outlier: {fm.name}={shown} on {parts}, {behind[0][1][0]} "
+                                         f"{fm.unit} ({len(fm.samples)} {fm.parts} of {fm.profile})",
+                                   actions.step(actions.category_of_metric(fm.name), fm.nodeid,
+                                                f"{host} {gpus}: fleet outlier")))
+    return found
+
+
+def outlying_parts(fleet: list[FleetMetric]) -> int:
+    """How many parts (GPUs and nodes) ``judge_outliers`` found behind the fleet."""
+    return sum(len(fm.outliers) for fm in fleet)
 
 
 def node_shape(run: NodeRun) -> tuple[str, int] | None:
@@ -226,22 +235,25 @@ def node_shape(run: NodeRun) -> tuple[str, int] | None:
     return (str(gpus[0].get("name")), len(gpus)) if gpus else None
 
 
-def judge_shapes(runs: list[NodeRun]) -> None:
+def judge_shapes(runs: list[NodeRun]) -> list[Exclusion]:
     """Exclude a node that saw fewer GPUs than most of the fleet's nodes of its GPU model (more than half of
     them agree on a count): it lost GPUs, whatever profile its own count chose."""
     shapes = {r.host: shape for r in runs if r.verdict != "unbound" and (shape := node_shape(r)) is not None}
     by_model: dict[str, Counter[int]] = {}
     for model, gpus in shapes.values():
         by_model.setdefault(model, Counter())[gpus] += 1
+    found = []
     for run in runs:
         if run.host not in shapes:
             continue
         model, gpus = shapes[run.host]
         usual, nodes = by_model[model].most_common(1)[0]
         if gpus < usual and nodes * 2 > sum(by_model[model].values()):
-            run.reasons.append(f"fleet shape: {gpus} GPUs on this node (profile {run.results.get('profile')}, "
-                               f"where {nodes} of the fleet's {sum(by_model[model].values())} nodes of {model} have "
-                               f"{usual}): GPUs missing from the node (off the bus, not visible to the job)")
+            found.append(Exclusion(run.host, f"fleet shape: {gpus} GPUs on this node (profile "
+                                             f"{(run.results or {}).get('profile')}, where {nodes} of the fleet's "
+                                             f"{sum(by_model[model].values())} nodes of {model} have {usual}): GPUs "
+                                             "missing from the node (off the bus, not visible to the job)"))
+    return found
 
 
 def worst_figures(run: NodeRun, fleet: list[FleetMetric]) -> dict[str, dict[str, Any]]:

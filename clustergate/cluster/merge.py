@@ -104,7 +104,15 @@ from typing import Any
 from clustergate.cluster import binding, firmware_fleet, judged_by, node_facts, store_record
 from clustergate.cluster import excluded as excluded_mod
 from clustergate.cluster import fleet as fleet_mod
-from clustergate.cluster.node_runs import ACCEPTED, MergeInputError, NodeRun, missing_node, node_row, read_node
+from clustergate.cluster.node_runs import (
+    ACCEPTED,
+    Exclusion,
+    MergeInputError,
+    NodeRun,
+    missing_node,
+    node_row,
+    read_node,
+)
 from clustergate.common.exit_codes import refused
 from clustergate.common.hostlist import HostlistError, compress, read_hosts
 from clustergate.common.terminal import error_text, main_guarded
@@ -231,11 +239,13 @@ def load_thresholds(path: Path | None) -> Thresholds:
 
 def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds,
            level: str = DEFAULT_LEVEL, key: bytes | None = None,
-           collector: fleet_mod.Collector | None = None) -> tuple[list[NodeRun], list[str]]:
-    """Every node given or expected, in host order, and warnings about the input. Each node file is read once and
-    kept only as the facts the later steps need (``node_facts.keep``), its figures put into ``collector`` first: the
-    memory of a merge does not grow with each node's detail."""
+           collector: fleet_mod.Collector | None = None) -> tuple[list[NodeRun], list[Exclusion], list[str]]:
+    """Every node given or expected, in host order; the exclusions the directories call for (two name one host, a
+    host not expected); and warnings about the input. Each node file is read once and kept only as the facts the
+    later steps need (``node_facts.keep``), its figures put into ``collector`` first: the memory of a merge does not
+    grow with each node's detail."""
     runs: dict[str, NodeRun] = {}
+    found: list[Exclusion] = []
     warnings: list[str] = []
     beat = Heartbeat("merge: reading and judging node directories", total=len(paths), unit="nodes")
     for done, path in enumerate(paths):
@@ -246,8 +256,8 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
         run = read_node(path, thresholds, level, key)
         if run.host in runs:
             first = runs[run.host]
-            first.reasons.append(f"two result directories name this host ({first.directory} and {run.directory}): "
-                                 "which is this node is unknown")
+            found.append(Exclusion(run.host, f"two result directories name this host ({first.directory} and "
+                                             f"{run.directory}): which is this node is unknown"))
             continue
         if collector is not None and run.results is not None:
             collector.add(run.host, run.results)
@@ -260,11 +270,11 @@ def gather(paths: list[Path], expected: list[str] | None, thresholds: Thresholds
             runs.setdefault(host, missing_node(host))
         extra = sorted(set(runs) - set(expected))
         for host in extra:  # a host outside the list is not one of the cluster's nodes, whatever it measured
-            runs[host].reasons.append("not an expected host (--expect-hosts): a result from a node outside the "
-                                      "cluster is never accepted")
+            found.append(Exclusion(host, "not an expected host (--expect-hosts): a result from a node outside the "
+                                         "cluster is never accepted"))
         if extra:
             warnings.append(f"{len(extra)} hosts have results but were not expected, excluded: {compress(extra)}")
-    return [runs[h] for h in sorted(runs)], warnings
+    return [runs[h] for h in sorted(runs)], found, warnings
 
 
 @dataclass(slots=True)
@@ -287,34 +297,37 @@ def judge_nodes(paths: list[Path], expected: list[str] | None, thresholds: Thres
     """Every node read (each file's HMAC checked with ``key``) and judged, bound to run ``run_id`` and to the fleet's
     profile (``profile``, else the one the runs agree on), its skips held to the fleet, then set against the fleet:
     what merge writes and sign-off checks again (``now``: the time the parts must have started before: the
-    merge's)."""
+    merge's).
+
+    Each step after the read returns its exclusions and ``excluded.join`` adds them to their hosts here, in the
+    order of ``clustergate.cluster.excluded``'s list, before the next step reads the runs: a node the cluster run
+    unbinds is no part of the fleet the later steps judge."""
     collector = fleet_mod.Collector()
-    runs, warnings = gather(paths, expected, thresholds, level, key, collector)
+    runs, found, warnings = gather(paths, expected, thresholds, level, key, collector)  # 1. its own run (read_node)
+    excluded_mod.join(runs, found)  # 2. the node directories
     read = [r.results if r.results is not None else r.unjudged for r in runs]
     if (problem := judged_by.fleet_problem((r for r in read if r is not None), thresholds)) is not None:
         raise MergeInputError(problem)  # the command line's mistake: no node is to blame for it
     chosen = binding.fleet_profile(runs, profile, thresholds)
     source = "--profile" if profile is not None else "the one every node run agrees on"
-    window = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc), chosen, source)
-    hold_skips_to_fleet(runs)
+    window, found = binding.bind(runs, run_id, window_h, now or datetime.now(timezone.utc), chosen, source)
+    excluded_mod.join(runs, found)  # 3. the cluster run
+    excluded_mod.join(runs, fleet_skips(runs))  # 4. the fleet's skips
     fleet = collector.fleet(runs)
-    outliers = fleet_mod.judge_outliers(fleet, runs)
-    fleet_mod.judge_shapes(runs)
+    excluded_mod.join(runs, fleet_mod.judge_outliers(fleet))  # 5. the fleet's figures
+    excluded_mod.join(runs, fleet_mod.judge_shapes(runs))  # 6. the fleet's shape
     versions = {r.host: r.firmware for r in runs if r.verdict != "unbound" and r.firmware}
-    for host, reasons in firmware_fleet.findings(versions).items():  # a node off the fleet's firmware: excluded
-        next(r for r in runs if r.host == host).reasons += reasons
-    return Judged(runs, fleet, outliers, warnings, window, chosen, source)
+    excluded_mod.join(runs, firmware_fleet.exclusions(versions))  # 7. the fleet's firmware
+    return Judged(runs, fleet, fleet_mod.outlying_parts(fleet), warnings, window, chosen, source)
 
 
-def hold_skips_to_fleet(runs: list[NodeRun]) -> None:
+def fleet_skips(runs: list[NodeRun]) -> list[Exclusion]:
     """A node whose skips its fleet contradicts (``clustergate.trust.completeness.fleet_problems``) lacks what the
     others have: partial, saying so. Only the node runs of this cluster run count as its fleet."""
     fleet = {r.host: r.results for r in runs if r.results is not None and r.verdict in ("accept", "reject", "partial")}
-    for host, reasons in completeness.fleet_problems(fleet, suite_manifest.shipped()).items():
-        run = next(r for r in runs if r.host == host)
-        if run.verdict == "accept":
-            run.verdict = "partial"
-        run.reasons += reasons
+    return [Exclusion(host, reason, verdict="partial")
+            for host, reasons in completeness.fleet_problems(fleet, suite_manifest.shipped()).items()
+            for reason in reasons]
 
 
 def check_output(output: Path, paths: list[Path]) -> None:
@@ -393,7 +406,7 @@ def cluster_results(judged: Judged, expected: tuple[str, list[str]] | None, outp
                    "missing": sum(r.verdict in ("missing", "running", "unreadable") for r in runs),
                    "fleet_outliers": outliers},
         "accepted": accepted, "accepted_hostlist": compress(accepted),
-        "excluded": [excluded_mod.entry(r, fleet) for r in excluded],
+        "excluded": [excluded_mod.entry(r) for r in excluded],
         "excluded_hostlist": compress(r.host for r in excluded),
         "profile": judged.profile.name if judged.profile else None, "profile_source": judged.profile_source,
         "dry_run": bool(judged.profile) and skip_facts.profile_kind({}, judged.profile) == "cpu",

@@ -13,14 +13,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from clustergate.cluster import judged_by
 from clustergate.common import inputfile
 from clustergate.common.numbers import number
+from clustergate.common.results_view import ResultsView
 from clustergate.criteria.criterion import Criterion
 from clustergate.criteria.thresholds import Thresholds
-from clustergate.record import resultsfile
+from clustergate.record import actions, resultsfile
 from clustergate.record.results import short_test_name
 from clustergate.record.verdict import of_record
 from clustergate.trust import keyed
@@ -36,6 +37,22 @@ class MergeInputError(ValueError):
     """A path given to merge that cannot be a node's report directory."""
 
 
+class Exclusion(NamedTuple):
+    """One cause for which a step of merge excludes a host, as the step returns it: merge's steps read the node runs
+    and return these, and one place adds them to their hosts (``clustergate.cluster.excluded.join``, in the order
+    ``clustergate.cluster.merge.judge_nodes`` takes the steps)."""
+
+    host: str
+    reason: str
+    """The line the merged record's ``reasons`` says it in."""
+    step: actions.Step | None = None
+    """What to do about it where the cause itself says (a fleet outlier's part, the fleet's firmware); None: the
+    host's own run and its verdict say it (``clustergate.cluster.excluded.steps``)."""
+    verdict: str | None = None
+    """The verdict it gives its host: ``unbound`` (not a part of this cluster run: its figures leave the fleet),
+    ``partial`` (an accepted run that lacks what its fleet has); None: the host's verdict stays."""
+
+
 @dataclass(slots=True)
 class NodeRun:
     """One node of the node phase, as the merged report shows it."""
@@ -46,7 +63,10 @@ class NodeRun:
     """The node's verdict computed again from its records (accept | reject | partial | unjudged), or running |
     unreadable | missing | unbound where it has none."""
     reasons: list[str] = field(default_factory=list)
-    """Why the node is excluded: its own failures, then fleet outliers the merge finds."""
+    """Why the node is excluded: its own run's (``read_node``), then what each of merge's steps found, in their
+    order (``exclusions``)."""
+    exclusions: list[Exclusion] = field(default_factory=list)
+    """What merge's steps found besides its own run, each with its step (``clustergate.cluster.excluded.join``)."""
     warnings: list[str] = field(default_factory=list)
     results: dict[str, Any] | None = None
     """The node's results.json (not written into the cluster results)."""
@@ -64,11 +84,6 @@ class NodeRun:
     firmware: dict[str, tuple[str, ...]] | None = None
     """Its firmware and driver versions (``clustergate.cluster.firmware_fleet.node_versions``), said when it was
     read: the fleet holds every node to the versions most of it carries."""
-
-    def unbind(self, reason: str) -> None:
-        """Not a part of this cluster run (``clustergate.cluster.binding``): excluded, its figures out of the fleet."""
-        self.verdict = "unbound"
-        self.reasons.append(reason)
 
     @property
     def status(self) -> str:
@@ -231,7 +246,7 @@ def node_row(run: NodeRun) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for test in res.get("tests", []):
         counts[test.get("outcome", "?")] = counts.get(test.get("outcome", "?"), 0) + 1
-    gpus = [g for n in res.get("nodes", []) for g in n.get("gpus", [])]
+    gpus = ResultsView.of(res).gpus
     return {"host": run.host, "directory": run.directory, "digest": run.digest, "run_id": res.get("run_id"),
             "status": run.status, "verdict": run.verdict,
             "profile": res.get("profile"), "level": res.get("level"), "started": res.get("started"),

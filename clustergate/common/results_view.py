@@ -89,3 +89,8 @@ class ResultsView:
     @property
     def nodes(self) -> tuple[Mapping[str, Any], ...]:
         return _mappings(self.raw.get("nodes"))
+
+    @property
+    def gpus(self) -> tuple[Mapping[str, Any], ...]:
+        """Every GPU its nodes list (index, uuid, serial, name), node by node: the hardware that ran it."""
+        return tuple(g for n in self.nodes for g in _mappings(n.get("gpus")))

@@ -121,6 +121,11 @@ FIGURE_CATEGORIES: dict[str, Category] = {
                                 "(or, at merge, from the fleet's), or is below the profile's minimum",
                                 "flash the part to the version the report names (nvidia-smi -q; mlxfwmanager), then "
                                 "run the node again"),
+    "config_fleet_firmware": Category("a node's GPU firmware (VBIOS, InfoROM), HCA firmware or driver differs from "
+                                      "the fleet's: the version most of the fleet's nodes carry (at merge)",
+                                      "bring the node to the fleet's version named beside this step (nvidia-smi -q; "
+                                      "mlxfwmanager; the driver package), or, where the node's is the one to keep, "
+                                      "the fleet to it; then run the node again"),
     "config_topology": Category("a GPU's nearest NIC is not its own (shared, too far, on another NUMA node), or NCCL "
                                 "sent a GPU's traffic through another NIC than its own",
                                 "compare the node's nvidia-smi topo -m with its peers' and check NCCL_IB_HCA and "

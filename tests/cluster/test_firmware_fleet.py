@@ -9,11 +9,19 @@ from typing import Any
 
 from cluster_runs import node_results, write_node
 
-from clustergate.cluster.firmware_fleet import findings, node_versions
+from clustergate.cluster.firmware_fleet import Versions, exclusions, node_versions
 from clustergate.cluster.merge import merge
 from workloads.gpu.firmware import DETAILS_KEY
 
 GPU_TEST = "acceptance/test_gpu_firmware.py::test_gpu_firmware_alike"
+
+
+def findings(fleet: dict[str, Versions]) -> dict[str, list[str]]:
+    """Per host, the reasons ``exclusions`` gives it."""
+    out: dict[str, list[str]] = {}
+    for exclusion in exclusions(fleet):
+        out.setdefault(exclusion.host, []).append(exclusion.reason)
+    return out
 FLEET_VBIOS, ODD_VBIOS = "96.00.A5.00.1A", "96.00.A5.00.1B"
 
 
@@ -22,6 +30,15 @@ def test_the_odd_node_is_named_with_the_fleets_version() -> None:
              "n3": {"vbios": ("A",), "driver": ("570.1",)}}
     assert findings(fleet) == {"n2": ["fleet firmware: vbios B on this node, the fleet's is A (2 of 3 nodes): flash "
                                       "the node to the fleet's version (or the fleet to one) and run it again"]}
+
+
+def test_the_odd_nodes_step_is_to_align_its_firmware_naming_the_fleets_version() -> None:
+    """Not a generic re-test: the node's firmware is what to change, to the version the fleet carries."""
+    (found,) = exclusions({"n1": {"vbios": ("A",)}, "n2": {"vbios": ("B",)}, "n3": {"vbios": ("A",)}})
+    assert found.step is not None and found.step.action.value == "config"
+    assert found.step.category == "config_fleet_firmware" and found.step.where == "n2 vbios B; the fleet's A"
+    assert "[n2 vbios B; the fleet's A]: bring the node to the fleet's version" in found.step.text()
+    assert found.verdict is None  # excluded, its figures still the fleet's
 
 
 def test_a_split_fleet_names_every_node_of_the_split() -> None:
@@ -54,3 +71,8 @@ def test_merge_names_the_node_on_another_vbios(tmp_path: Path) -> None:
     assert entry["host"] == "m2"
     assert entry["reasons"] == [f"fleet firmware: vbios {ODD_VBIOS} on this node, the fleet's is {FLEET_VBIOS} (2 of 3 "
                                 "nodes): flash the node to the fleet's version (or the fleet to one) and run it again"]
+    # Its own run passed: what to do is align its firmware (config), not run it again (retest).
+    assert entry["action"] == "config"
+    assert [(s["category"], s["where"]) for s in entry["steps"]] == [
+        ("config_fleet_firmware", f"m2 vbios {ODD_VBIOS}; the fleet's {FLEET_VBIOS}")]
+    assert (tmp_path / "run" / "excluded-hosts.txt").read_text().rstrip("\n").endswith("\tconfig")

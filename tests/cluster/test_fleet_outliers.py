@@ -17,6 +17,7 @@ import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
 from clustergate.cluster import fleet
+from clustergate.cluster.excluded import join
 from clustergate.cluster.merge import merge
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.cluster.signoff import signoff
@@ -78,7 +79,8 @@ def test_a_fleet_outlier_fails_whatever_the_criterion_s_severity() -> None:
             {"nodeid": "acceptance/test_interconnect.py::test_gpu_pairs[intranode]", "metrics": [metric]}]})
     runs = [run("a", 300.0), run("b", 298.0), run("c", 180.0)]
     found = fleet.collect(runs)
-    assert fleet.judge_outliers(found, runs) == 1
+    join(runs, fleet.judge_outliers(found))
+    assert fleet.outlying_parts(found) == 1
     assert [r.status for r in runs] == ["accepted", "accepted", "excluded"]
     assert runs[2].reasons == ["fleet outlier: intranode_pair_bw_gbps=180 GB/s on gpu 0 (serial s-c), below 90% of "
                                "the fleet median 298 GB/s (3 GPUs of p)"] and runs[2].warnings == []
@@ -93,7 +95,8 @@ def test_a_lower_is_better_figure_is_held_to_a_multiple_of_the_fleet_median() ->
             {"nodeid": "acceptance/test_interconnect.py::test_allreduce_latency[node]", "metrics": [metric]}]})
     runs = [run("a", 9.0), run("b", 9.4), run("c", 9.1), run("d", 20.0)]
     found = fleet.collect(runs)
-    assert fleet.judge_outliers(found, runs) == 1
+    join(runs, fleet.judge_outliers(found))
+    assert fleet.outlying_parts(found) == 1
     assert runs[3].reasons == ["fleet outlier: intranode_allreduce_latency_us=20 us on the node, above 1.5x the fleet "
                                "median 9.25 us (4 nodes of p)"]
     assert found[0].limit == pytest.approx(1.5 * 9.25) and found[0].floor is None
@@ -105,12 +108,12 @@ def test_a_node_that_lost_gpus_is_not_judged_as_a_smaller_shape() -> None:
             "profile": "h200" if gpus == 8 else "h200-4gpu", "tests": [],
             "nodes": [{"host": host, "gpus": [{"index": g, "name": "NVIDIA H200"} for g in range(gpus)]}]})
     runs = [run("a", 8), run("b", 8), run("c", 4)]
-    fleet.judge_shapes(runs)
+    join(runs, fleet.judge_shapes(runs))
     assert [r.status for r in runs] == ["accepted", "accepted", "excluded"]
     assert runs[2].reasons[0].startswith("fleet shape: 4 GPUs on this node (profile h200-4gpu, where 2 of the "
                                          "fleet's 3 nodes of NVIDIA H200 have 8)")
     even = [run("a", 8), run("c", 4)]  # no majority: a fleet of mixed shapes says nothing of either
-    fleet.judge_shapes(even)
+    join(even, fleet.judge_shapes(even))
     assert [r.status for r in even] == ["accepted", "accepted"]
 
 
