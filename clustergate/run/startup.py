@@ -276,7 +276,10 @@ def _prepare(config: pytest.Config, world: World, root: Path) -> Path:
     if chosen is None and world.is_leader:
         chosen = str(default_report_dir(root))
     chosen = control.broadcast_from_leader(world, chosen, Step(None, "report directory", within(STARTUP_S)))
-    path = Path(chosen)
+    # Absolute, from where this rank started: pytest goes back to its start directory as the session ends, and
+    # show_tests_from_rootdir makes that the suite's root, so a relative --report-dir would then name another
+    # folder and the run's last writes (the verdict, the report) would fail.
+    path = Path(chosen).absolute()
     problems = control.all_gather(world, (world.host, reportdir.problem(path)),
                                   Step(None, "report directory check", within(STARTUP_S)))
     bad = [(r, host, why) for r, (host, why) in enumerate(problems) if why]

@@ -267,13 +267,14 @@ def test_clustergate_run_prints_once_and_ends_with_its_verdict(tmp_path: Path) -
         return subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "2", *args],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # hang guard
 
-    failed = run("-k", "test_world", "--level", "quick", "--thresholds", str(strict), "--report-dir",
-                 str(tmp_path / "report"))
+    # --report-dir relative to the directory the command runs in: every output, the last ones too, lands there.
+    failed = run("-k", "test_world", "--level", "quick", "--thresholds", str(strict), "--report-dir", "report")
     said = failed.stdout + failed.stderr
     assert failed.returncode == Exit.NOT_ACCEPTED, said
     assert failed.stdout.splitlines()[-1].startswith("clustergate run: REJECT: 1 of 2 tests did not pass (exit 1; "
                                                      f"{tmp_path / 'report' / 'results.json'})"), said
     assert "FAILED acceptance/test_world.py::test_world_matches_profile" in said, said
+    assert json.loads((tmp_path / "report" / "results.json").read_text())["verdict"] == "reject", said
     for noise in ("Traceback", "ChildFailedError", "SignalException", "PytestAssertRewriteWarning", "../",
                   "failed (exitcode: "):  # torchrun's own error line per failed rank: the verdict line says it
         assert noise not in said, noise
