@@ -252,7 +252,11 @@ def judge_shapes(runs: list[NodeRun]) -> list[Exclusion]:
             found.append(Exclusion(run.host, f"fleet shape: {gpus} GPUs on this node (profile "
                                              f"{(run.results or {}).get('profile')}, where {nodes} of the fleet's "
                                              f"{sum(by_model[model].values())} nodes of {model} have {usual}): GPUs "
-                                             "missing from the node (off the bus, not visible to the job)"))
+                                             "missing from the node (off the bus, not visible to the job)",
+                                   # GPUs gone from a node that passed its own run: the GPU inventory's step (a
+                                   # reset, then the vendor), not a retest of a run that was not at fault.
+                                   actions.step("gpu_inventory", "acceptance/test_gpu_inventory.py::test_gpu_count",
+                                                f"{run.host}: {gpus} of the fleet's {usual} GPUs")))
     return found
 
 

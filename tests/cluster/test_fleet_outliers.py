@@ -17,7 +17,7 @@ import pytest
 from cluster_runs import fabric_results, node_results, write_fabric, write_node
 
 from clustergate.cluster import fleet
-from clustergate.cluster.excluded import join
+from clustergate.cluster.excluded import join, steps
 from clustergate.cluster.merge import merge
 from clustergate.cluster.node_runs import NodeRun
 from clustergate.cluster.signoff import signoff
@@ -112,6 +112,9 @@ def test_a_node_that_lost_gpus_is_not_judged_as_a_smaller_shape() -> None:
     assert [r.status for r in runs] == ["accepted", "accepted", "excluded"]
     assert runs[2].reasons[0].startswith("fleet shape: 4 GPUs on this node (profile h200-4gpu, where 2 of the "
                                          "fleet's 3 nodes of NVIDIA H200 have 8)")
+    # Its own run passed: the step is the GPU inventory's (reset, then the vendor), not a retest.
+    assert [(s.category, s.action.value, s.where) for s in steps(runs[2])] == [
+        ("gpu_inventory", "reset", "c: 4 of the fleet's 8 GPUs")]
     even = [run("a", 8), run("c", 4)]  # no majority: a fleet of mixed shapes says nothing of either
     join(even, fleet.judge_shapes(even))
     assert [r.status for r in even] == ["accepted", "accepted"]
