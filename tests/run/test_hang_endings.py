@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import time
@@ -187,15 +186,24 @@ def test_a_lone_rank_stopped_is_named_and_ended(waited_out: dict[str, Any],  # n
     assert (res["hang"]["kind"], res["hang"]["culprits"]) == ("frozen", [0])
 
 
+def still_for(error: str, before: str, after: str) -> bool:
+    """``error`` is ``before``, the seconds no progress was seen, then starts with ``after``: STILL_S or, on a loaded
+    machine, a beat or two more (the judging rank's beat comes late; CI saw 31 and 32 s)."""
+    if not error.startswith(before):
+        return False
+    seconds, _, rest = error[len(before):].partition(" s")
+    return seconds.isdigit() and STILL_S <= int(seconds) <= STILL_S + 10 and rest.startswith(after)
+
+
 def test_a_lone_rank_stuck_in_its_own_code_is_named(waited_out: dict[str, Any],  # noqa: F811
                                                     request: pytest.FixtureRequest) -> None:
     """The only rank blocks in a read nobody answers, in a test that takes 3 s when healthy, under a test limit of
     600 s: its own beat finds that its main thread has not moved for STILL_S and ends the run naming it, where it
     waits and how (33-36 s)."""
     r, res = ended_within_a_minute(request, waited_out, "the lone rank stuck in its own code")
-    assert res["error"].startswith(f"rank 0 ({HOST}) is stuck in its own code during test_fault.py::test_stuck "
-                                   f"[call]: no progress for {STILL_S:.0f} s, at test_fault.py:19 in test_stuck: it "
-                                   "waits in a call that does not return"), res["error"]
+    assert still_for(res["error"], f"rank 0 ({HOST}) is stuck in its own code during test_fault.py::test_stuck "
+                     "[call]: no progress for ", ", at test_fault.py:19 in test_stuck: it waits in a call that does "
+                     "not return"), res["error"]
     assert res["error_ranks"] == [0] and res["tests"][1]["failed_ranks"] == [0], res["tests"]
     hang = res["hang"]
     assert (hang["kind"], hang["culprits"], hang["found_by"], hang["collective"]) == ("stuck", [0], 0, None), hang
@@ -227,11 +235,9 @@ def test_every_rank_stuck_alike_is_named(waited_out: dict[str, Any],  # noqa: F8
     """Both ranks block alike in the same test (3 s when healthy), no rank waiting in a collective for another: the
     lowest, rank 0, names both once neither has moved for STILL_S."""
     r, res = ended_within_a_minute(request, waited_out, "every rank stuck alike")
-    # The seconds are those the lowest rank saw when it judged: STILL_S or, on a loaded machine, a beat or two more.
-    said = re.match(r"every rank is stuck alike in its own code during test_fault\.py::test_stuck \[call\]: none has "
-                    r"made progress for (\d+) s \(rank 0 \(" + re.escape(HOST) + r"\) at test_fault\.py:19 "
-                    r"in test_stuck \(it waits in a call that does not return\); rank 1", res["error"])
-    assert said and STILL_S <= int(said.group(1)) <= STILL_S + 10, res["error"]
+    assert still_for(res["error"], "every rank is stuck alike in its own code during test_fault.py::test_stuck "
+                     "[call]: none has made progress for ", f" (rank 0 ({HOST}) at test_fault.py:19 in test_stuck (it "
+                     "waits in a call that does not return); rank 1"), res["error"]
     assert res["error_ranks"] == [0, 1] and res["tests"][1]["failed_ranks"] == [0, 1], res["tests"]
     assert (res["hang"]["kind"], res["hang"]["culprits"]) == ("stuck", [0, 1])
     # torchrun's own summary names it too (its Root Cause: the rank's error file), not "<N/A>"
@@ -245,10 +251,10 @@ def test_every_rank_receiving_from_a_peer_that_never_sends_is_a_deadlock(waited_
     no point-to-point operation), every main thread waits in torch.distributed: a deadlock of the group, named with
     where each rank waits."""
     r, res = ended_within_a_minute(request, waited_out, "every rank receiving from a peer that never sends")
-    assert res["error"].startswith("every rank waits in an operation none of them will complete (a deadlock of the "
-                                   "group) during test_fault.py::test_deadlock [call]: none has made progress for "
-                                   f"{STILL_S:.0f} s (rank 0 ({HOST}) in recv called at test_fault.py:16; rank 1 "
-                                   f"({HOST}) in recv called at test_fault.py:16)"), res["error"]
+    assert still_for(res["error"], "every rank waits in an operation none of them will complete (a deadlock of the "
+                     "group) during test_fault.py::test_deadlock [call]: none has made progress for ",
+                     f" (rank 0 ({HOST}) in recv called at test_fault.py:16; rank 1 ({HOST}) in recv called at "
+                     "test_fault.py:16)"), res["error"]
     assert res["error_ranks"] == [0, 1] and (res["hang"]["kind"], res["hang"]["culprits"]) == ("deadlock", [0, 1])
     assert "dist.recv(torch.zeros(4)" in stack_of(res, 1)
 
