@@ -27,13 +27,13 @@ from workloads.result import Result
 BW, LAT = "rdma_write_bw_gbps", "rdma_write_lat_us"
 
 
-def _active(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def active_ports(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(every port under root's /sys/class/infiniband, those ACTIVE on an RDMA link layer)."""
     ports = discovery.read_infiniband(root)
     return ports, [p for p in ports if p["state"] == "ACTIVE" and p["link_layer"] in FABRIC_KINDS]
 
 
-def _node_gpus(cg: Recorder) -> dict[str, str]:
+def node_gpus(cg: Recorder) -> dict[str, str]:
     """{'gpu 3': PCI bus id} of this node's GPUs, as the ranks' identities name them."""
     me = cg.identities[cg.rank]
     return {f"gpu {g['index']}": g["pci_bus_id"] for i in cg.identities if i["node_rank"] == me["node_rank"]
@@ -117,7 +117,7 @@ def _node_rdma(cg: Recorder) -> dict[str, Any] | None:
         return {**out, "skip": "package_missing", "why": f"perftest's {perftest.BW_TOOL} is not on PATH on {host} "
                 "(install perftest, built with CUDA for GPUDirect RDMA)"}
     out["perftest"] = {"path": tool.path, "version": tool.version, "cuda": tool.cuda, "cuda_dmabuf": tool.cuda_dmabuf}
-    ports, active = _active(root)
+    ports, active = active_ports(root)
     if not ports:
         probe = perftest.loopback(tool, [], timeout_s=10.0)  # perftest itself looks for a device
         return {**out, "skip": "no_infiniband", "why": f"no HCA on {host}: {root / 'sys/class/infiniband'} lists no "
@@ -127,7 +127,7 @@ def _node_rdma(cg: Recorder) -> dict[str, Any] | None:
                                + "; ".join(f"{p['device']}/{p['port']} {p['state']}" for p in ports) + ")")
         return out
     lat = perftest.Tool.find(perftest.LAT_TOOL)
-    gpus, gdr = _node_gpus(cg), discovery.read_gpudirect(root)
+    gpus, gdr = node_gpus(cg), discovery.read_gpudirect(root)
     choice = roce.Choice.from_env(os.environ)
     out["rows"] = [_one_port(tool, lat, root, p, host, gpus, gdr, choice) for p in active]
     return out
@@ -174,7 +174,7 @@ def _node_roce(cg: Recorder) -> dict[str, Any] | None:
     if me["local_rank"] != 0:
         return None
     root = host_root()
-    _, active = _active(root)
+    _, active = active_ports(root)
     choice = roce.Choice.from_env(os.environ)
     ports = [roce.port_gid(root, p["device"], p["port"], choice) for p in active if p["link_layer"] == "Ethernet"]
     return {"rank": cg.rank, "host": me["host"], "ports": ports}

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from acceptance.evidence import Part, decide, host_root, judge_parts
-from acceptance.test_rdma import _active, _node_gpus, gpu_memory, gpudirect_unavailable
+from acceptance.test_rdma import active_ports, gpu_memory, gpudirect_unavailable, node_gpus
 from clustergate.run.recorder import Recorder
 from workloads import faults
 from workloads.common import agree
@@ -48,7 +48,7 @@ def _node_ports(cg: Recorder) -> dict[str, Any] | None:
         return {**out, "why": f"perftest's {perftest.BW_TOOL} is not on PATH on {host} (install perftest, built with "
                 "CUDA for GPUDirect RDMA)"}
     out["tool"] = {"path": tool.path, "version": tool.version, "cuda": tool.cuda}
-    ports, active = _active(root)
+    ports, active = active_ports(root)
     if not ports:
         probe = perftest.loopback(tool, [], timeout_s=10.0)  # perftest itself looks for a device
         return {**out, "why": f"no HCA on {host}: {root / 'sys/class/infiniband'} lists no port, and "
@@ -56,7 +56,7 @@ def _node_ports(cg: Recorder) -> dict[str, Any] | None:
     if not active:
         out["problem"] = f"{host}: no InfiniBand or RoCE port is ACTIVE, so it has no rail (" + "; ".join(
             f"{p['device']}/{p['port']} {p['state']}" for p in ports) + ")"
-    gpus, gdr, choice = _node_gpus(cg), discovery.read_gpudirect(root), roce.Choice.from_env(os.environ)
+    gpus, gdr, choice = node_gpus(cg), discovery.read_gpudirect(root), roce.Choice.from_env(os.environ)
     for p in sorted(active, key=lambda p: rdma_rails.natural_key(f"{p['device']}/{p['port']}")):
         dev, num = p["device"], p["port"]
         gid = roce.port_gid(root, dev, num, choice)["gid_index"] if p["link_layer"] == "Ethernet" else None
@@ -134,11 +134,11 @@ def _rounds(cfg: p2p_pairs.Config, nodes: list[dict[str, Any]], cg: Recorder,
     here = next((i for i, n in enumerate(nodes) if n["rank"] == cg.rank), None)
     tool = perftest.Tool.find(perftest.BW_TOOL) if here is not None else None
     rows: list[dict[str, Any]] = []
+    width = {i: len(n["ports"]) for i, n in enumerate(nodes)}  # each node's count of rails
     for k in range(cfg.rounds):
         node_pairs = state.plan()
         if not node_pairs:
             continue
-        width = {i: len(n["ports"]) for i, n in enumerate(nodes)}
         measured = [dict(row, round=k + 1) for step in rdma_rails.steps(node_pairs, width)
                     for row in _step(cg, tool, step, here, nodes)]
         rows += measured
@@ -186,9 +186,9 @@ def test_rdma_write_per_rail(cg: Recorder) -> None:
             server_of[label] = a["rank"]
     verdicts = judge_parts(cg, parts)
     for owner, lines in verdicts.failures.items():  # a slow rail is both ends' (the rounds say which to blame)
-        failures[owner].extend(lines)
-        for line in lines:
-            failures[next((r for lab, r in server_of.items() if f": {lab}: " in line), owner)].append(line)
+        failures[owner].extend(lines)  # the client's, the part's owner
+        for line in lines:  # and its server's: each line names its part's label (``judge_parts``)
+            failures[next(r for lab, r in server_of.items() if f": {lab}: " in line)].append(line)
     for n in state.excluded():
         failures[nodes[n]["rank"]].append(f"{nodes[n]['host']} excluded by the rounds of node pairs: "
                                           + "; ".join(state.evidence[n]))

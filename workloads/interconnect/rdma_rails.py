@@ -16,13 +16,8 @@ from workloads.interconnect.node_rounds import NodePair
 
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key of a port label ('mlx5_10/1'): its numbers as numbers."""
+    """Sort key of a port label ('mlx5_10/1'): its numbers as numbers, so a node's ports sort in rail order."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
-
-
-def rail_order(ports: list[str]) -> list[str]:
-    """A node's port labels in rail order."""
-    return sorted(ports, key=natural_key)
 
 
 @dataclass(frozen=True, slots=True)
