@@ -48,7 +48,8 @@ PURE=$(dirname "$TORCH_DIR")
 # would be compiled by the first run alone and make its figure a first run of Python's, not the node's.
 IMPORTED="numpy _pytest pytest pluggy iniconfig packaging yaml sympy mpmath triton networkx jinja2 markupsafe filelock
   fsspec requests urllib3 charset_normalizer idna certifi pygments tabulate tqdm opt_einsum functorch torchgen
-  typing_extensions.py pynvml.py"
+  typing_extensions.py pynvml.py transformers peft tokenizers safetensors huggingface_hub accelerate regex psutil
+  einops hf_xet"
 DIRS=()
 for name in $IMPORTED; do [ -e "$PURE/$name" ] && DIRS+=("$PURE/$name"); done
 say "compileall into $PYTHONPYCACHEPREFIX: the standard library, torch, the wheels and ${#DIRS[@]} packages the run imports"
@@ -77,6 +78,10 @@ for part in $PARTS; do
       timeout 50 $QT --cold 1 --warm 0 --out "$S/standard-gpt-node2" -- python3 -m clustergate run --level standard \
         -k test_gpt_throughput --shared-dir "$S/shared-standard" >"$S/standard-gpt-node2.txt" 2>&1
       say "standard gpt node 2: exit $?"; pack ;;
+    finetune)  # the fine-tunes alone at standard, twice (their windows: docs/checks.md)
+      timeout 150 $QT --cold 0 --warm 2 --out "$S/finetune" -- python3 -m clustergate run --level standard \
+        -k finetune --shared-dir "$S/shared-standard" >"$S/finetune.txt" 2>&1
+      say "finetune: exit $?"; pack ;;
     gpt-standard)  # the GPT test alone at standard: node 1 compiles, node 2 (empty caches) loads, then warm
       timeout 150 $QT --cold 2 --warm 1 --out "$S/gpt-standard" -- python3 -m clustergate run --level standard \
         -k test_gpt_throughput --shared-dir "$S/shared-standard" >"$S/gpt-standard.txt" 2>&1
@@ -86,6 +91,6 @@ done
 ls -la "$S"/shared-*/compiled >>"$LOG" 2>&1
 pack
 say "done: $OUT/fleet.tgz"
-for f in "$S"/quick.txt "$S"/standard.txt "$S"/standard-gpt-node2.txt "$S"/gpt-standard.txt; do
+for f in "$S"/quick.txt "$S"/finetune.txt "$S"/standard.txt "$S"/standard-gpt-node2.txt "$S"/gpt-standard.txt; do
   [ -f "$f" ] && grep -E "^(cold|warm)[0-9]|^wall|kernels of|^  (wall|start|tests|start-up) " "$f" | head -40
 done

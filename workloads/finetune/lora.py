@@ -126,8 +126,9 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     phases: dict[str, float] = {}
     start = time.perf_counter()
+    setup_s: dict[str, float] = {}
     model, tokenizer, (ids, assistant), (eval_ids, eval_assistant) = agree_on(
-        lambda: _setup(cfg, device), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
+        lambda: _setup(cfg, device, setup_s), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
     phases["setup"] = time.perf_counter() - start
     labels = ids if cfg.loss_on == "all" else ids.masked_fill(~assistant, -100)
     eval_labels = eval_ids if cfg.loss_on == "all" else eval_ids.masked_fill(~eval_assistant, -100)
@@ -174,27 +175,49 @@ def run(cfg: Config) -> Result:
         "eval_loss_before": eval_before, "eval_loss_after": eval_after, "window": cfg.window,
         "early_loss": early, "late_loss": late, "step_time": timing, "tokens_per_step_per_rank": tokens,
         "lora_rank_max_difference": max_diff, "world_size": here.world_size,
-        "phase_seconds": {k: round(v, 2) for k, v in phases.items()},
+        "phase_seconds": {k: round(v, 2) for k, v in phases.items()}, "setup_seconds": setup_s,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "device"}}})
 
 
-def _setup(cfg: Config, device: torch.device) -> tuple[Any, Any, tuple[Any, Any], tuple[Any, Any]]:
+def _setup(cfg: Config, device: torch.device,
+           seconds: dict[str, float]) -> tuple[Any, Any, tuple[Any, Any], tuple[Any, Any]]:
+    """Model, tokenizer and the packed data; ``seconds`` gets each part's time (the set-up is most of the test's)."""
+    mark = _marker(seconds)
+    import peft  # noqa: F401  (imported here, timed: with transformers, most of the set-up)
+    import transformers  # noqa: F401
+    mark("imports")
     train, held = fc.records(cfg.data_path, cfg.train_samples, cfg.eval_samples, cfg.seed)
+    mark("records")
     if cfg.model_path is None:
         tokenizer = fc.built_in_tokenizer(train)
+        mark("tokenizer")
         model = fc.build_model("qwen2", len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
                                cfg.seq_len, cfg.seed)
     else:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model, tokenizer = fc.load_local(cfg.model_path, dtype, gradient_checkpointing=cfg.gradient_checkpointing)
+    mark("model")
     reply_only = cfg.loss_on == "assistant"
     train_blocks = fc.blocks(train, tokenizer, cfg.seq_len, reply_only)
     held_blocks = fc.blocks(held, tokenizer, cfg.seq_len, reply_only)
+    mark("blocks")
     try:
         model = model.to(device)
     except torch.OutOfMemoryError as exc:
         raise WorkloadError(str(fc.oom_error(exc, "loading the model", f"model {cfg.model_path}"))) from None
+    mark("to_device")
     return model, tokenizer, train_blocks, held_blocks
+
+
+def _marker(seconds: dict[str, float]) -> Any:
+    """``mark(name)`` records the seconds since the last mark under ``name``."""
+    last = [time.perf_counter()]
+
+    def mark(name: str) -> None:
+        now = time.perf_counter()
+        seconds[name] = round(now - last[0], 2)
+        last[0] = now
+    return mark
 
 
 def _with_lora(model: Any, cfg: Config) -> Any:
