@@ -284,6 +284,20 @@ def alone_now() -> tuple[str, float] | None:
 
 # ---- timing -----------------------------------------------------------------------------------
 
+class Phases:
+    """Where a workload's wall time goes, phase by phase (host clock): ``mark(phase)`` records the seconds since the
+    last mark (or the start) under ``phase``. A phase that runs the device should end synchronised."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = round(now - self._last, 3)
+        self._last = now
+
+
 def wait_for_collectives(wait: Callable[[], object]) -> None:
     """The host waits (``wait``) for collectives the GPU already runs, e.g. replayed from a CUDA graph, where no
     torch.distributed call is on the stack: the plugin counts a rank waiting here as blocked in a collective

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workloads.common import agree_on, check_level, distributed, place, summarize, time_runs
+from workloads.common import Phases, agree_on, check_level, distributed, place, summarize, time_runs
 from workloads.finetune import _common as fc
 from workloads.result import Metric, Result, WorkloadError
 
@@ -126,9 +126,9 @@ def run(cfg: Config) -> Result:
     device = torch.device(cfg.device)
     phases: dict[str, float] = {}
     start = time.perf_counter()
-    setup_s: dict[str, float] = {}
+    setup = Phases()
     model, tokenizer, (ids, assistant), (eval_ids, eval_assistant) = agree_on(
-        lambda: _setup(cfg, device, setup_s), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
+        lambda: _setup(cfg, device, setup), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
     phases["setup"] = time.perf_counter() - start
     labels = ids if cfg.loss_on == "all" else ids.masked_fill(~assistant, -100)
     eval_labels = eval_ids if cfg.loss_on == "all" else eval_ids.masked_fill(~eval_assistant, -100)
@@ -175,14 +175,14 @@ def run(cfg: Config) -> Result:
         "eval_loss_before": eval_before, "eval_loss_after": eval_after, "window": cfg.window,
         "early_loss": early, "late_loss": late, "step_time": timing, "tokens_per_step_per_rank": tokens,
         "lora_rank_max_difference": max_diff, "world_size": here.world_size,
-        "phase_seconds": {k: round(v, 2) for k, v in phases.items()}, "setup_seconds": setup_s,
+        "phase_seconds": {k: round(v, 2) for k, v in phases.items()}, "setup_seconds": setup.seconds,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "device"}}})
 
 
 def _setup(cfg: Config, device: torch.device,
-           seconds: dict[str, float]) -> tuple[Any, Any, tuple[Any, Any], tuple[Any, Any]]:
-    """Model, tokenizer and the packed data; ``seconds`` gets each part's time (the set-up is most of the test's)."""
-    mark = _marker(seconds)
+           phases: Phases) -> tuple[Any, Any, tuple[Any, Any], tuple[Any, Any]]:
+    """Model, tokenizer and the packed data; ``phases`` gets each part's time (the set-up is most of the test's)."""
+    mark = phases.mark
     import peft  # noqa: F401  (imported here, timed: with transformers, most of the set-up)
     import transformers  # noqa: F401
     mark("imports")
@@ -207,17 +207,6 @@ def _setup(cfg: Config, device: torch.device,
         raise WorkloadError(str(fc.oom_error(exc, "loading the model", f"model {cfg.model_path}"))) from None
     mark("to_device")
     return model, tokenizer, train_blocks, held_blocks
-
-
-def _marker(seconds: dict[str, float]) -> Any:
-    """``mark(name)`` records the seconds since the last mark under ``name``."""
-    last = [time.perf_counter()]
-
-    def mark(name: str) -> None:
-        now = time.perf_counter()
-        seconds[name] = round(now - last[0], 2)
-        last[0] = now
-    return mark
 
 
 def _with_lora(model: Any, cfg: Config) -> Any:

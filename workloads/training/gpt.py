@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from workloads import compiled
 from workloads.clocks import ClockSampler
 from workloads.common import (
+    Phases,
     check_level,
     distributed,
     gather_numbers,
@@ -238,25 +239,11 @@ def _kernels(cfg: Config, share: compiled.Share | None) -> compiled.Kernels:
                                                                           what))
 
 
-class _Phases:
-    """Where the test's wall time goes, phase by phase (host clock; each phase that runs the device ends synchronised
-    already): the steps timed are a second of quick's GPT test, the rest is imports, loading, building, checking."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] = round(now - self._last, 3)
-        self._last = now
-
-
 def run(cfg: Config, group: dist.ProcessGroup | None = None, share: compiled.Share | None = None) -> Result:
     """Train ``cfg`` under DDP over ``group`` (default: the whole job); check the loss and replicas. ``share``: where
     the first node's compiled kernels are kept for the others (``workloads.compiled``)."""
     device = torch.device(cfg.device)
-    phases = _Phases()
+    phases = Phases()
     kernels = _kernels(cfg, share)
     phases.mark("kernels_load")  # torch.compile's imports and the fleet's artifact loaded into this node's caches
     world = dist.get_world_size(group)
