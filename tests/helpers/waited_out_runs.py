@@ -73,6 +73,12 @@ def ended_after(r: JobResult, event: float) -> float:
     return r.seconds - (event - (time.monotonic() - r.seconds))
 
 
+def event_time(r: JobResult, event: str) -> float:
+    """The wall clock (time.time()) of the first ``event`` in the run's progress.jsonl."""
+    events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
+    return next(e["time"] for e in events if e["event"] == event)
+
+
 def since_test_start(r: JobResult, ended: float, name: str) -> float:
     """Seconds from the start of test ``name`` (progress.jsonl's wall clock) to ``ended`` (time.time())."""
     events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
