@@ -365,27 +365,37 @@ with distributed() as here:
     both = hostlink.run(hostlink.Config(direction="h2d", mode="together", sizes=(1 << 20,), seconds_per_size=0.01))
     out = {"spans": spans, "planted": planted, "node": {k: both.details[k] for k in ("gpus_on_node", "node_sum_gbps")},
            "value": both.metrics[0].value, "mine": both.details["gbps_this_gpu"]}
-with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
+with open(os.path.join(sys.argv[1], f"turns{here.rank}.json"), "w") as f:
     json.dump(out, f)
 """
 
 
-def _two_cpu_ranks(job: str, tmp_path: Path) -> list[dict]:
-    """``job`` under torchrun on two CPU ranks; what each rank wrote to ``rank<N>.json`` in ``tmp_path``.
+def _two_cpu_ranks(jobs: dict[str, str], tmp_path: Path) -> dict[str, list[dict]]:
+    """``jobs`` (name: script) run one after the other in ONE torchrun job on two CPU ranks (one start, one
+    ``import torch`` per rank: most of a job's CPU); each job's rank files ``<name><N>.json`` in ``tmp_path``.
+    The group is started before the first, so each job's ``with distributed()`` leaves it to the next.
     Bound: two CPU ranks start and take their turns in about 10 s idle; 240 s leaves room for a busy machine."""
     script = tmp_path / "job.py"
-    script.write_text(job)
+    script.write_text("from workloads.common import ensure_distributed\nensure_distributed()\n"
+                      + "\n".join(jobs.values()))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script), str(tmp_path)], env=job_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return {name: [json.loads((tmp_path / f"{name}{r}.json").read_text()) for r in (0, 1)] for name in jobs}
 
 
-def test_host_link_turns_run_one_gpu_at_a_time_and_an_error_waits_for_the_last_turn(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def host_link_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    """The turns job, then the alone job (it patches hostlink for the rest of its process: it goes last)."""
+    return _two_cpu_ranks({"turns": TURNS_JOB, "alone": ALONE_JOB}, tmp_path_factory.mktemp("host_link_jobs"))
+
+
+def test_host_link_turns_run_one_gpu_at_a_time_and_an_error_waits_for_the_last_turn(
+        host_link_jobs: dict[str, list[dict]]) -> None:
     """Two CPU ranks under torchrun: each turn's window must not overlap the other's; a rank that fails
     its turn raises only after both turns, so its peer is not left waiting; the node figure is the
     slowest rank's."""
-    ranks = _two_cpu_ranks(TURNS_JOB, tmp_path)
+    ranks = host_link_jobs["turns"]
     (a0, a1), (b0, b1) = ranks[0]["spans"]
     assert a1 <= b0 or b1 <= a0, ranks[0]["spans"]  # one GPU at a time
     assert [r["planted"] for r in ranks] == ["ok", "planted"]
@@ -485,17 +495,17 @@ with distributed() as here:
         error = str(exc)
     out = {"spans": spans, "sizes": [s["bytes"] for s in result.details["sizes"]], "error": error,
            "alive_at_release": alive_at_release}
-with open(os.path.join(sys.argv[1], f"rank{here.rank}.json"), "w") as f:
+with open(os.path.join(sys.argv[1], f"alone{here.rank}.json"), "w") as f:
     json.dump(out, f)
 """
 
 
-def test_only_the_timed_host_link_copies_take_turns(tmp_path: Path) -> None:
+def test_only_the_timed_host_link_copies_take_turns(host_link_jobs: dict[str, list[dict]]) -> None:
     """Two CPU ranks, each GPU alone, two sizes: for each size every rank has its buffers before the first turn,
     the timed copies never overlap, and each rank checks its copies after the last turn. A rank that cannot
     make its buffers walks every turn and raises after the last: its peer finishes, nobody waits. Each size's
     buffers are gone when memory is given back after it."""
-    ranks = _two_cpu_ranks(ALONE_JOB, tmp_path)
+    ranks = host_link_jobs["alone"]
     assert ranks[0]["sizes"] == ranks[1]["sizes"] == [1 << 20, 1 << 21]
     spans = [tuple(s) for r in ranks for s in r["spans"][:6]]  # the first run: 3 steps x 2 sizes per rank
     for size in (1 << 20, 1 << 21):
