@@ -59,12 +59,28 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_a_bad_input_is_said_first_and_by_torchruns_own_summary(tmp_path: Path, case: str) -> None:
-    args, message, status = BAD_INPUTS[case]
-    given = args(tmp_path)
+def bad_input_run(tmp_path: Path, case: str) -> subprocess.CompletedProcess[str]:
+    given = BAD_INPUTS[case][0](tmp_path)
     report_dir = ["--report-dir", str(tmp_path / "report")] if "--report-dir" not in given else []
-    r = card(ROOT, "-k", "test_world", *report_dir, *given)
+    return card(ROOT, "-k", "test_world", *report_dir, *given)
+
+
+@pytest.fixture(scope="module")
+def wrong_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The card refusing a profile thresholds.yaml lacks, and where it ran: one job for the bad-input case and for
+    the line ``clustergate run`` must print (a job's CPU is mostly ``import torch`` in the agent and each rank)."""
+    tmp = tmp_path_factory.mktemp("wrong_profile")
+    return tmp, bad_input_run(tmp, "wrong profile")
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_a_bad_input_is_said_first_and_by_torchruns_own_summary(tmp_path: Path, case: str,
+                                                                request: pytest.FixtureRequest) -> None:
+    _, message, status = BAD_INPUTS[case]
+    if case == "wrong profile":
+        tmp_path, r = request.getfixturevalue("wrong_profile")
+    else:
+        r = bad_input_run(tmp_path, case)
     assert r.returncode == 1, r.stdout  # torchrun's own: 1 whatever its ranks' status
     # Twice in all the output, not once per rank: first on rank 0's stderr, where a user reads, then as the root cause
     # at the end of torchrun's report (34-72 lines of its own).
@@ -81,10 +97,12 @@ def test_a_bad_input_is_said_first_and_by_torchruns_own_summary(tmp_path: Path, 
     assert not (tmp_path / "report" / "results.json").exists()
 
 
-def test_the_line_is_the_one_clustergate_run_prints(tmp_path: Path) -> None:
+def test_the_line_is_the_one_clustergate_run_prints(tmp_path: Path,
+                                                  wrong_profile: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     """``clustergate run`` (torchrun in the command, rank 0's output shown) prints the same line torchrun's summary
     shows."""
-    plain = root_cause(card(ROOT, "--profile", "h900", "--report-dir", str(tmp_path / "plain")).stdout)["traceback"]
+    plain = root_cause(wrong_profile[1].stdout)["traceback"]
+    assert BAD_INPUTS["wrong profile"][1] in plain, wrong_profile[1].stdout  # the refusal, not some other failure
     run = subprocess.run([sys.executable, "-m", "clustergate", "run", "--nproc-per-node", "2", "--profile", "h900",
                           "--report-dir", str(tmp_path / "run")], cwd=tmp_path, env=job_env(), capture_output=True,
                          text=True, timeout=180)
