@@ -73,16 +73,19 @@ def ended_after(r: JobResult, event: float) -> float:
     return r.seconds - (event - (time.monotonic() - r.seconds))
 
 
+def _progress(r: JobResult) -> list[dict[str, Any]]:
+    """The run's progress.jsonl, one event a line."""
+    return [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
+
+
 def event_time(r: JobResult, event: str) -> float:
     """The wall clock (time.time()) of the first ``event`` in the run's progress.jsonl."""
-    events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
-    return next(e["time"] for e in events if e["event"] == event)
+    return next(e["time"] for e in _progress(r) if e["event"] == event)
 
 
 def since_test_start(r: JobResult, ended: float, name: str) -> float:
     """Seconds from the start of test ``name`` (progress.jsonl's wall clock) to ``ended`` (time.time())."""
-    events = [json.loads(line) for line in (r.report_dir / "progress.jsonl").read_text().splitlines()]
-    return ended - next(e["time"] for e in events if e["event"] == "test_start" and e["nodeid"].endswith(name))
+    return ended - next(e["time"] for e in _progress(r) if e["event"] == "test_start" and e["nodeid"].endswith(name))
 
 
 # ---- test_fault_verdicts ----------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -124,12 +123,10 @@ def run(cfg: Config) -> Result:
     """Pre-train the built-in base if any, LoRA fine-tune with DDP, check ranks agree, measure."""
     here = place()
     device = torch.device(cfg.device)
-    phases: dict[str, float] = {}
-    start = time.perf_counter()
-    setup = Phases()
+    phases, setup = Phases(), Phases()  # the test's phases; the set-up's parts
     model, tokenizer, (ids, assistant), (eval_ids, eval_assistant) = agree_on(
         lambda: _setup(cfg, device, setup), "LoRA fine-tune setup failed", fc.SETUP_ERRORS)
-    phases["setup"] = time.perf_counter() - start
+    phases.mark("setup")
     labels = ids if cfg.loss_on == "all" else ids.masked_fill(~assistant, -100)
     eval_labels = eval_ids if cfg.loss_on == "all" else eval_ids.masked_fill(~eval_assistant, -100)
     pre_losses: list[float] = []
@@ -138,13 +135,13 @@ def run(cfg: Config) -> Result:
             # The language, not the replies: what a base model would know before the fine-tune.
             pre_losses = _train(model, ids, ids.masked_fill(assistant, -100), cfg, device, cfg.pretrain_steps,
                                 cfg.pretrain_lr, ddp=True, seed=cfg.seed + 2, what="pre-training")[0]
-        phases["pretrain"] = time.perf_counter() - start - sum(phases.values())
+        phases.mark("pretrain")
         lora = _with_lora(model, cfg)
         eval_before = fc.eval_loss(lora, eval_ids, eval_labels, cfg.batch_size, device)
         losses, times = _train(lora, ids, labels, cfg, device, cfg.steps, cfg.lr, ddp=cfg.sync_gradients,
                                seed=cfg.seed + 3, what="LoRA fine-tune")
         eval_after = fc.eval_loss(lora, eval_ids, eval_labels, cfg.batch_size, device)
-        phases["lora"] = time.perf_counter() - start - sum(phases.values())
+        phases.mark("lora")
     except torch.OutOfMemoryError as exc:
         raise fc.oom_error(exc, "LoRA fine-tune", f"batch_size={cfg.batch_size}, seq_len={cfg.seq_len}, "
                            f"gradient_checkpointing={cfg.gradient_checkpointing} (raise --grad-accum to keep "
@@ -175,7 +172,7 @@ def run(cfg: Config) -> Result:
         "eval_loss_before": eval_before, "eval_loss_after": eval_after, "window": cfg.window,
         "early_loss": early, "late_loss": late, "step_time": timing, "tokens_per_step_per_rank": tokens,
         "lora_rank_max_difference": max_diff, "world_size": here.world_size,
-        "phase_seconds": {k: round(v, 2) for k, v in phases.items()}, "setup_seconds": setup.seconds,
+        "phase_seconds": {k: round(v, 2) for k, v in phases.seconds.items()}, "setup_seconds": setup.seconds,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "device"}}})
 
 
