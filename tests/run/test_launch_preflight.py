@@ -7,7 +7,9 @@ torchrun's own message for an unreachable endpoint is checked too, as the fallba
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -76,6 +78,42 @@ def test_main_names_this_host_and_every_problem(tmp_path: Path, capsys: pytest.C
     assert all(line.startswith(f"clustergate preflight FAILED on {HOST} (node index 1): ") for line in err)
     assert "CUDA devices visible" in err[0] and "expects 8" in err[0]  # this machine has no GPU
     assert "shared directory" in err[1] and "not reachable within 1 s" in err[2]
+
+
+# Run in a process of its own: it makes itself a subreaper (PR_SET_CHILD_SUBREAPER), so that the preflight its bash
+# starts is handed to it, not to init, once bash is killed; it can then reap it and say how and when it ended.
+ORPHAN = r'''import ctypes, json, os, signal, subprocess, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+preflight, endpoint, reports = sys.argv[1:]
+bash = subprocess.Popen(["bash", "-c", f'"{sys.executable}" "{preflight}" --gpus 0 --report-dir "{reports}" '
+                         f'--rdzv-endpoint {endpoint} --node-index 1 --timeout 600 & echo $!; wait'],
+                        stdout=subprocess.PIPE, text=True)
+pid = int(bash.stdout.readline())
+time.sleep(1.5)  # polling the endpoint by now
+os.kill(bash.pid, signal.SIGKILL)
+bash.wait()
+killed = time.monotonic()
+while time.monotonic() - killed < 15:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(json.dumps({"signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                          "seconds": time.monotonic() - killed}))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    print(json.dumps({"signal": None, "seconds": None}))
+'''
+
+
+def test_preflight_ends_with_the_node_script(tmp_path: Path) -> None:
+    """A preflight whose node.sh was killed (a scheduler that missed it) ends then, not 600 s later."""
+    proc = subprocess.run([sys.executable, "-c", ORPHAN, str(ROOT / "launch" / "preflight.py"),
+                           f"127.0.0.1:{free_port()}", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ended = json.loads(proc.stdout)
+    assert ended["signal"] == signal.SIGTERM, f"the preflight outlived its parent by 15 s: {ended}"
+    assert ended["seconds"] < 5
 
 
 def _node_sh(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
