@@ -92,6 +92,16 @@ class SlurmCluster:
         reason = re.search(r"\bReason=(.*?)(?: \[\S+@\S+\])?$", out, re.M)
         return (state.group(1) if state else "?", reason.group(1) if reason else "")
 
+    def daemon_lines(self, job_id: str) -> str:
+        """What slurmctld and each slurmd logged of this job (local-cluster.sh keeps their logs beside the hooks):
+        where a job took longer than it should, they say which node's step lingered and why."""
+        mark = re.compile(rf"JobId={job_id}\b|\[{job_id}\.|StepId={job_id}\.|job {job_id}\b")
+        lines = []
+        for log_file in sorted(self.hooks.glob("slurm*.log")):
+            found = [line for line in log_file.read_text(errors="replace").splitlines() if mark.search(line)]
+            lines += [f"{log_file.name}: {line}" for line in found[-20:]]
+        return "\n".join(lines) or f"no line of {self.hooks}/slurm*.log names job {job_id}"
+
     def resume_drained(self) -> None:
         """Put back nodes a clustergate test drained (a drain of anything else is left alone)."""
         for node in self.nodes:

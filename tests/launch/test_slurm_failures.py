@@ -51,7 +51,7 @@ def test_preflight_failure_ends_the_job_quickly_naming_the_node(slurm: SlurmClus
     assert f"srun: error: {BAD}: task 2: Exited with exit code 2" in output
     assert f"node {BAD} (node index 2) failed first: its preflight exited 2" in output
     assert "test session starts" not in output  # no node got as far as pytest
-    assert job.seconds < 60, f"took {job.seconds:.0f} s"
+    assert job.seconds < 60, f"took {job.seconds:.0f} s; the daemons' lines of it:\n{slurm.daemon_lines(job.job_id)}"
 
 
 def test_a_node_killed_mid_run_ends_the_job_and_is_named(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
