@@ -13,7 +13,6 @@ $SLURMD_NODENAME, else the host name. It runs before torch is imported and needs
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import socket
@@ -23,13 +22,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for workloads.node.name
-from clustergate.common.terminal import error_text  # noqa: E402  (needs the path above; the standard library only)
+# Both need the path above, and both are the standard library only.
+from clustergate.common.parent_death import die_with_parent  # noqa: E402
+from clustergate.common.terminal import error_text  # noqa: E402
 from workloads.node.name import node_name  # noqa: E402
 
 PREFIX = "clustergate preflight"
-
-PR_SET_PDEATHSIG = 1
-"""prctl(2): the signal this process gets when its parent ends (Linux)."""
 
 
 def end_with_parent() -> None:
@@ -39,16 +37,8 @@ def end_with_parent() -> None:
     child whose parent it killed a moment before: an orphaned preflight of a node whose job has ended then polls
     the gone first node for the whole rendezvous timeout (600 s) and holds the task's output open, so that Slurm
     waits 60 s more for it. A job whose preflight failed on one node took 64 s to end instead of 4 that way."""
-    if not sys.platform.startswith("linux"):
-        return
     parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):  # no C library to ask: keep the default
-        return
-    if os.getppid() != parent:  # the parent ended before the request took effect
+    if die_with_parent(signal.SIGTERM) and os.getppid() != parent:  # it ended before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -14,7 +14,6 @@ left half-way would pair this rank's next exchange with its peers' current one.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import os
 import signal
@@ -26,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from clustergate.common.parent_death import die_with_parent
 from clustergate.run.keeper import stat
 
 _depth = 0
@@ -59,22 +59,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     """Nothing in the main thread: the watcher thread acts, whether or not the main thread runs."""
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(signum: int) -> bool:
-    """Have the kernel send ``signum`` to this process when its parent (torchrun's agent) dies: a rank
-    orphaned by ``kill -9`` of torchrun must not finish alone and write "accept". Linux only; False
-    where it cannot be set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 class Launcher:
     """This rank's parent: torchrun's agent."""
 
@@ -96,7 +80,8 @@ class Launcher:
         return False
 
     def follow(self, signum: int) -> bool:
-        """Have the kernel send ``signum`` when the launcher dies (``die_with_parent``)."""
+        """Have the kernel send ``signum`` when the launcher dies: a rank orphaned by ``kill -9`` of torchrun must not
+        finish alone and write "accept"."""
         return die_with_parent(signum)
 
 

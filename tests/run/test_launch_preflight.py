@@ -89,7 +89,10 @@ bash = subprocess.Popen(["bash", "-c", f'"{sys.executable}" "{preflight}" --gpus
                          f'--rdzv-endpoint {endpoint} --node-index 1 --timeout 600 & echo $!; wait'],
                         stdout=subprocess.PIPE, text=True)
 pid = int(bash.stdout.readline())
-time.sleep(1.5)  # polling the endpoint by now
+# Killed once the preflight has asked for its parent's death signal: main() makes the report directory after that.
+armed = time.monotonic()
+while not os.path.isdir(reports) and time.monotonic() - armed < 30:
+    time.sleep(0.05)
 os.kill(bash.pid, signal.SIGKILL)
 bash.wait()
 killed = time.monotonic()
